@@ -1,0 +1,46 @@
+"""The one error map: library errors become a clean message and an exit code, in one place.
+
+`CompilewatchGroup` wraps every command invocation (also under typer's CliRunner, so tests see the
+same exit codes as users): `CompilewatchError` -> "error: ..." (+ "hint: ...") on stderr and its exit
+code (2 bad input, 1 a finding); Ctrl-C -> 130. Set COMPILEWATCH_DEBUG=1 to see the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+
+import typer
+from typer.core import TyperGroup
+
+from compilewatch.errors import CompilewatchError
+from cli import output
+
+
+class CompilewatchGroup(TyperGroup):
+    def invoke(self, ctx):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except CompilewatchError as e:
+            if os.environ.get("COMPILEWATCH_DEBUG"):
+                raise
+            output.err.print(f"[red]error:[/] {e.message}", markup=True)
+            if e.hint:
+                output.err.print(f"[dim]hint:[/] {e.hint}")
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            output.err.print("interrupted")
+            raise typer.Exit(130) from None
+
+
+def make_app(name: str, help: str) -> typer.Typer:
+    """A root or sub app with our conventions: no rich tracebacks for users, -h works, errors mapped."""
+    return typer.Typer(
+        name=name,
+        help=help,
+        cls=CompilewatchGroup,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+        rich_markup_mode="rich",
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )

@@ -1,0 +1,35 @@
+"""`dflash`: the DFlash drafter trainer's CLI (root app; commands live in their own modules)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+import dflash
+from cli.app import make_app
+
+app = make_app("dflash", "Train DFlash block-diffusion drafters, safe with threads and torch.compile.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dflash {dflash.__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = None,
+) -> None:
+    """dflash: DFlash drafter training. Exit codes: 0 ok, 1 a failed check, 2 bad input or usage."""
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

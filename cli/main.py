@@ -1,0 +1,45 @@
+"""`compilewatch`: the root app. It only wires commands; each lives in its own module."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+import compilewatch
+from cli import probe as probe_cli
+from cli.app import make_app
+
+app = make_app(
+    "compilewatch",
+    "Diagnose torch.compile in threaded programs: FX-tracing races, the inductor cache, environments.",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"compilewatch {compilewatch.__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = None,
+) -> None:
+    """compilewatch: see what torch.compile does across threads, caches and environments.
+
+    Exit codes: 0 ok, 1 a finding or failed check, 2 bad input or usage.
+    """
+
+
+app.command("probe")(probe_cli.probe_cmd)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

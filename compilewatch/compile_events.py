@@ -1,0 +1,84 @@
+"""Dynamo compile windows, from torch's own compile callbacks (`torch._dynamo.callback`).
+
+Dynamo compiles are serialized by a global lock, so start/end callbacks delimit one compile at a
+time; the thread that runs the start callback is the compiling thread. Nested compiles (a lazy
+backward inside a forward compile) collapse into the outer window, as torch reports them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class CompileWindow:
+    compile_id: str  # dynamo's "frame/recompile" id; a second number > 0 means a recompile
+    trigger: str  # DYNAMO, LAZY_BACKWARD, ...
+    thread_id: int
+    thread_name: str
+    start: float
+    end: float | None = None
+
+    @property
+    def is_recompile(self) -> bool:
+        part = self.compile_id.split("/")[-1] if "/" in self.compile_id else "0"
+        digits = "".join(ch for ch in part if ch.isdigit())
+        return bool(digits) and int(digits) > 0
+
+
+@dataclass
+class CompileRecorder:
+    """Records compile windows while installed (context manager or install/uninstall)."""
+
+    windows: list[CompileWindow] = field(default_factory=list)
+    _open: CompileWindow | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _installed: bool = field(default=False, repr=False)
+
+    def _start(self, args=None) -> None:
+        t = threading.current_thread()
+        w = CompileWindow(
+            compile_id=str(getattr(args, "compile_id", "?")),
+            trigger=getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO"),
+            thread_id=t.ident or 0,
+            thread_name=t.name,
+            start=time.time(),
+        )
+        with self._lock:
+            self._open = w
+            self.windows.append(w)
+
+    def _end(self, args=None) -> None:
+        with self._lock:
+            if self._open is not None:
+                self._open.end = time.time()
+                self._open = None
+
+    def open_window(self) -> CompileWindow | None:
+        with self._lock:
+            return self._open
+
+    def install(self) -> None:
+        from torch._dynamo.callback import callback_handler
+
+        if not self._installed:
+            callback_handler.register_start_callback(self._start)
+            callback_handler.register_end_callback(self._end)
+            self._installed = True
+
+    def uninstall(self) -> None:
+        from torch._dynamo.callback import callback_handler
+
+        if self._installed:
+            callback_handler.remove_start_callback(self._start)
+            callback_handler.remove_end_callback(self._end)
+            self._installed = False
+
+    def __enter__(self) -> "CompileRecorder":
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()

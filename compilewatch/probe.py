@@ -1,0 +1,324 @@
+"""`probe`: run a target under instrumentation and report what compile machinery it touched.
+
+Two modes:
+- `probe(target)`: one run in the calling thread with Tracer.trace entries, dynamo compile windows,
+  counter deltas (compiles, recompiles with guard reasons, graph breaks, FX-graph/AOTAutograd cache
+  hits and misses) and wall time.
+- `probe_threads(target, n)`: the seeds' race on demand: N threads start the target together from a
+  cold state, a watchdog marks threads that never finish as hung and dumps every stack, and the FX
+  flag is checked afterwards. `run_threads` is the reusable part (any list of callables).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Literal
+
+from compilewatch import counters as _counters
+from compilewatch import stacks
+from compilewatch import torchinfo
+from compilewatch.compile_events import CompileRecorder, CompileWindow
+from compilewatch.devices import parse_devices
+from compilewatch.stacks import Frame
+from compilewatch.targets import Target, resolve
+from compilewatch.tracehooks import TraceRecorder, TraceWindow
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEntry:
+    """One Tracer.trace call as the probe reports it."""
+
+    thread: str
+    tracer: str
+    target: str
+    compiling: bool | None  # torch.compiler.is_compiling() on entry
+    flag_before: bool
+    duration_s: float | None
+    error: str | None
+    nested: bool
+    stack: tuple[Frame, ...]  # the user-relevant frames (user code, then torch's entry)
+
+    @staticmethod
+    def from_window(w: TraceWindow) -> "TraceEntry":
+        return TraceEntry(
+            thread=w.thread_name, tracer=w.tracer, target=w.target, compiling=w.compiling,
+            flag_before=w.flag_before, duration_s=w.duration, error=w.error,
+            nested=w.outer_window is not None, stack=tuple(stacks.relevant(list(w.stack))),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CompileEntry:
+    thread: str
+    compile_id: str
+    trigger: str
+    recompile: bool
+    duration_s: float | None
+
+    @staticmethod
+    def from_window(w: CompileWindow) -> "CompileEntry":
+        return CompileEntry(w.thread_name, w.compile_id, w.trigger, w.is_recompile,
+                            None if w.end is None else w.end - w.start)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeReport:
+    target: str
+    device: str
+    backend: str
+    torch_version: str
+    wall_s: float
+    ok: bool
+    error: str | None
+    traces: tuple[TraceEntry, ...]
+    traces_per_thread: dict[str, int]
+    traces_per_tracer: dict[str, int]
+    compiles: tuple[CompileEntry, ...]
+    counters: _counters.CompileCounters
+    fx_flag_after: bool
+    cache_dir: str
+    verdicts: tuple[str, ...]
+
+
+Outcome = Literal["ok", "error", "hang"]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadOutcome:
+    index: int
+    name: str
+    device: str
+    outcome: Outcome
+    error: str | None = None  # "Type: message" of the exception
+    error_traceback: str | None = None
+    wall_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadsReport:
+    target: str
+    devices: tuple[str, ...]
+    backend: str
+    torch_version: str
+    threads: tuple[ThreadOutcome, ...]
+    timeout_s: float
+    wall_s: float
+    fx_flag_stuck: bool  # _is_fx_tracing_flag True after every thread finished/was abandoned
+    traces: int
+    traces_per_thread: dict[str, int]
+    counters: _counters.CompileCounters
+    stacks: dict[str, tuple[Frame, ...]]  # every thread's stack, dumped when something hung
+    cache_dir: str
+    verdicts: tuple[str, ...]
+
+    @property
+    def failed(self) -> bool:
+        return self.fx_flag_stuck or any(t.outcome != "ok" for t in self.threads)
+
+
+@contextlib.contextmanager
+def cache_dir_env(path: str | None) -> Iterator[str]:
+    """Point TORCHINDUCTOR_CACHE_DIR at `path` for the duration (None: leave as is)."""
+    if path is None:
+        yield str(torchinfo.inductor_cache_dir())
+        return
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    try:
+        yield path
+    finally:
+        if old is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+
+
+@contextlib.contextmanager
+def fresh_cache_dir(enabled: bool) -> Iterator[str]:
+    if not enabled:
+        with cache_dir_env(None) as d:
+            yield d
+        return
+    with tempfile.TemporaryDirectory(prefix="compilewatch-probe-") as tmp:
+        with cache_dir_env(tmp) as d:
+            yield d
+
+
+def _error_text(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip()
+    return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
+def _verdicts_single(target: str, traces: list[TraceEntry], c: _counters.CompileCounters, error: str | None,
+                     fx_flag_after: bool) -> list[str]:
+    out: list[str] = []
+    if not traces:
+        out.append(f"{target} does not trace: 0 Tracer.trace entries, so it cannot set the FX tracing flag by itself.")
+    else:
+        tracers = Counter(t.tracer for t in traces)
+        out.append(f"{target} entered Tracer.trace {len(traces)} times ({', '.join(f'{k} x{v}' for k, v in tracers.items())}): "
+                   "each entry holds the module-global FX flag and patches nn.Module.__call__ for every thread.")
+    if c.frames_total:
+        out.append(f"dynamo compiled {c.frames_total} frame(s); recompiles: {c.recompiles}; graph breaks: {c.graph_breaks}.")
+    if c.fxgraph_cache_hit or c.fxgraph_cache_miss or c.autograd_cache_hit or c.autograd_cache_miss:
+        out.append(f"inductor FX-graph cache {c.fxgraph_cache_hit} hit / {c.fxgraph_cache_miss} miss; "
+                   f"AOTAutograd cache {c.autograd_cache_hit} hit / {c.autograd_cache_miss} miss.")
+    if fx_flag_after:
+        out.append("the FX tracing flag is still True after the target returned: every later compiled call will fail.")
+    if error:
+        out.append(f"the target raised {error.splitlines()[0]}")
+    return out
+
+
+def probe(target: str | Target, *, device: str = "cpu", backend: str = "inductor", reset: bool = True,
+          fresh_cache: bool = False) -> ProbeReport:
+    """Run `target` once in this thread under instrumentation; never raises for the target's errors."""
+    tgt = resolve(target, backend) if isinstance(target, str) else target
+    dev = parse_devices(device)[0]
+    if reset:
+        _counters.reset_dynamo()
+    with fresh_cache_dir(fresh_cache) as cache_dir:
+        before = _counters.snapshot()
+        error = None
+        with TraceRecorder() as rec, CompileRecorder() as comp:
+            t0 = time.perf_counter()
+            try:
+                tgt.fn(dev)
+            except Exception as e:  # noqa: BLE001 - the target's failure is part of the report
+                error = _error_text(e)
+            wall = time.perf_counter() - t0
+        delta = _counters.delta(before)
+    traces = [TraceEntry.from_window(w) for w in rec.windows]
+    flag = torchinfo.fx_flag()
+    return ProbeReport(
+        target=tgt.name, device=dev, backend=backend, torch_version=_torch_version(), wall_s=wall,
+        ok=error is None and not flag, error=error, traces=tuple(traces),
+        traces_per_thread=dict(Counter(t.thread for t in traces)),
+        traces_per_tracer=dict(Counter(t.tracer for t in traces)),
+        compiles=tuple(CompileEntry.from_window(w) for w in comp.windows), counters=delta,
+        fx_flag_after=flag, cache_dir=cache_dir,
+        verdicts=tuple(_verdicts_single(tgt.name, traces, delta, error, flag)),
+    )
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+@dataclass
+class _Slot:
+    outcome: Outcome = "hang"
+    error: str | None = None
+    tb: str | None = None
+    wall: float | None = None
+
+
+def run_threads(fns: list[Callable[[], Any]], *, timeout: float, names: list[str] | None = None,
+                devices: list[str] | None = None) -> tuple[list[ThreadOutcome], dict[str, tuple[Frame, ...]]]:
+    """Start every callable in its own daemon thread at the same instant (a Barrier) and collect
+    outcomes. A thread still running `timeout` seconds after the start is reported as `hang`, and
+    then every thread's stack is returned (otherwise the stack dict is empty). Hung threads are left
+    running as daemons: they cannot be killed from Python.
+    """
+    n = len(fns)
+    names = names or [f"probe-{i}" for i in range(n)]
+    devices = devices or ["-"] * n
+    slots = [_Slot() for _ in range(n)]
+    barrier = threading.Barrier(n)
+    done = [threading.Event() for _ in range(n)]
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait()
+            t0 = time.perf_counter()
+            try:
+                fns[i]()
+                slots[i].outcome = "ok"
+            except BaseException as e:  # noqa: BLE001 - reported as the thread's outcome
+                slots[i].outcome, slots[i].error, slots[i].tb = "error", _error_text(e), traceback.format_exc()
+            slots[i].wall = time.perf_counter() - t0
+        finally:
+            done[i].set()
+
+    threads = [threading.Thread(target=body, args=(i,), name=names[i], daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for ev in done:
+        ev.wait(max(0.0, deadline - time.monotonic()))
+    hung = [i for i in range(n) if not done[i].is_set()]
+    dumped = {k: tuple(v) for k, v in stacks.all_thread_stacks().items()} if hung else {}
+    outcomes = [ThreadOutcome(i, names[i], devices[i], "hang" if i in hung else slots[i].outcome,
+                              slots[i].error, slots[i].tb, slots[i].wall) for i in range(n)]
+    return outcomes, dumped
+
+
+def probe_threads(target: str | Target, n: int, *, devices: str | list[str] = "cpu", backend: str = "inductor",
+                  timeout: float = 300.0, fresh_cache: bool = True) -> ThreadsReport:
+    """The seeds' race on demand: reset dynamo, point inductor at a fresh cache dir (unless
+    `fresh_cache=False`), start `n` threads on the target together, watch them with a watchdog."""
+    if n < 1:
+        from compilewatch.errors import BadInput
+
+        raise BadInput(f"--threads must be at least 1, got {n}")
+    tgt = resolve(target, backend) if isinstance(target, str) else target
+    devs = parse_devices(devices)
+    per_thread = [devs[i % len(devs)] for i in range(n)]
+    _counters.reset_dynamo()
+    # The cache dir env var must outlive hung threads, so it is not restored until they are done.
+    tmp = tempfile.mkdtemp(prefix="compilewatch-threads-") if fresh_cache else None
+    with cache_dir_env(tmp) as cache_dir:
+        before = _counters.snapshot()
+        t0 = time.perf_counter()
+        with TraceRecorder() as rec:
+            fns = [(lambda d=d: tgt.fn(d)) for d in per_thread]
+            outcomes, dumped = run_threads(fns, timeout=timeout, names=[f"worker-{i}" for i in range(n)],
+                                           devices=per_thread)
+        wall = time.perf_counter() - t0
+        delta = _counters.delta(before)
+    hung = any(o.outcome == "hang" for o in outcomes)
+    stuck = torchinfo.fx_flag() and not hung
+    per_thread_traces = dict(Counter(w.thread_name for w in rec.windows))
+    verdicts = _verdicts_threads(tgt.name, outcomes, stuck, timeout)
+    if tmp is not None and not hung:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)  # our own temp dir, never a user's cache
+    return ThreadsReport(
+        target=tgt.name, devices=tuple(per_thread), backend=backend, torch_version=_torch_version(),
+        threads=tuple(outcomes), timeout_s=timeout, wall_s=wall, fx_flag_stuck=stuck,
+        traces=len(rec.windows), traces_per_thread=per_thread_traces, counters=delta, stacks=dumped,
+        cache_dir=cache_dir, verdicts=tuple(verdicts),
+    )
+
+
+def _verdicts_threads(name: str, outcomes: list[ThreadOutcome], stuck: bool, timeout: float) -> list[str]:
+    out = []
+    errs = [o for o in outcomes if o.outcome == "error"]
+    hangs = [o for o in outcomes if o.outcome == "hang"]
+    if not errs and not hangs and not stuck:
+        out.append(f"all {len(outcomes)} threads finished {name} without error.")
+    for o in errs:
+        first = (o.error or "").splitlines()[0]
+        out.append(f"{o.name} ({o.device}) failed: {first}")
+        if "symbolically trace a dynamo-optimized function" in (o.error or ""):
+            out.append("that is the cross-thread FX-flag race: another thread's trace held the module-global "
+                       "_is_fx_tracing_flag while this thread called a compiled function.")
+    for o in hangs:
+        out.append(f"{o.name} ({o.device}) did not finish within {timeout:g} s: hang (all stacks dumped).")
+    if stuck:
+        out.append("_is_fx_tracing_flag was left True after all threads finished (overlapping traces restored it "
+                   "in the wrong order): every later compiled call in this process will fail.")
+    if errs or hangs or stuck:
+        out.append("fix: compile every entry point for every device in one thread first "
+                   "(`compilewatch warm`, or compilewatch.guard), then start the threads.")
+    return out

@@ -1,0 +1,125 @@
+"""Facts about the installed torch that several commands need, each asked of torch itself.
+
+torch is imported lazily: commands that only read files (diff-env, cache ls) stay fast.
+Every function here works on a machine without CUDA.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def torch_module():
+    import torch
+
+    return torch
+
+
+@dataclass(frozen=True, slots=True)
+class TorchBuild:
+    version: str  # torch.__version__, local label included ("2.11.0+cu130")
+    cuda: str | None  # torch.version.cuda
+    git_version: str | None
+    cudnn: int | None  # torch.backends.cudnn.version(), what torch loads (not the system one)
+    nccl: str | None
+    arch_list: tuple[str, ...]
+    cuda_available: bool
+    device_count: int
+
+
+def torch_build() -> TorchBuild:
+    torch = torch_module()
+    cudnn = nccl = None
+    arch: tuple[str, ...] = ()
+    available = torch.cuda.is_available()
+    try:
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:  # noqa: BLE001 - a broken cuDNN install is a fact to report, not a crash
+        cudnn = None
+    try:
+        if torch.cuda.is_available() or torch.version.cuda:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception:  # noqa: BLE001
+        nccl = None
+    try:
+        arch = tuple(torch.cuda.get_arch_list())
+    except Exception:  # noqa: BLE001
+        arch = ()
+    return TorchBuild(
+        version=torch.__version__,
+        cuda=torch.version.cuda,
+        git_version=getattr(torch.version, "git_version", None),
+        cudnn=cudnn,
+        nccl=nccl,
+        arch_list=arch,
+        cuda_available=available,
+        device_count=torch.cuda.device_count() if available else 0,
+    )
+
+
+def inductor_cache_dir() -> Path:
+    """The inductor cache dir as torch resolves it (TORCHINDUCTOR_CACHE_DIR, else its default)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir())
+
+
+def triton_cache_dir(device_index: int = 0) -> Path:
+    """TRITON_CACHE_DIR if set, else `<inductor dir>/triton/<device index>` (torch's own rule)."""
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir as _triton
+
+    return Path(_triton(device_index))
+
+
+@functools.lru_cache(maxsize=1)
+def system_key() -> str:
+    """The inductor cache's system key hash: `CacheBase.get_system()["hash"]`, never re-derived.
+
+    It covers GPU name, torch.version.cuda and the triton key; if any changes, every entry misses.
+    Computed once per process (it takes ~1-2 s on first call).
+    """
+    from torch._inductor.codecache import CacheBase
+
+    return str(CacheBase.get_system()["hash"])
+
+
+def system_info() -> dict:
+    """The full dict behind the system key (device name, CUDA and triton versions when on GPU)."""
+    from torch._inductor.codecache import CacheBase
+
+    return dict(CacheBase.get_system())
+
+
+def fx_flag() -> bool:
+    """Current value of the module-global `torch.fx._symbolic_trace._is_fx_tracing_flag`."""
+    import torch.fx._symbolic_trace as st
+
+    return bool(st._is_fx_tracing_flag)
+
+
+def set_fx_flag(value: bool) -> None:
+    import torch.fx._symbolic_trace as st
+
+    st._is_fx_tracing_flag = bool(value)
+
+
+def compiling_flag() -> bool | None:
+    """`torch.compiler._is_compiling_flag` (a process global in 2.11-2.13), None if torch lacks it."""
+    torch = torch_module()
+    flag = getattr(torch.compiler, "_is_compiling_flag", None)
+    return None if flag is None else bool(flag)
+
+
+def has_global_fx_flag() -> bool:
+    """True when the installed torch keeps the FX tracing flag as a plain module global (the race)."""
+    import torch.fx._symbolic_trace as st
+
+    return isinstance(getattr(st, "_is_fx_tracing_flag", None), bool)
+
+
+def env_flag(name: str) -> str | None:
+    return os.environ.get(name)

@@ -1,0 +1,46 @@
+"""Fixtures that pin the environment for every test (STYLE.md §12-13).
+
+- NO_COLOR / COLUMNS fixed, so rendered output does not depend on the terminal.
+- TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR point into tmp_path: tests never touch a user's cache.
+- Environment variables a test leaks fail that test.
+- GPU tests: `@requires_cuda(...)` (tests/helpers.py) skips with the reason; `-m gpu` runs only them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+_ENV_ALLOW = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTEST_CURRENT_TEST", "COLUMNS", "NO_COLOR",
+              "TORCHINDUCTOR_COMPILE_THREADS", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCH_LOGS"}
+
+
+@pytest.fixture(autouse=True)
+def _pinned_env(tmp_path, monkeypatch):
+    before = dict(os.environ)
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "160")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    yield
+    monkeypatch.undo()
+    after = dict(os.environ)
+    leaked = {k for k in set(after) ^ set(before) if k not in _ENV_ALLOW}
+    leaked |= {k for k in set(after) & set(before) if after[k] != before[k] and k not in _ENV_ALLOW}
+    for k in leaked:  # restore, then fail
+        if k in before:
+            os.environ[k] = before[k]
+        else:
+            os.environ.pop(k, None)
+    assert not leaked, f"test leaked environment variables: {sorted(leaked)}"
+
+
+@pytest.fixture(autouse=True)
+def _clean_fx_flag():
+    """A test that leaves the module-global FX flag stuck must not poison the ones after it."""
+    yield
+    import torch.fx._symbolic_trace as st
+
+    st._is_fx_tracing_flag = False
+

@@ -1,0 +1,35 @@
+"""Helpers shared by tests: run a CLI app with CliRunner and parse its JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from typer.testing import CliRunner
+
+
+def invoke(app, args: list[str]):
+    """Run `app` with `args`; return the result (exit_code, stdout, stderr)."""
+    runner = CliRunner()
+    return runner.invoke(app, args, catch_exceptions=False)
+
+
+def invoke_json(app, args: list[str], expect_code: int = 0) -> Any:
+    result = invoke(app, [*args, "--json"])
+    assert result.exit_code == expect_code, (result.exit_code, result.stdout, result.stderr)
+    return json.loads(result.stdout)
+
+
+def requires_cuda(min_gpus: int = 1, bf16: bool = False):
+    """skipif listing every unmet GPU requirement (Lightning's RunIf pattern)."""
+    import torch
+
+    reasons = []
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < min_gpus:
+        reasons.append(f"needs {min_gpus} CUDA GPU(s), found {n}")
+    if bf16 and n and not torch.cuda.is_bf16_supported():
+        reasons.append("needs bf16 support")
+    return pytest.mark.skipif(bool(reasons), reason="; ".join(reasons) or "ok")
