@@ -255,3 +255,35 @@ def resolve_existing(path: str | os.PathLike[str] | None) -> CacheLocation:
             hint="pass the inductor cache dir (see `compilewatch cache where`); nothing was changed",
         )
     return loc
+
+
+def timestamped_sibling(path: Path, label: str) -> Path:
+    """A new, unused path beside `path`: `<name>.<label>-<YYYYmmdd-HHMMSS>[-N]` (same filesystem, so
+    moving there is a rename)."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate = path.parent / f"{path.name}.{label}-{stamp}"
+    n = 1
+    while candidate.exists() or candidate.is_symlink():
+        candidate = path.parent / f"{path.name}.{label}-{stamp}-{n}"
+        n += 1
+    return candidate
+
+
+def move_aside(root: Path, rels: "list[str] | tuple[str, ...]", dest_root: Path) -> list[tuple[str, str]]:
+    """Move files or folders `rels` (relative to `root`) to the same relative paths under `dest_root`.
+
+    Renames only (never copies, never deletes); returns (rel, destination) for each one moved. Paths
+    that vanished meanwhile are skipped. Emptied parent folders inside `root` are left in place.
+    """
+    moved = []
+    for rel in rels:
+        src = root / rel
+        if not (src.exists() or src.is_symlink()):
+            continue
+        dst = dest_root / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(src, dst)
+        moved.append((rel, str(dst)))
+    return moved
