@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 import compilewatch
+from cli import cache as cache_cli
 from cli import probe as probe_cli
 from cli.app import make_app
 
@@ -35,6 +36,7 @@ def root(
 
 
 app.command("probe")(probe_cli.probe_cmd)
+app.add_typer(cache_cli.app, name="cache")
 
 
 def main() -> None:

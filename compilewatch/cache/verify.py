@@ -330,8 +330,8 @@ def verify(path: str | os.PathLike[str] | None = None, *, deep: bool = True, fix
                      + ", ".join(f"{t} × {n}" for t, n in sorted(ck.triton_targets.items())))
     if not deep:
         notes.append("entries not unpickled (quick mode): loadability and aotautograd→fxgraph links unchecked")
-    notes.append("not checkable without running them: whether cubins load on this driver/GPU, whether .so "
-                 "files link, whether an entry's guards pass for your shapes")
+    notes.append("whether cubins load on this driver/GPU, whether .so files link, whether an entry's guards "
+                 "pass for your shapes: only running the code tells")
     if not loc.triton_inside:
         notes.append(f"the triton cache at {loc.triton_dir} (TRITON_CACHE_DIR) is outside this dir and was not checked")
 
