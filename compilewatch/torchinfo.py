@@ -62,17 +62,40 @@ def torch_build() -> TorchBuild:
 
 
 def inductor_cache_dir() -> Path:
-    """The inductor cache dir as torch resolves it (TORCHINDUCTOR_CACHE_DIR, else its default)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    """The inductor cache dir as torch resolves it (TORCHINDUCTOR_CACHE_DIR, else torch's default).
 
-    return Path(cache_dir())
+    Side-effect free, so a missing cache is reported missing: torch's own `cache_dir()` creates the
+    dir and writes the env var, and torch 2.13 calls it while importing `torch._dynamo`
+    (`_dynamo/package.py`). The default comes from torch's `default_cache_dir()`, loaded from its
+    file without running the `torch._inductor` package init.
+    """
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return Path(os.path.abspath(env or _torch_default_cache_dir()))
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_default_cache_dir() -> str:
+    import importlib.util
+    import sys
+
+    mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if mod is None:
+        torch = torch_module()
+        path = os.path.join(os.path.dirname(torch.__file__), "_inductor", "runtime", "cache_dir_utils.py")
+        spec = importlib.util.spec_from_file_location("_compilewatch_cache_dir_utils", path)
+        if spec is None or spec.loader is None:  # pragma: no cover - a torch without the file
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+            return default_cache_dir()
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    return str(mod.default_cache_dir())
 
 
 def triton_cache_dir(device_index: int = 0) -> Path:
     """TRITON_CACHE_DIR if set, else `<inductor dir>/triton/<device index>` (torch's own rule)."""
-    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir as _triton
-
-    return Path(_triton(device_index))
+    env = os.environ.get("TRITON_CACHE_DIR")
+    return Path(env) if env is not None else inductor_cache_dir() / "triton" / str(device_index)
 
 
 @functools.lru_cache(maxsize=1)

@@ -241,9 +241,10 @@ def fingerprint(path: str | os.PathLike[str] | None = None, *, files: bool = Fal
     """
     from compilewatch import torchinfo
 
+    loc = layout.resolve_existing(path)  # before torch._dynamo is imported: that import creates the dir
     torchinfo.system_key()  # per-process costs (torch import, triton key) before the clock starts
     with _gc_paused():
-        return _fingerprint(layout.resolve_existing(path), files, use_index, workers)
+        return _fingerprint(loc, files, use_index, workers)
 
 
 def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, workers: int | None) -> Fingerprint:

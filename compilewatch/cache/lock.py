@@ -37,8 +37,10 @@ class CacheLocked(CompilewatchError):
 
 @contextlib.contextmanager
 def cache_lock(cache_dir: str | os.PathLike[str], *, shared: bool = False,
-               timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[Path]:
-    """Hold the lock of `cache_dir` for the `with` block; CacheLocked after `timeout` seconds."""
+               timeout: float | None = None) -> Iterator[Path]:
+    """Hold the lock of `cache_dir` for the `with` block; CacheLocked after `timeout` seconds
+    (default `DEFAULT_TIMEOUT_S`, read at call time)."""
+    timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
     lock_path = lock_file_for(Path(os.path.abspath(cache_dir)))
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
