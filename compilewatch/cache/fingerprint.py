@@ -297,6 +297,8 @@ def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, worker
 def from_json(data: dict, source: str = "fingerprint") -> Fingerprint:
     """A Fingerprint from its `--json` / manifest form. BadInput when it is not one."""
     try:
+        if "format" not in data or "content_hash" not in data:
+            raise KeyError("format/content_hash")
         if data.get("format") != FORMAT:
             raise BadInput(f"{source}: unsupported fingerprint format {data.get('format')!r} (expected {FORMAT})")
         entries = data.get("entries")

@@ -252,10 +252,14 @@ class _Checker:
             self.add("foreign-system", f.rel, f"local cache for system key {st.system_key[:12]}…{device}")
 
     def check_dangling(self) -> None:
+        missing: dict[str, list[str]] = {}
         for rel, key in self.aot_refs:
             if key not in self.fx_keys:
-                self.add("dangling", rel, f"needs FX-graph entry {key[:16]}…, which is not in fxgraph/: "
-                         "this entry always misses")
+                missing.setdefault(rel, []).append(key)
+        for rel, keys in missing.items():
+            names = ", ".join(k[:16] + "…" for k in keys)
+            self.add("dangling", rel, f"needs FX-graph entr{'y' if len(keys) == 1 else 'ies'} {names}, not in "
+                     "fxgraph/: this entry always misses")
 
 
 def _inside(p: str, folder: Path) -> bool:
