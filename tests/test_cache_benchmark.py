@@ -1,0 +1,20 @@
+"""The fingerprint benchmark script runs (tiny size) and writes its JSON and Markdown results."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_benchmark_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("cw_bench_fp", ROOT / "benchmarks" / "cache_fingerprint.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.main(["--files", "120", "--bytes", "1M", "--repeat", "1", "--no-cli", "--out", str(tmp_path)])
+    assert r["cache"]["files"] == 120
+    assert r["fingerprint_after_1pct_changed"]["hashed"] == 1
+    saved = json.loads((tmp_path / "cache_fingerprint.json").read_text())
+    assert saved["fingerprint_cold"]["runs"] and "| what |" in (tmp_path / "cache_fingerprint.md").read_text()
