@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 import compilewatch
+from cli import env as env_cli
 from cli import probe as probe_cli
 from cli.app import make_app
 
@@ -35,6 +36,8 @@ def root(
 
 
 app.command("probe")(probe_cli.probe_cmd)
+app.command("lock")(env_cli.lock_cmd)
+app.command("diff-env")(env_cli.diff_env_cmd)
 
 
 def main() -> None:
