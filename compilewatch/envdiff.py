@@ -165,7 +165,11 @@ def diff_envs(old: EnvSpec, new: EnvSpec) -> EnvDiff:
     changes += _package_changes(old, new, notes)
     changes += _python_changes(old.python, new.python)
     if old.lock is not None and new.lock is not None:
-        changes += _lock_changes(old.lock, new.lock, torch_reported=any(c.subject == TORCH for c in changes))
+        system = _lock_changes(old.lock, new.lock, torch_reported=any(c.subject == TORCH for c in changes))
+        # cuDNN/NCCL as torch loads them supersede the nvidia-cudnn/-nccl package lines
+        runtime = {c.consequence for c in system if c.subject in ("cuDNN (torch)", "NCCL (torch)")}
+        changes = [c for c in changes if not (c.consequence in runtime and c.subject.startswith("nvidia-"))]
+        changes += system
     else:
         for s in (old, new):
             if s.lock is None:
@@ -500,7 +504,7 @@ def _inductor_changes(o: EnvLock, n: EnvLock) -> list[Change]:
         had, has = oc.exists and oc.files > 0, nc.exists and nc.files > 0
         if had and not has:
             out.append(Change("critical", "Removed", "inductor cache", _cache_label(oc), None,
-                              CONSEQUENCE["cache_gone"] + f" (now: {_cache_label(nc)})"))
+                              CONSEQUENCE["cache_gone"]))
         elif has and not had:
             out.append(Change("info", "Added", "inductor cache", None, _cache_label(nc), CONSEQUENCE["cache_new"]))
         elif had and has and (oc.fingerprint != nc.fingerprint or

@@ -125,7 +125,7 @@ def _requirement(line: str, path: str, lineno: int) -> Package:
     name = canonicalize_name(req.name)
     marker = str(req.marker) if req.marker else None
     if req.url:
-        return Package(name=name, version=_version_from_url(req.url), source=req.url, marker=marker)
+        return Package(name=name, version=_version_from_url(req.url), source=req.url.split("#")[0], marker=marker)
     specs = list(req.specifier)
     if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
         return Package(name=name, version=specs[0].version, marker=marker)
