@@ -100,17 +100,18 @@ class Change:
     consequence: str  # one plain sentence
     note: str | None = None  # how a value was inferred, when it was
     details: tuple[str, ...] = ()  # the single changes a grouped change stands for
+    headline: str = field(init=False)  # `Updated torch v2.11.0+cu128 -> v2.11.0+cu130`
 
-    @property
-    def headline(self) -> str:
-        """`Updated torch v2.11.0+cu128 -> v2.11.0+cu130`, `Added sglang v0.5.9`, `Removed x v1`."""
+    def __post_init__(self) -> None:
         if self.action == "Added":
-            return f"Added {self.subject} {self.new}"
-        if self.action == "Removed":
-            return f"Removed {self.subject} {self.old}"
-        if self.old is None:
-            return f"{self.action} {self.subject}: {self.new}"
-        return f"{self.action} {self.subject} {self.old} -> {self.new}"
+            line = f"Added {self.subject} {self.new}"
+        elif self.action == "Removed":
+            line = f"Removed {self.subject} {self.old}"
+        elif self.old is None:
+            line = f"{self.action} {self.subject}: {self.new}"
+        else:
+            line = f"{self.action} {self.subject} {self.old} -> {self.new}"
+        object.__setattr__(self, "headline", line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,8 +230,10 @@ def torch_flavour(env: EnvSpec) -> tuple[str | None, str | None]:
         m = re.search(r"cuda(\d+)\.?(\d)?", p.build or "")
         if m:
             return f"cu{m.group(1)}{m.group(2) or ''}", f"conda build {p.build}"
-        if p.build and p.build.startswith("cpu"):
+        if re.search(r"(^|_)cpu(_|$)", p.build or ""):
             return "cpu", f"conda build {p.build}"
+    if "cpuonly" in by_name:
+        return "cpu", "conda package cpuonly"
     for name in ("pytorch-cuda", "cuda-version", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu13",
                  "nvidia-cuda-runtime", "cuda-toolkit"):
         for p in by_name.get(name, ()):
@@ -332,6 +335,8 @@ def _direction(old: str | None, new: str | None) -> str:
 
 def package_severity(name: str) -> tuple[str, str]:
     """(severity, consequence key) of a change to package `name`."""
+    if name == TORCH:
+        return "critical", "torch_version"
     if name in TRITON_NAMES:
         return "critical", "triton"
     if name == "transformers":

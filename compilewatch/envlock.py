@@ -147,12 +147,13 @@ def snapshot(*, paths: Sequence[str] | None = None, with_torch: bool = True, wit
     import compilewatch
 
     notes: list[str] = []
+    # read the environment first: torch's cache_dir() sets TORCHINDUCTOR_CACHE_DIR in os.environ
+    env, left_out = env_vars(os.environ)
     dists = scan_distributions(paths, notes)
     torch = inductor = None
     if with_torch:
         torch, inductor = _torch_facts(notes)
     driver, gpus = _gpu_facts(notes) if with_gpus else (None, ())
-    env, left_out = env_vars(os.environ)
     return EnvLock(
         schema=SCHEMA,
         schema_version=SCHEMA_VERSION,
