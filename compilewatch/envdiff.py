@@ -181,10 +181,16 @@ def diff_envs(old: EnvSpec, new: EnvSpec) -> EnvDiff:
         if s.flavour_inferred_from:
             notes.append(f"{s.path}: torch's CUDA flavour {s.torch_flavour} is inferred from "
                          f"{s.flavour_inferred_from} (the version has no +cuXXX label)")
-    changes.sort(key=lambda c: (_RANK[c.severity], c.subject != TORCH, c.subject))
+    changes.sort(key=_order)
     counts = {s: sum(1 for c in changes if c.severity == s) for s in SEVERITIES}
     return EnvDiff(old=old_side, new=new_side, changes=tuple(changes), notes=tuple(dict.fromkeys(notes)),
                    counts=counts)
+
+
+def _order(c: Change) -> tuple:
+    """Severity first; inside one, torch, then transformers, then the rest by name, grouped CUDA libs last."""
+    first = {TORCH: 0, "transformers": 1, "CUDA libraries": 9}.get(c.subject, 5)
+    return _RANK[c.severity], first, c.subject.lower()
 
 
 def side(env: EnvSpec) -> EnvSide:
