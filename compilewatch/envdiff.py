@@ -177,8 +177,9 @@ def diff_envs(old: EnvSpec, new: EnvSpec) -> EnvDiff:
                 notes.append(f"{s.path} is a {s.format} file: driver, GPU, cache and environment-variable "
                              "facts compare only between two compilewatch locks")
                 break
+    torch_note = any(c.subject == TORCH and c.note for c in changes)
     for s in (old_side, new_side):
-        if s.flavour_inferred_from:
+        if s.flavour_inferred_from and not torch_note:  # said once: on the torch change when there is one
             notes.append(f"{s.path}: torch's CUDA flavour {s.torch_flavour} is inferred from "
                          f"{s.flavour_inferred_from} (the version has no +cuXXX label)")
     changes.sort(key=_order)
