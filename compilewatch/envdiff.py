@@ -414,7 +414,8 @@ def _package_change(name: str, ops: tuple[Package, ...], nps: tuple[Package, ...
         return Change(severity, "Removed", name, _labels(ops, name), None, sentence)
     if len(ops) == 1 and len(nps) == 1:
         o, n = ops[0], nps[0]
-        if o.version != n.version or o.spec != n.spec or o.name != n.name:
+        unknown = (o.version is None and o.spec is None) or (n.version is None and n.spec is None)
+        if not unknown and (o.version != n.version or o.spec != n.spec or o.name != n.name):
             action = _direction(o.version, n.version) if o.version and n.version else "Changed"
             return Change(severity, action, name, _labels(ops, name), _labels(nps, name), sentence)
         if (o.source, o.editable) != (n.source, n.editable):

@@ -140,6 +140,13 @@ def test_python_micro_is_info_and_thresholds():
         d.fails("fatal")
 
 
+def test_one_project_in_three_uv_formats_diffs_clean():
+    d = FX / "uv-sources"
+    assert [c.headline for c in diff_files(d / "uv.lock", d / "pylock.toml").changes] == \
+        ["Removed drafter-sources v0.1.0"]  # uv export leaves out the project itself
+    assert diff_files(d / "pylock.toml", d / "requirements.txt").changes == ()  # unknown versions are no change
+
+
 def test_source_change_at_same_version():
     old = EnvSpec("a", "requirements", (Package("kernels", "0.4.0"),))
     new = EnvSpec("b", "requirements", (Package("kernels", "0.4.0", source="git+https://x/k@abc"),))

@@ -46,7 +46,7 @@ def test_real_pip_freeze_direct_urls_vcs_and_editable():
     pkgs = _by_name(load_env(FX / "pip-freeze.txt"))
     (attn,) = pkgs["attnops"]
     assert attn.version == "1.2.0+cu128"  # from the wheel file name in `@ file://...whl`
-    assert attn.source == "file:///tmp/fx/wheels/attnops-1.2.0+cu128-py3-none-any.whl"
+    assert attn.source == "/tmp/fx/wheels/attnops-1.2.0+cu128-py3-none-any.whl"  # file:// and #sha256 dropped
     (tool,) = pkgs["localtool"]
     assert tool.source == "git+file:///tmp/fx/localtool@64d5cf9d22b99a42b546572d086dabc9cb224e2a"
     (kern,) = pkgs["tinykernels"]  # "-e /tmp/fx/tinykernels" under "# Editable install ... (tinykernels==0.3.1)"
@@ -88,7 +88,18 @@ def test_uv_lock_export_and_pylock_agree():
     assert pairs(lock) - {("drafter-train", "0.1.0")} == pairs(pylock)
     # one name, several versions (split by python_full_version markers)
     assert sorted(p.version for p in _by_name(lock)["networkx"]) == ["3.6.1", "3.7"]
-    assert _by_name(lock)["drafter-train"][0].source == "virtual:."
+    assert _by_name(lock)["drafter-train"][0].source == "."  # the virtual root project
+
+
+@pytest.mark.parametrize("fmt", ["uv.lock", "pylock.toml", "requirements.txt"])
+def test_uv_sources_git_path_and_editable_read_alike(fmt):
+    """uv lock / uv export of a project with a git, a local-wheel and an editable dependency."""
+    pkgs = _by_name(load_env(FX / "uv-sources" / fmt))
+    assert pkgs["localtool"][0].source == "git+file:///tmp/fx/localtool@64d5cf9d22b99a42b546572d086dabc9cb224e2a"
+    assert pkgs["attnops"][0].source == "/tmp/fx/wheels/attnops-1.2.0+cu128-py3-none-any.whl"
+    assert pkgs["attnops"][0].version == "1.2.0+cu128"
+    assert (pkgs["tinykernels"][0].source, pkgs["tinykernels"][0].editable) == ("tinykernels", True)
+    assert pkgs["packaging"][0].version == "26.4" and pkgs["packaging"][0].source is None
 
 
 def test_uv_lock_keeps_every_torch_by_version_and_source():

@@ -60,3 +60,34 @@ def line_of(text: str, needle: str, start: int = 1) -> int | None:
         if needle in line:
             return i
     return None
+
+
+def normalize_source(source: str | None) -> str | None:
+    """One spelling per origin, whatever the format wrote, so equal origins compare equal.
+
+    VCS: `git+URL@commit` (uv.lock's `URL?rev=..#commit` included); local files and directories: the
+    path (`file:///w/x.whl`, `path:/w/x.whl` -> `/w/x.whl`; `./pkg`, `editable:pkg` -> `pkg`); the URL
+    fragment (`#sha256=...`, `#egg=...`) dropped; anything else unchanged.
+    """
+    if not source:
+        return None
+    s = source.strip()
+    for prefix in ("path:", "directory:", "editable:", "virtual:"):
+        if s.startswith(prefix):
+            s = s[len(prefix):]
+            break
+    if s.startswith("file://") and "+" not in s.split("://")[0]:
+        s = s[len("file://"):]
+    if s.startswith(("git+", "hg+", "svn+", "bzr+")):
+        return s.split("#")[0]
+    s = s.split("#")[0]
+    while s.startswith("./"):
+        s = s[2:]
+    return s.rstrip("/") or "."
+
+
+def git_source(url: str) -> str:
+    """uv.lock's `git = "URL?rev=v1#<commit>"` -> `git+URL@<commit>`."""
+    base, _, commit = url.partition("#")
+    base = base.split("?")[0]
+    return f"git+{base}@{commit}" if commit else f"git+{base}"

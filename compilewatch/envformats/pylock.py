@@ -7,7 +7,7 @@ import re
 from packaging.pylock import Pylock, PylockUnsupportedVersionError, PylockValidationError
 from packaging.utils import canonicalize_name
 
-from compilewatch.envformats.model import EnvSpec, Package, bad_line, line_of
+from compilewatch.envformats.model import EnvSpec, Package, bad_line, line_of, normalize_source
 from compilewatch.envformats.tomlutil import load_toml
 from compilewatch.envformats.uvlock import PYPI
 
@@ -44,9 +44,9 @@ def _source(p) -> tuple[str | None, bool]:
         where = p.vcs.url or p.vcs.path
         return f"{p.vcs.type}+{where}@{p.vcs.commit_id}", False
     if p.directory is not None:
-        return f"directory:{p.directory.path}", bool(p.directory.editable)
+        return normalize_source(p.directory.path), bool(p.directory.editable)
     if p.archive is not None:
-        return p.archive.url or f"path:{p.archive.path}", False
+        return normalize_source(p.archive.url or p.archive.path), False
     if p.index and p.index.rstrip("/") != PYPI:
         return p.index, False
     return None, False

@@ -18,7 +18,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, canonicalize_name
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
-from compilewatch.envformats.model import EnvSpec, Package, bad_line
+from compilewatch.envformats.model import EnvSpec, Package, bad_line, normalize_source
 
 # Options that take a value and apply to the whole file (pip's requirements file format).
 _GLOBAL_WITH_VALUE = {"-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--no-binary",
@@ -110,7 +110,7 @@ def _editable(target: str, path: str, lineno: int, last_comment: str) -> Package
     if not name:
         raise bad_line(path, lineno, f"cannot tell the name of editable {target!r}",
                        hint="add #egg=NAME to the URL")
-    return Package(name=canonicalize_name(name), version=version, source=target.split("#")[0], editable=True)
+    return Package(name=canonicalize_name(name), version=version, source=normalize_source(target), editable=True)
 
 
 def _requirement(line: str, path: str, lineno: int) -> Package:
@@ -125,7 +125,7 @@ def _requirement(line: str, path: str, lineno: int) -> Package:
     name = canonicalize_name(req.name)
     marker = str(req.marker) if req.marker else None
     if req.url:
-        return Package(name=name, version=_version_from_url(req.url), source=req.url.split("#")[0], marker=marker)
+        return Package(name=name, version=_version_from_url(req.url), source=normalize_source(req.url), marker=marker)
     specs = list(req.specifier)
     if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
         return Package(name=name, version=specs[0].version, marker=marker)
@@ -153,7 +153,7 @@ def _bare_url(text: str, path: str, lineno: int) -> Package:
     if name is None:
         raise bad_line(path, lineno, f"cannot tell the package name of URL {url!r}",
                        hint="write it as `name @ URL`")
-    return Package(name=canonicalize_name(name), version=version, source=url.split("#")[0])
+    return Package(name=canonicalize_name(name), version=version, source=normalize_source(url))
 
 
 def _version_from_url(url: str) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from packaging.utils import canonicalize_name
 
-from compilewatch.envformats.model import EnvSpec, Package, bad_line, line_of
+from compilewatch.envformats.model import EnvSpec, Package, bad_line, git_source, line_of, normalize_source
 from compilewatch.envformats.tomlutil import load_toml
 
 PYPI = "https://pypi.org/simple"
@@ -49,8 +49,9 @@ def _source(source: dict) -> str | None:
     """uv's source table -> one string; PyPI (the default index) is None, like a plain pip install."""
     if "registry" in source:
         return None if str(source["registry"]).rstrip("/") == PYPI else str(source["registry"])
-    for kind in ("git", "url", "path", "directory", "editable", "virtual"):
+    if "git" in source:
+        return git_source(str(source["git"]))
+    for kind in ("url", "path", "directory", "editable", "virtual"):
         if kind in source:
-            return f"{kind}:{source[kind]}" if kind in ("path", "directory", "editable", "virtual") else str(source[kind])
+            return normalize_source(str(source[kind]))
     return None
-
