@@ -182,6 +182,10 @@ def diff_envs(old: EnvSpec, new: EnvSpec) -> EnvDiff:
         if s.flavour_inferred_from and not torch_note:  # said once: on the torch change when there is one
             notes.append(f"{s.path}: torch's CUDA flavour {s.torch_flavour} is inferred from "
                          f"{s.flavour_inferred_from} (the version has no +cuXXX label)")
+    if old_side.torch and new_side.torch and (old_side.torch_flavour is None) != (new_side.torch_flavour is None):
+        unknown = old_side if old_side.torch_flavour is None else new_side
+        notes.append(f"{unknown.path}: torch's CUDA flavour is unknown (no +cuXXX label, no CUDA packages): "
+                     "a flavour change cannot be ruled out")
     changes.sort(key=_order)
     counts = {s: sum(1 for c in changes if c.severity == s) for s in SEVERITIES}
     return EnvDiff(old=old_side, new=new_side, changes=tuple(changes), notes=tuple(dict.fromkeys(notes)),

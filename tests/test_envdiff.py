@@ -71,6 +71,12 @@ def test_flavour_from_suffix_only_and_same_family_is_not_a_change():
     assert _find(diff_envs(old, newer), "torch").severity == "critical"
 
 
+def test_unknown_flavour_is_a_note_not_a_change():
+    d = diff_envs(_spec(("torch", "2.11.0"), path="a.txt"), _spec(("torch", "2.11.0+cu130"), path="b.txt"))
+    assert d.changes == ()
+    assert any(n.startswith("a.txt: torch's CUDA flavour is unknown") for n in d.notes)
+
+
 def test_seeds_locks_cache_gone_and_system_key():
     d = diff_files(SEEDS / "old.lock.json", SEEDS / "new.lock.json")
     assert _find(d, "torch").headline == "Updated torch v2.11.0+cu128 -> v2.11.0+cu130"

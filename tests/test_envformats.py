@@ -161,6 +161,14 @@ def test_malformed_files_name_file_and_line(rel, where, words):
     assert words in info.value.message
 
 
+def test_name_at_url_without_spaces(tmp_path):
+    f = tmp_path / "r.txt"
+    f.write_text("attnops@ file:///w/attnops-1.2.0-py3-none-any.whl\ngit+https://github.com/x/k.git@v1#egg=kernels\n")
+    pkgs = _by_name(load_env(f))
+    assert (pkgs["attnops"][0].version, pkgs["attnops"][0].source) == ("1.2.0", "/w/attnops-1.2.0-py3-none-any.whl")
+    assert pkgs["kernels"][0].source == "git+https://github.com/x/k.git@v1"
+
+
 def test_format_override_and_unknown_format(tmp_path):
     with pytest.raises(BadInput, match="unknown format"):
         load_env(FX / "pip-freeze.txt", "poetry")

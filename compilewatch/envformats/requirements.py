@@ -29,7 +29,7 @@ _GLOBAL_FLAGS = {"--pre", "--prefer-binary", "--require-hashes", "--no-index"}
 _PER_REQUIREMENT = ("--hash", "--config-settings", "--global-option", "--install-option")
 _COMMENT = re.compile(r"(^|\s)#.*$")
 _FREEZE_EDITABLE = re.compile(r"\(([A-Za-z0-9][A-Za-z0-9._-]*)==([^)\s]+)\)")
-_VCS_PREFIXES = ("git+", "hg+", "svn+", "bzr+")
+_URL_START = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # a bare URL line: no `name @` before it
 
 
 def parse_requirements(text: str, path: str) -> EnvSpec:
@@ -115,7 +115,7 @@ def _editable(target: str, path: str, lineno: int, last_comment: str) -> Package
 
 def _requirement(line: str, path: str, lineno: int) -> Package:
     req_text, _, _options = _split_options(line)
-    if req_text.startswith(_VCS_PREFIXES) or "://" in req_text.split(";")[0].split(" @ ")[0]:
+    if _URL_START.match(req_text):
         return _bare_url(req_text, path, lineno)
     try:
         req = Requirement(req_text)
