@@ -91,6 +91,17 @@ def test_uv_lock_export_and_pylock_agree():
     assert _by_name(lock)["drafter-train"][0].source == "."  # the virtual root project
 
 
+def test_pylock_with_pytorch_index_wheel(tmp_path):
+    """A +cu128 wheel from PyTorch's index: the `+` is `%2B` in the URL (packaging >= 26.4 reads it)."""
+    f = tmp_path / "pylock.toml"
+    f.write_text('lock-version = "1.0"\ncreated-by = "uv"\n\n[[packages]]\nname = "torch"\nversion = "2.11.0+cu128"\n'
+                 'index = "https://download.pytorch.org/whl/cu128"\nwheels = [{ url = "https://download.pytorch.org/'
+                 'whl/cu128/torch-2.11.0%2Bcu128-cp312-cp312-manylinux_2_28_x86_64.whl", hashes = { sha256 = "'
+                 + "ab" * 32 + '" } }]\n')
+    (torch,) = load_env(f).packages
+    assert (torch.version, torch.source) == ("2.11.0+cu128", "https://download.pytorch.org/whl/cu128")
+
+
 @pytest.mark.parametrize("fmt", ["uv.lock", "pylock.toml", "requirements.txt"])
 def test_uv_sources_git_path_and_editable_read_alike(fmt):
     """uv lock / uv export of a project with a git, a local-wheel and an editable dependency."""
