@@ -62,12 +62,13 @@ def torch_build() -> TorchBuild:
 
 
 def inductor_cache_dir() -> Path:
-    """The inductor cache dir as torch resolves it (TORCHINDUCTOR_CACHE_DIR, else torch's default).
+    """The inductor cache dir as torch resolves it: TORCHINDUCTOR_CACHE_DIR, else torch's default.
 
-    Side-effect free, so a missing cache is reported missing: torch's own `cache_dir()` creates the
-    dir and writes the env var, and torch 2.13 calls it while importing `torch._dynamo`
-    (`_dynamo/package.py`). The default comes from torch's `default_cache_dir()`, loaded from its
-    file without running the `torch._inductor` package init.
+    Unlike torch's own `cache_dir()`, this has no side effects: it neither creates the directory
+    nor sets TORCHINDUCTOR_CACHE_DIR in the environment (a diagnostic must not change what it reads).
+    Importing `torch._inductor` would: torch 2.13 calls `cache_dir()` while importing `torch._dynamo`
+    (`_dynamo/package.py`). So torch's `default_cache_dir()` is loaded from its file without running
+    the package init.
     """
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     return Path(os.path.abspath(env or _torch_default_cache_dir()))
@@ -95,7 +96,9 @@ def _torch_default_cache_dir() -> str:
 def triton_cache_dir(device_index: int = 0) -> Path:
     """TRITON_CACHE_DIR if set, else `<inductor dir>/triton/<device index>` (torch's own rule)."""
     env = os.environ.get("TRITON_CACHE_DIR")
-    return Path(env) if env is not None else inductor_cache_dir() / "triton" / str(device_index)
+    if env:
+        return Path(env)
+    return inductor_cache_dir() / "triton" / str(device_index)
 
 
 @functools.lru_cache(maxsize=1)
