@@ -261,23 +261,24 @@ def _torch_facts(notes: list[str]) -> tuple[TorchBuild | None, InductorInfo | No
 
 
 def _cache_summary(cache_dir: str) -> CacheSummary:
-    """What the inductor cache dir holds, summarized.
+    """What the inductor cache dir holds: files, bytes and the cache module's content fingerprint.
 
-    The one seam to the cache module: today a plain walk (files and bytes); the cache module's content
-    fingerprint replaces it at merge, keeping `CacheSummary`'s fields (and filling `fingerprint`).
+    A dir that is not an inductor cache (compilewatch.cache refuses it) is only counted.
     """
+    from compilewatch.cache import fingerprint as cache_fingerprint
+    from compilewatch.cache import layout as cache_layout
+    from compilewatch.errors import BadInput
+
     root = Path(cache_dir)
     if not root.is_dir():
         return CacheSummary(dir=cache_dir, exists=False, files=0, bytes=0)
-    files = size = 0
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            try:
-                size += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:  # a file removed while we walk: skip it
-                continue
-            files += 1
-    return CacheSummary(dir=cache_dir, exists=True, files=files, bytes=size)
+    try:
+        fp = cache_fingerprint.fingerprint(root)
+        return CacheSummary(dir=cache_dir, exists=True, files=fp.files, bytes=fp.bytes, fingerprint=fp.content_hash)
+    except BadInput:
+        pass
+    w = cache_layout.walk(root)
+    return CacheSummary(dir=cache_dir, exists=True, files=len(w.files), bytes=sum(f.size for f in w.files))
 
 
 def _gpu_facts(notes: list[str]) -> tuple[DriverInfo | None, tuple[GpuInfo, ...]]:
