@@ -7,11 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 import compilewatch
-<<<<<<< HEAD
 from cli import cache as cache_cli
-=======
 from cli import env as env_cli
->>>>>>> main
 from cli import probe as probe_cli
 from cli.app import make_app
 
@@ -40,12 +37,9 @@ def root(
 
 
 app.command("probe")(probe_cli.probe_cmd)
-<<<<<<< HEAD
 app.add_typer(cache_cli.app, name="cache")
-=======
 app.command("lock")(env_cli.lock_cmd)
 app.command("diff-env")(env_cli.diff_env_cmd)
->>>>>>> main
 
 
 def main() -> None:
