@@ -454,8 +454,18 @@ def read_manifest(archive: str | os.PathLike[str]) -> Fingerprint:
     raise BadInput(f"{archive} has no {MANIFEST}: it was cut short", hint="save it again")
 
 
+def describe_system(info: dict[str, Any] | None) -> str:
+    """'NVIDIA H200, CUDA 13.0' from a `CacheBase.get_system()` dict; 'no GPU' for the CPU-only key."""
+    if not info or not info.get("device"):
+        return "no GPU"
+    version = info.get("version") or {}
+    rt = f"CUDA {version['cuda']}" if version.get("cuda") else f"HIP {version['hip']}" if version.get("hip") else ""
+    return ", ".join(x for x in (str(info["device"].get("name")), rt) if x)
+
+
 def compatibility(archive_key: str, archive_torch: str, entry_keys: dict[str, int] | None = None,
-                  entry_torch: dict[str, int] | None = None) -> tuple[str, ...]:
+                  entry_torch: dict[str, int] | None = None,
+                  archive_info: dict[str, Any] | None = None) -> tuple[str, ...]:
     """Why an archive or backup from (system key, torch version) would not hit here; () if it would."""
     from compilewatch import torchinfo
 
@@ -463,8 +473,10 @@ def compatibility(archive_key: str, archive_torch: str, entry_keys: dict[str, in
     here_key, here_torch = torchinfo.system_key(), str(torch.__version__)
     problems = []
     if archive_key != here_key:
-        problems.append(f"system key differs: archive {archive_key[:16]}…, this machine {here_key[:16]}… "
-                        "(GPU model, CUDA version or triton differ: every entry would miss)")
+        there = f" ({describe_system(archive_info)})" if archive_info is not None else ""
+        problems.append(f"system key differs: archive {archive_key[:16]}…{there}, this machine {here_key[:16]}… "
+                        f"({describe_system(torchinfo.system_info())}): GPU model, CUDA version or triton "
+                        "differ, so every entry would miss")
     if archive_torch != here_torch:
         problems.append(f"torch version differs: archive {archive_torch}, this machine {here_torch} "
                         "(the FX-graph key hashes torch's version and source: every entry would miss)")
@@ -601,7 +613,7 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
     target = loc.path
     _check_target(target)
     header = read_header(source)
-    problems = compatibility(header.system_key, header.torch_version)
+    problems = compatibility(header.system_key, header.torch_version, archive_info=header.system_info)
     if problems and not force:
         raise BadInput(f"{source} was saved for another system: " + "; ".join(problems),
                        hint="pass --force to load it anyway (the entries will not hit on this machine); nothing was changed")
