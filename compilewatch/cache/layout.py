@@ -21,6 +21,7 @@ The walk skips both (and counts them), and skips compilewatch's own sidecar fold
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat as stat_mod
@@ -90,10 +91,15 @@ class Walk:
 
 def subcache_of(rel: str) -> str:
     """The sub-cache a relative path belongs to (see the table in the module docstring)."""
-    head = rel.split("/", 1)[0]
+    head, sep, _ = rel.partition("/")
+    return _subcache_of_head(head, bool(sep))
+
+
+@functools.lru_cache(maxsize=4096)
+def _subcache_of_head(head: str, nested: bool) -> str:
     if head in _NAMED:
         return head
-    if _HASH_DIR.match(head) and "/" in rel:
+    if nested and _HASH_DIR.match(head):
         return "codegen"
     return "other"
 
@@ -121,48 +127,44 @@ def entry_of(rel: str) -> tuple[str, str]:
     return sub, "/".join(parts[:2])
 
 
-def _in_flight_name(name: str) -> bool:
-    return name.startswith(".") or name.startswith(_TRITON_TMP)
-
-
 def walk(root: str | os.PathLike[str]) -> Walk:
     """Every regular file under `root`, with its stat, skipping in-flight temp files and the sidecar.
 
-    Symlinks are reported as warnings and not followed (torch never writes them).
+    Symlinks are reported as warnings and not followed (torch never writes them). Folders are told
+    apart by scandir's d_type, so only files cost a stat call.
     """
-    root = os.fspath(root)
     files: list[FileStat] = []
     in_flight: list[str] = []
     warnings: list[str] = []
-
-    def rec(path: str, prefix: str) -> None:
+    add = files.append
+    is_reg = stat_mod.S_ISREG
+    stack = [(os.fspath(root), "")]
+    while stack:
+        path, prefix = stack.pop()
         try:
             it = os.scandir(path)
         except OSError as e:
             warnings.append(f"cannot read {prefix or '.'}: {e.strerror}")
-            return
+            continue
         with it:
             for e in it:
-                rel = prefix + e.name
-                if not prefix and e.name == SIDECAR:
-                    continue
-                if _in_flight_name(e.name):
-                    in_flight.append(rel)
+                name = e.name
+                if name[0] == "." or name.startswith(_TRITON_TMP):
+                    if prefix or name != SIDECAR:
+                        in_flight.append(prefix + name)
                     continue
                 try:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append((e.path, prefix + name + "/"))
+                        continue
                     st = e.stat(follow_symlinks=False)
                 except OSError as err:
-                    warnings.append(f"cannot stat {rel}: {err.strerror}")
+                    warnings.append(f"cannot stat {prefix + name}: {err.strerror}")
                     continue
-                mode = st.st_mode
-                if stat_mod.S_ISDIR(mode):
-                    rec(e.path, rel + "/")
-                elif stat_mod.S_ISREG(mode):
-                    files.append(FileStat(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_atime_ns))
+                if is_reg(st.st_mode):
+                    add(FileStat(prefix + name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_atime_ns))
                 else:
-                    warnings.append(f"skipped {rel}: not a regular file")
-
-    rec(root, "")
+                    warnings.append(f"skipped {prefix + name}: not a regular file")
     files.sort(key=lambda f: f.rel)
     return Walk(tuple(files), tuple(sorted(in_flight)), tuple(warnings))
 
