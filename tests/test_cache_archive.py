@@ -265,3 +265,12 @@ def test_manifest_json_is_valid_fingerprint(tmp_path):
     with tarfile.open(tmp_path / "a.tar") as t:
         data = json.loads(t.extractfile(archive.MANIFEST).read())
     assert fp_mod.from_json(data).content_hash == fp_mod.fingerprint(src).content_hash
+
+
+def test_restore_refuses_nested_dirs(tmp_path):
+    cur = make_cache(tmp_path / "cache")
+    inner = make_cache(cur / "fxgraph" / "nested")
+    before = tree(cur)
+    with pytest.raises(BadInput, match="nested"):
+        archive.load(inner, cur)
+    assert tree(cur) == before

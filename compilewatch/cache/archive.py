@@ -646,6 +646,9 @@ def _restore_dir(source: Path, path: str | os.PathLike[str] | None, force: bool,
     target = loc.path
     if source == target:
         raise BadInput(f"{source} is already the cache dir")
+    if target in source.parents or source in target.parents:
+        raise BadInput(f"{source} and the cache dir {target} are nested; nothing was changed",
+                       hint="restore a backup that sits beside the cache dir (where `cache clear` puts it)")
     if not layout.looks_like_cache(source):
         raise BadInput(f"{source} does not look like an inductor cache; nothing was changed")
     _check_target(target)

@@ -27,7 +27,6 @@ import re
 import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from compilewatch.errors import BadInput
 
