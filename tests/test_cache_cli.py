@@ -129,3 +129,34 @@ def test_json_is_the_only_stdout(tmp_path):
     r = invoke(app, ["cache", "save", str(tmp_path / "a.tar"), "--dir", str(root), "--json"])
     assert r.exit_code == 0
     assert json.loads(r.stdout)["archive"] == str(tmp_path / "a.tar")
+
+
+def test_json_schemas_are_frozen(tmp_path):
+    """The --json top-level keys other tools (lock, doctor, scripts) read; change them on purpose only."""
+    root = make_cache(tmp_path / "c")
+    d = str(root)
+    want = {
+        ("where",): {"path", "source", "exists", "looks_like_cache", "triton_dir", "triton_source", "triton_inside",
+                     "subcaches", "lock_file"},
+        ("fingerprint",): {"path", "files", "bytes", "content_hash", "subcaches", "system_key", "torch_version",
+                           "entry_system_keys", "entry_torch_hashes", "created_at", "duration_s", "hashed", "reused",
+                           "in_flight", "warnings", "entries", "format"},
+        ("verify",): {"path", "ok", "foreign", "system_key", "torch_version", "torch_hash", "files", "checked",
+                      "entry_system_keys", "findings", "counts", "not_checked", "deep", "quarantine", "moved"},
+        ("ls",): {"path", "entries", "total_entries", "total_files", "total_bytes"},
+        ("du",): {"path", "files", "bytes", "in_flight", "subcaches", "largest"},
+        ("save", str(tmp_path / "a.tar")): {"archive", "source", "files", "bytes", "archive_bytes", "content_hash",
+                                            "compression", "mega_cache", "duration_s", "warnings"},
+        ("prune", "--max-size", "1G"): {"path", "max_bytes", "bytes_before", "bytes_after", "removed", "moved_to",
+                                        "deleted", "dry_run"},
+        ("load", str(tmp_path / "a.tar")): {"source", "path", "backup", "files", "bytes", "content_hash",
+                                            "archive_system_key", "system_key", "mismatches", "forced", "duration_s",
+                                            "warnings"},
+        ("clear",): {"path", "files", "bytes", "backup", "deleted", "restore_command"},
+    }
+    for args, keys in want.items():
+        assert set(invoke_json(app, ["cache", *args, "--dir", d])) == keys, args
+    make_cache(root)
+    diff = invoke_json(app, ["cache", "diff", d, d])
+    assert set(diff) == {"a", "b", "same", "content_hash_a", "content_hash_b", "system_key_a", "system_key_b",
+                         "torch_version_a", "torch_version_b", "per_file", "subcaches"}
