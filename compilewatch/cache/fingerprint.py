@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, NamedTuple, Sequence
 
 import xxhash
 
@@ -54,6 +54,17 @@ class FileEntry:
     hash: str
     system_key: str | None = None  # stamp found inside the entry (fxgraph / aotautograd / cache)
     torch_hash: str | None = None
+
+
+class _Row(NamedTuple):
+    """FileEntry's fields as a tuple: what an incremental run handles per file (cheap to build)."""
+
+    rel: str
+    size: int
+    mtime_ns: int
+    hash: str
+    system_key: str | None
+    torch_hash: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +205,9 @@ def hash_files(root: Path, files: list[FileStat], workers: int | None = None) ->
     return results, warnings
 
 
-def group(entries: Iterable[FileEntry]) -> dict[str, list[FileEntry]]:
-    """Entries per sub-cache, each list sorted by relative path."""
-    per_sub: dict[str, list[FileEntry]] = defaultdict(list)
+def group(entries: Iterable[FileEntry | _Row]) -> dict[str, list]:
+    """Entries (FileEntry or _Row) per sub-cache, each list sorted by relative path."""
+    per_sub: dict[str, list] = defaultdict(list)
     for e in entries:
         per_sub[layout.subcache_of(e.rel)].append(e)
     for items in per_sub.values():
@@ -204,7 +215,7 @@ def group(entries: Iterable[FileEntry]) -> dict[str, list[FileEntry]]:
     return per_sub
 
 
-def merkle(per_sub: dict[str, list[FileEntry]]) -> tuple[str, tuple[SubCacheStats, ...]]:
+def merkle(per_sub: dict[str, Sequence[FileEntry | _Row]]) -> tuple[str, tuple[SubCacheStats, ...]]:
     """(root hash, per-sub-cache stats with node hashes) over entries grouped by `group`."""
     subs = []
     root = xxhash.xxh3_128()
@@ -257,19 +268,19 @@ def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, worker
     index = _load_index(root) if use_index else {}
     cached = index.get("files", {})
     trusted_before = int(index.get("started_ns", 0)) - RACY_NS
-    entries: dict[str, FileEntry] = {}
+    entries: dict[str, FileEntry | _Row] = {}
     todo: list[FileStat] = []
     for f in w.files:
         c = cached.get(f.rel)
         if (c and len(c) == 6 and c[0] == f.size and c[1] == f.mtime_ns and c[2] == f.ino
                 and f.mtime_ns < trusted_before):
-            entries[f.rel] = FileEntry(f.rel, f.size, f.mtime_ns, c[3], c[4], c[5])
+            entries[f.rel] = _Row(f.rel, f.size, f.mtime_ns, c[3], c[4], c[5])
         else:
             todo.append(f)
     hashed, warnings = hash_files(root, todo, workers)
     entries.update(hashed)
-    by_rel = {f.rel: f for f in w.files}
     if use_index and (todo or len(cached) != len(entries)):
+        by_rel = {f.rel: f for f in w.files}
         new_index = {
             rel: [e.size, e.mtime_ns, by_rel[rel].ino, e.hash, e.system_key, e.torch_hash]
             for rel, e in entries.items() if e.size == by_rel[rel].size
@@ -290,7 +301,8 @@ def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, worker
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         duration_s=time.perf_counter() - t0, hashed=len(hashed), reused=len(entries) - len(hashed),
         in_flight=len(w.in_flight), warnings=tuple(w.warnings) + tuple(warnings),
-        entries=tuple(entries[rel] for rel in sorted(entries)) if files else None,
+        entries=tuple(FileEntry(*entries[rel]) if isinstance(entries[rel], _Row) else entries[rel]
+                      for rel in sorted(entries)) if files else None,
     )
 
 
