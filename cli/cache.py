@@ -296,7 +296,7 @@ def ls_cmd(
     dir: DirOpt = None,
     subcache: Annotated[Optional[str], typer.Option("--subcache", "-s", help="Only this sub-cache (fxgraph, aotautograd, codegen, triton, ...).")] = None,
     sort: Annotated[str, typer.Option("--sort", help="size, recent or name.")] = "size",
-    limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="Show at most N entries.")] = 50,
+    limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="Show at most N entries (0: all).")] = 50,
     as_json: JsonOpt = False,
 ) -> None:
     """List cache entries (an FX-graph key, a kernel folder, a generated module), largest first.

@@ -119,15 +119,15 @@ class _Checker:
             return
         st = stamps.stamp_of(f.rel, content)
         self.stamps[st.system_key or "unknown"] += 1
+        if sub == "fxgraph":
+            self.fx_keys.add(f.rel.split("/")[2])
         if st.system_key and st.system_key != self.system_key:
             self.add("foreign-system", f.rel, f"built for system key {st.system_key[:12]}…, this machine is "
                      f"{self.system_key[:12]}… (GPU, CUDA or triton differ): it can never hit here")
         elif st.torch_hash and self.torch_hash and st.torch_hash != self.torch_hash:
             self.add("foreign-torch", f.rel, "built by another torch build (torch version or source differs): "
                      "it can never hit here")
-        if sub == "fxgraph":
-            self.fx_keys.add(f.rel.split("/")[2])
-        if self.deep:
+        elif self.deep:  # foreign entries are never loaded by this torch: unpickling them proves nothing
             self.unpickle(f.rel, sub, content)
 
     def unpickle(self, rel: str, sub: str, content: bytes) -> None:
