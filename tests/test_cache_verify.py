@@ -129,3 +129,10 @@ def test_fix_moves_bad_entries_aside_and_deletes_nothing(tmp_path):
     assert "aotautograd/aforeign/entry" in aside
     again = verify_mod.verify(root)
     assert again.ok and again.findings == ()
+
+
+def test_broken_local_cache_json_is_truncated(tmp_path):
+    root = make_cache(tmp_path / "c")
+    write(root, "cache/" + torchinfo.system_key(), '{"system": {}, "cache": {')
+    r = verify_mod.verify(root)
+    assert r.counts == {"truncated": 1} and r.findings[0].path.startswith("cache/")

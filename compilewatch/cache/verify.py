@@ -7,7 +7,7 @@ What is checked, and how (no GPU needed for any of it):
 | a zero-byte file outside `locks/` | `empty` | error |
 | an fxgraph / aotautograd pickle without pickle framing (first byte 0x80, last byte `.`) | `truncated` | error |
 | a `.so` / `.cubin` whose ELF header is missing or whose section table lies past the file's end | `truncated` | error |
-| generated `.py` that does not compile, triton `.json` that does not parse | `truncated` | error |
+| generated `.py` that does not compile; triton `.json` or `cache/<key>` JSON that does not parse | `truncated` | error |
 | (deep) an fxgraph / aotautograd entry that `pickle.loads` rejects | `unloadable` | error |
 | (deep) an aotautograd entry naming an FX-graph key that has no fxgraph entry | `dangling` | error |
 | a triton kernel folder whose group file lists a missing binary, or metadata without a binary | `missing-binary` | error |
@@ -242,12 +242,17 @@ class _Checker:
         if not st.system_key:
             return
         self.stamps[st.system_key] += 1
+        content = self.read(f.rel)
+        try:
+            data = json.loads(content or b"")
+        except ValueError:  # torch's get_local_cache() would raise on it
+            self.add("truncated", f.rel, "local cache JSON does not parse")
+            return
         if st.system_key != self.system_key:
             device = ""
-            content = self.read(f.rel)
             try:
-                device = f" ({json.loads(content or b'{}').get('system', {}).get('device', {}).get('name')})"
-            except (ValueError, AttributeError):
+                device = f" ({data.get('system', {}).get('device', {}).get('name')})"
+            except AttributeError:
                 pass
             self.add("foreign-system", f.rel, f"local cache for system key {st.system_key[:12]}…{device}")
 
