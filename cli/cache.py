@@ -100,6 +100,9 @@ def _render_fingerprint(fp: fp_lib.Fingerprint) -> None:
     keys = ", ".join(f"{_short(k)} × {n}" + (" (this machine)" if k == fp.system_key else "")
                      for k, n in sorted(fp.entry_system_keys.items(), key=lambda kv: -kv[1])) or "no stamped entries"
     o.print(f"entries built for: {keys}")
+    if fp.foreign_entries:
+        output.warn(f"{fp.foreign_entries} entries were built for another system key and can never hit here "
+                    "(`compilewatch cache verify` lists them)")
     table = Table("sub-cache", "files", "size", "content hash", "newest", box=None)
     for s in sorted(fp.subcaches, key=lambda s: -s.bytes):
         table.add_row(s.name, str(s.files), output.fmt_bytes(s.bytes), s.content_hash, _ago(s.newest_mtime_ns))

@@ -139,7 +139,7 @@ def test_json_schemas_are_frozen(tmp_path):
         ("where",): {"path", "source", "exists", "looks_like_cache", "triton_dir", "triton_source", "triton_inside",
                      "subcaches", "lock_file"},
         ("fingerprint",): {"path", "files", "bytes", "content_hash", "subcaches", "system_key", "torch_version",
-                           "entry_system_keys", "entry_torch_hashes", "created_at", "duration_s", "hashed", "reused",
+                           "entry_system_keys", "entry_torch_hashes", "foreign_entries", "created_at", "duration_s", "hashed", "reused",
                            "in_flight", "warnings", "entries", "format"},
         ("verify",): {"path", "ok", "foreign", "system_key", "torch_version", "torch_hash", "files", "checked",
                       "entry_system_keys", "findings", "counts", "not_checked", "deep", "quarantine", "moved"},

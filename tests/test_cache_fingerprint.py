@@ -129,6 +129,7 @@ def test_entry_stamps_are_counted(tmp_path):
     fp = fp_mod.fingerprint(root)
     assert fp.system_key == torchinfo.system_key()
     assert fp.entry_system_keys == {OTHER_KEY: 6, torchinfo.system_key(): 1}
+    assert fp.foreign_entries == 6
     assert fp.torch_version == torchinfo.torch_module().__version__
 
 

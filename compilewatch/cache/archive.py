@@ -361,6 +361,7 @@ def _manifest(root: Path, written: list[FileEntry], header: ArchiveHeader) -> Fi
         subcaches=subs, system_key=header.system_key, torch_version=header.torch_version,
         entry_system_keys=dict(Counter(e.system_key or "unknown" for e in stamped)),
         entry_torch_hashes=dict(Counter(e.torch_hash or "unknown" for e in stamped if not e.rel.startswith("cache/"))),
+        foreign_entries=sum(1 for e in stamped if e.system_key and e.system_key != header.system_key),
         created_at=header.created_at, duration_s=0.0, hashed=len(written), reused=0, in_flight=0, warnings=(),
         entries=tuple(sorted(written, key=lambda e: e.rel)),
     )

@@ -89,6 +89,7 @@ class Fingerprint:
     torch_version: str
     entry_system_keys: dict[str, int]  # system key stamped in entries -> entry files ("unknown" too)
     entry_torch_hashes: dict[str, int]
+    foreign_entries: int  # stamped entries built for another system key: they can never hit here
     created_at: str
     duration_s: float
     hashed: int  # files read and hashed in this run
@@ -294,10 +295,12 @@ def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, worker
     sk = Counter(e.system_key or "unknown" for e in stamped)
     th = Counter(e.torch_hash or "unknown" for e in stamped if not e.rel.startswith("cache/"))
     torch = torchinfo.torch_module()
+    here = torchinfo.system_key()
     return Fingerprint(
         path=str(root), files=len(entries), bytes=sum(s.bytes for s in subs), content_hash=root_hash,
-        subcaches=subs, system_key=torchinfo.system_key(), torch_version=str(torch.__version__),
+        subcaches=subs, system_key=here, torch_version=str(torch.__version__),
         entry_system_keys=dict(sk), entry_torch_hashes=dict(th),
+        foreign_entries=sum(n for k, n in sk.items() if k not in ("unknown", here)),
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         duration_s=time.perf_counter() - t0, hashed=len(hashed), reused=len(entries) - len(hashed),
         in_flight=len(w.in_flight), warnings=tuple(w.warnings) + tuple(warnings),
@@ -321,6 +324,7 @@ def from_json(data: dict, source: str = "fingerprint") -> Fingerprint:
             system_key=data["system_key"], torch_version=data["torch_version"],
             entry_system_keys=dict(data.get("entry_system_keys", {})),
             entry_torch_hashes=dict(data.get("entry_torch_hashes", {})),
+            foreign_entries=int(data.get("foreign_entries", 0)),
             created_at=data["created_at"], duration_s=float(data["duration_s"]),
             hashed=int(data["hashed"]), reused=int(data["reused"]), in_flight=int(data["in_flight"]),
             warnings=tuple(data.get("warnings", ())),
