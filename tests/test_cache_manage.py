@@ -207,3 +207,20 @@ def test_shared_locks_overlap_exclusive_waits(tmp_path):
         with pytest.raises(lock_mod.CacheLocked):
             with lock_mod.cache_lock(root, timeout=0):
                 pass
+
+
+def test_lock_file_that_cannot_be_created(tmp_path, monkeypatch):
+    root = make_cache(tmp_path / "c")
+    real_open = os.open
+
+    def no_create(path, *a, **k):
+        if str(path).endswith(".compilewatch.lock"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(lock_mod.os, "open", no_create)
+    with lock_mod.cache_lock(root, shared=True) as held:
+        assert held is None  # readers go ahead
+    with pytest.raises(BadInput, match="cannot create the lock file"):
+        manage.clear(root)
+    assert root.is_dir()

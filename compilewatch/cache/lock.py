@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from compilewatch.cache.layout import lock_file_for
-from compilewatch.errors import CompilewatchError
+from compilewatch.errors import BadInput, CompilewatchError
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -37,13 +37,21 @@ class CacheLocked(CompilewatchError):
 
 @contextlib.contextmanager
 def cache_lock(cache_dir: str | os.PathLike[str], *, shared: bool = False,
-               timeout: float | None = None) -> Iterator[Path]:
+               timeout: float | None = None) -> Iterator[Path | None]:
     """Hold the lock of `cache_dir` for the `with` block; CacheLocked after `timeout` seconds
-    (default `DEFAULT_TIMEOUT_S`, read at call time)."""
+    (default `DEFAULT_TIMEOUT_S`, read at call time). Yields the lock file, or None for a shared
+    lock whose file cannot be created (a read-only parent folder: reading goes ahead unlocked)."""
     timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
     lock_path = lock_file_for(Path(os.path.abspath(cache_dir)))
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if shared:  # a reader that cannot create the lock file (read-only parent) goes ahead unlocked
+            yield None
+            return
+        raise BadInput(f"cannot create the lock file {lock_path}: {e.strerror}",
+                       hint="moving or replacing the cache needs write access to the folder that holds it") from None
     try:
         op = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
         deadline = time.monotonic() + max(timeout, 0.0)
