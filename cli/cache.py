@@ -60,6 +60,10 @@ def _render_where(loc: layout.CacheLocation) -> None:
         table.add_row(s.name, "yes" if s.exists else "-", str(s.path), s.description)
     o.print(table)
     o.print(f"lock file: {loc.lock_file}")
+    if loc.siblings:
+        o.print("[bold]beside it[/] (backups and set-aside entries compilewatch kept; `cache load DIR` restores a backup):")
+        for p in loc.siblings:
+            o.print(f"  {p}")
 
 
 # --- fingerprint ----------------------------------------------------------------------------------

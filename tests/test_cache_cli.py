@@ -137,7 +137,7 @@ def test_json_schemas_are_frozen(tmp_path):
     d = str(root)
     want = {
         ("where",): {"path", "source", "exists", "looks_like_cache", "triton_dir", "triton_source", "triton_inside",
-                     "subcaches", "lock_file"},
+                     "subcaches", "lock_file", "siblings"},
         ("fingerprint",): {"path", "files", "bytes", "content_hash", "subcaches", "system_key", "torch_version",
                            "entry_system_keys", "entry_torch_hashes", "foreign_entries", "created_at", "duration_s", "hashed", "reused",
                            "in_flight", "warnings", "entries", "format"},

@@ -224,3 +224,15 @@ def test_lock_file_that_cannot_be_created(tmp_path, monkeypatch):
     with pytest.raises(BadInput, match="cannot create the lock file"):
         manage.clear(root)
     assert root.is_dir()
+
+
+def test_where_lists_what_compilewatch_kept_beside_the_cache(tmp_path):
+    from compilewatch.cache import layout
+
+    root = make_cache(tmp_path / "c")
+    r = manage.clear(root)
+    make_cache(root)
+    (tmp_path / ".c.load-abc123").mkdir()  # a load that was killed mid-extraction
+    (tmp_path / "c.unrelated").mkdir()
+    loc = layout.locate(root)
+    assert loc.siblings == tuple(sorted([r.backup, str(tmp_path / ".c.load-abc123")]))

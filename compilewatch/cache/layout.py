@@ -69,6 +69,7 @@ class CacheLocation:
     triton_inside: bool  # True when the triton cache is part of `path` (saved, cleared with it)
     subcaches: tuple[SubCache, ...]
     lock_file: Path
+    siblings: tuple[str, ...]  # backups, quarantines, pruned entries and load temp dirs beside the cache
 
 
 class FileStat(NamedTuple):
@@ -229,8 +230,18 @@ def locate(path: str | os.PathLike[str] | None = None) -> CacheLocation:
     return CacheLocation(
         path=root, source=source, exists=exists, looks_like_cache=exists and looks_like_cache(root),
         triton_dir=triton_dir, triton_source=triton_source, triton_inside=triton_inside,
-        subcaches=tuple(subs), lock_file=lock_file_for(root),
+        subcaches=tuple(subs), lock_file=lock_file_for(root), siblings=siblings_of(root),
     )
+
+
+SIBLING_LABELS = ("backup", "quarantine", "pruned", "deleting")
+
+
+def siblings_of(root: Path) -> tuple[str, ...]:
+    """What compilewatch left beside the cache dir: `<name>.backup-*` (clear, load), `.quarantine-*`
+    (verify --fix), `.pruned-*` (prune), and `.<name>.load-*` temp dirs of a load that was killed."""
+    prefixes = tuple(f"{root.name}.{label}-" for label in SIBLING_LABELS) + (f".{root.name}.load-",)
+    return tuple(sorted(str(root.parent / n) for n in _safe_listdir(root.parent) if n.startswith(prefixes)))
 
 
 def _safe_listdir(path: Path) -> list[str]:
