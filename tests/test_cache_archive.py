@@ -128,9 +128,6 @@ def test_path_traversal_member_is_refused(tmp_path):
     src = make_cache(tmp_path / "src")
     archive.save(tmp_path / "a.tar", src)
 
-    def add_evil(name, data):
-        return data
-
     with tarfile.open(tmp_path / "a.tar") as tin, tarfile.open(tmp_path / "evil.tar", "w") as tout:
         for m in tin.getmembers():
             tout.addfile(m, tin.extractfile(m))
