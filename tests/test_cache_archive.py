@@ -271,3 +271,15 @@ def test_restore_refuses_nested_dirs(tmp_path):
     with pytest.raises(BadInput, match="nested"):
         archive.load(inner, cur)
     assert tree(cur) == before
+
+
+def test_a_failing_mega_cache_does_not_fail_the_save(tmp_path, monkeypatch):
+    src = make_cache(tmp_path / "src")
+
+    def boom(root, entries):
+        raise RuntimeError("torch internals changed")
+
+    monkeypatch.setattr(archive, "mega_cache_from_dir", boom)
+    res = archive.save(tmp_path / "a.tar", src)
+    assert res.mega_cache is None and any("Mega-Cache left out" in w for w in res.warnings)
+    assert archive.load(tmp_path / "a.tar", tmp_path / "dst").files == res.files

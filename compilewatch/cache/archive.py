@@ -333,7 +333,11 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
                             else:
                                 written.append(entry)
                         if mega:
-                            built = mega_cache_from_dir(root, written)
+                            try:
+                                built = mega_cache_from_dir(root, written)
+                            except Exception as e:  # noqa: BLE001 - torch internals: the archive is still whole
+                                built = None
+                                warnings.append(f"Mega-Cache left out: {type(e).__name__}: {e}"[:300])
                             if built is not None:
                                 _add_bytes(tar, MEGA, built[0])
                                 mega_counts = built[1]
