@@ -245,7 +245,10 @@ def builtin_targets(backend: Backend = "inductor") -> dict[str, Target]:
     }
 
 
-def _load_file_module(path: Path):
+def _load_file_module(path: Path, alias: bool = False):
+    """Load a file as a module. alias=True also registers it under its stem (`wl.py` -> `wl`) when
+    that name is free and would import this same file, so a program that later does `import wl`
+    gets this module (and its compiled functions), not a second copy."""
     name = f"_compilewatch_target_{abs(hash(path.resolve()))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -253,10 +256,18 @@ def _load_file_module(path: Path):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    stem = path.stem
+    if alias and stem.isidentifier() and stem not in sys.modules:
+        try:
+            found = importlib.util.find_spec(stem)
+        except (ImportError, ValueError):
+            found = None
+        if found is None or (found.origin and Path(found.origin).resolve() == path.resolve()):
+            sys.modules[stem] = module
     return module
 
 
-def _import_object(spec: str, kind: str = "target") -> Any:
+def _import_object(spec: str, kind: str = "target", alias: bool = False) -> Any:
     """Import `module:attr` or `path/file.py:attr` (dotted attrs allowed) or raise BadInput."""
     mod_part, _, attr = spec.rpartition(":")
     if not mod_part or not attr:
@@ -266,7 +277,7 @@ def _import_object(spec: str, kind: str = "target") -> Any:
             path = Path(mod_part)
             if not path.is_file():
                 raise BadInput(f"{kind} file {mod_part!r} does not exist")
-            module = _load_file_module(path)
+            module = _load_file_module(path, alias)
         else:
             module = importlib.import_module(mod_part)
     except BadInput:
@@ -342,7 +353,7 @@ def resolve_workload(spec: str = "flex_attention", backend: Backend = "inductor"
     if ":" not in spec:
         raise BadInput(f"unknown workload {spec!r}",
                        hint=f"use a built-in ({', '.join(BUILTIN_WORKLOADS)}), module:callable or file.py:callable")
-    obj = _import_object(spec, "workload")
+    obj = _import_object(spec, "workload", alias=True)
     if isinstance(obj, type) and callable(getattr(obj, "run", None)):
         obj = obj()  # a Workload class: one instance per process
     return as_workload(obj, spec)
