@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 import compilewatch
+from cli import gpus as gpus_cli
 from cli import probe as probe_cli
 from cli import warm as warm_cli
 from cli.app import make_app
@@ -37,6 +38,7 @@ def root(
 
 app.command("probe")(probe_cli.probe_cmd)
 app.command("warm")(warm_cli.warm_cmd)
+app.command("gpus")(gpus_cli.gpus_cmd)
 
 
 def main() -> None:
