@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import runpy
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ class HandOff:
         if self.mode == "in-process":
             return (f"running {self.kind} {self.target} in this process ({self.reason}): compiled state in "
                     "memory carries over")
-        return f"exec {' '.join(self.argv)} ({self.reason}): only the on-disk caches carry over"
+        return f"exec {shlex.join(self.argv)} ({self.reason}): only the on-disk caches carry over"
 
 
 def _same_interpreter(exe: str) -> tuple[bool, str | None]:

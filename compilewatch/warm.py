@@ -122,6 +122,21 @@ def _from_counters(device: str, c: _counters.CompileCounters, windows: int) -> R
     return Recompile(device, ", ".join(fns), None, reasons, msg)
 
 
+def _explain(workload: Workload, device: str, bare: Recompile) -> Recompile:
+    """Run once more without the stance so torch's guard-failure list names the function and reason.
+    Single-threaded, so letting it compile here is harmless (it only warms more)."""
+    before = _counters.snapshot()
+    with CompileRecorder() as rec:
+        try:
+            workload.run(device)
+        except Exception:  # noqa: BLE001 - best effort: keep the bare finding
+            return bare
+    found = _from_counters(device, _counters.delta(before), len(rec.windows))
+    if found is None:
+        return bare
+    return Recompile(device, found.function, None, found.reasons, bare.message)
+
+
 def _memory_start(device: str) -> tuple[str, int | None]:
     import torch
 
@@ -193,6 +208,8 @@ def _run_one(workload: Workload, device: str, phase: Phase, strict: bool, steps:
         peak = None
     if phase == "verify" and recompile is None and error is None:
         recompile = _from_counters(device, delta, len(rec.windows))
+    if recompile is not None and recompile.function == "?" and phase == "verify":
+        recompile = _explain(workload, device, recompile)  # older torch: a bare fail_on_recompile message
     ok = error is None and recompile is None
     return DeviceRun(device=device, phase=phase, ok=ok, wall_s=wall, error=error, frames_compiled=delta.frames_ok,
                      compile_windows=len(rec.windows), counters=delta, peak_memory_bytes=peak,
