@@ -71,11 +71,8 @@ class WarmReport:
     verify: tuple[DeviceRun, ...]  # empty when verify=False or the warm pass failed
     strict: bool  # verify ran under set_stance("fail_on_recompile")
     wall_s: float
+    ok: bool  # every device warmed and (if asked) verified without compiling
     verdicts: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.warm) and all(r.ok for r in self.verify)
 
     @property
     def recompiles(self) -> tuple[Recompile, ...]:
@@ -255,7 +252,8 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
     return WarmReport(
         workload=workload.name, devices=tuple(devs), torch_version=_torch_version(),
         cache_dir=str(torchinfo.inductor_cache_dir()), warm=tuple(warm), verify=tuple(verify_runs), strict=strict,
-        wall_s=report_wall, verdicts=tuple(_verdicts(warm, verify_runs, verify)),
+        wall_s=report_wall, ok=all(r.ok for r in warm) and all(r.ok for r in verify_runs),
+        verdicts=tuple(_verdicts(warm, verify_runs, verify)),
     )
 
 
