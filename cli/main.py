@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 import compilewatch
+from cli import doctor as doctor_cli
 from cli import gpus as gpus_cli
 from cli import probe as probe_cli
 from cli import warm as warm_cli
@@ -39,6 +40,7 @@ def root(
 app.command("probe")(probe_cli.probe_cmd)
 app.command("warm")(warm_cli.warm_cmd)
 app.command("gpus")(gpus_cli.gpus_cmd)
+app.command("doctor")(doctor_cli.doctor_cmd)
 
 
 def main() -> None:
