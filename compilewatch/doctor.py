@@ -251,7 +251,7 @@ def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn
         n = max(env.device_count, 1)
         msg = (f"recompile_limit = {dyn.recompile_limit} per function (accumulated {dyn.accumulated_recompile_limit}): "
                "every (device, shape, dtype) combination is one more compile of the same function; past the limit "
-               "torch runs it eagerly without an error")
+               "torch runs it eagerly (a log warning, no error)")
         level: Level = "warn" if n >= dyn.recompile_limit else "info"
         out.append(Verdict(level, "dynamo", msg + (f"; this machine has {n} GPUs" if level == "warn" else ""),
                            "raise torch._dynamo.config.recompile_limit (in every worker thread on torch >= 2.12), "
