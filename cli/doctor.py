@@ -13,7 +13,9 @@ _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "problem": "red"}
 
 
 def doctor_cmd(as_json: JsonOpt = False) -> None:
-    """Environment facts, the inductor cache (size, system key), GPUs, the FX-flag race, dynamo
+    """One report: environment, cache vs system key, GPUs, FX-flag race, dynamo limits, verdicts.
+
+    Environment facts, the inductor cache (size, system key), GPUs, the FX-flag race, dynamo
     limits and known torch issues, each ending in a verdict. Exit 1 if a verdict is a problem.
 
     Examples:

@@ -25,8 +25,10 @@ def gpus_cmd(
     count: Annotated[Optional[int], typer.Option("--count", help="With --watch: stop after N refreshes.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show every NVIDIA GPU: memory used/total, utilization, processes (name, command line, user),
-    and flag a GPU that uses far less memory than the other GPUs of the same job.
+    """Per-GPU memory, utilization and processes, with an imbalance verdict.
+
+    Shows every NVIDIA GPU: memory used/total, utilization, processes (name, command line, user),
+    and flags a GPU that uses far less memory than the other GPUs of the same job.
 
     Exit 0 when all is well or there is no NVIDIA driver (`[]` with --json), 1 when a GPU is flagged.
 

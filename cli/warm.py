@@ -38,8 +38,10 @@ def warm_cmd(
     report: Annotated[Optional[str], typer.Option("--report", help="Also write the JSON report to this file.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Compile a workload on every device ONE AFTER ANOTHER in this process, verify that a second
-    pass compiles nothing, then hand control to CMD.
+    """Compile a workload on each device one after another, verify, then hand control to CMD.
+
+    Devices are warmed in this process, in this thread, never concurrently; then a second pass on
+    every device must compile nothing (exit 1 if something recompiles, naming the function and why).
 
     CMD as `python script.py ...`, `script.py ...` or `-m module ...` runs in this process (compiled
     state in memory carries over); any other command is exec'd (only on-disk caches carry over).
