@@ -63,7 +63,7 @@ def warm_cmd(
     wl = resolve_workload(workload, backend, shape)
     what = shape.describe() if workload == "flex_attention" else wl.name
     output.err.print(f"warming {what} on {', '.join(devs)} (backend {backend}), one device at a time")
-    with _progress(devs, verify) as on_event:
+    with _DeviceBars(devs, verify) as on_event:
         result = warm_lib.prewarm(devs, wl, verify=verify, strict=strict, steps=steps, progress=on_event)
     if report:
         atomic_write_json(report, result)
@@ -82,7 +82,7 @@ def warm_cmd(
     handoff_lib.exec_command(plan)
 
 
-class _progress:
+class _DeviceBars:
     """A rich progress bar per device (stderr): warm, then verify."""
 
     def __init__(self, devices: list[str], verify: bool) -> None:

@@ -203,10 +203,10 @@ def _run_one(workload: Workload, device: str, phase: Phase, strict: bool, steps:
         peak = _memory_end(device, metric, rss_before)
     except Exception:  # noqa: BLE001 - e.g. the device is broken after an error
         peak = None
-    if phase == "verify" and recompile is None and error is None:
-        recompile = _from_counters(device, delta, len(rec.windows))
-    if recompile is not None and recompile.function == "?" and phase == "verify":
+    if recompile is not None and recompile.function == "?":
         recompile = _explain(workload, device, recompile)  # older torch: a bare fail_on_recompile message
+    elif phase == "verify" and recompile is None and error is None:
+        recompile = _from_counters(device, delta, len(rec.windows))
     ok = error is None and recompile is None
     return DeviceRun(device=device, phase=phase, ok=ok, wall_s=wall, error=error, frames_compiled=delta.frames_ok,
                      compile_windows=len(rec.windows), counters=delta, peak_memory_bytes=peak,

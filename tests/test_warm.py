@@ -249,3 +249,15 @@ def test_handoff_plan_classification(tmp_path):
         handoff.plan(["definitely-not-a-command-xyz"])
     with pytest.raises(BadInput):
         handoff.plan(["-m"])
+
+
+def test_bare_fail_on_recompile_message_is_explained_from_counters():
+    """Older torch raises the stance error without naming the function: warm re-runs that device
+    without the stance and reads the guard failure from torch's counters."""
+    rc = warm.parse_recompile_error("cpu", "Detected recompile when torch.compile stance is 'fail_on_recompile'")
+    assert rc is not None and rc.function == "?"
+    wl = FlipDtype()
+    warm.prewarm("cpu", wl, verify=False)
+    explained = warm._explain(wl, "cpu", rc)
+    assert explained.function == "<lambda>" and any("dtype mismatch" in r for r in explained.reasons)
+    assert warm.parse_recompile_error("cpu", "RuntimeError: something else") is None
