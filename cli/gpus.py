@@ -76,7 +76,9 @@ def _watch(every: float, count: int | None, as_json: bool) -> None:
                 if count is None or n < count:
                     time.sleep(every)
     except KeyboardInterrupt:  # the normal way to leave --watch
-        return
+        pass
+    if not as_json and not output.out.is_terminal:
+        output.out.print()  # Live leaves its last frame without a newline when not on a terminal
 
 
 def _renderable(st: gpus_lib.GpuStatus):

@@ -15,7 +15,7 @@ import torch
 from cli.main import app
 from compilewatch import handoff, targets, warm
 from compilewatch.errors import BadInput
-from tests.helpers import invoke, invoke_json
+from tests.helpers import invoke, invoke_json, requires_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = targets.FlexShape(context=64, blocks=4, block_size=16, heads=2, head_dim=16)
@@ -261,3 +261,15 @@ def test_bare_fail_on_recompile_message_is_explained_from_counters():
     explained = warm._explain(wl, "cpu", rc)
     assert explained.function == "<lambda>" and any("dtype mismatch" in r for r in explained.reasons)
     assert warm.parse_recompile_error("cpu", "RuntimeError: something else") is None
+
+
+@pytest.mark.gpu
+@requires_cuda(min_gpus=1, bf16=True)
+def test_prewarm_cuda_inductor_fwd_bwd():
+    shape = targets.FlexShape(context=512, blocks=16, block_size=16, heads=4, head_dim=64)
+    report = warm.prewarm("0", targets.FlexAttentionWorkload("inductor", shape))
+    assert report.ok, report.verdicts
+    w = report.warm[0]
+    assert w.memory_metric == "cuda_max_allocated" and w.peak_memory_bytes > 0
+    assert w.compile_windows >= 2  # forward + lazy backward
+    assert report.verify[0].frames_compiled == 0 and report.verify[0].compile_windows == 0
