@@ -6,13 +6,14 @@ global (the thread race), the dynamo limits that silently turn compiled code eag
 config is per thread, and known issues of the installed torch. Each check ends in a Verdict; a
 verdict of level "problem" makes the command exit 1.
 
-The cache facts come from one small function (`cache_status`): the `compilewatch.cache` package
-(issue 4) was not on main when this was written, so it uses torchinfo's cache dir, a plain size walk
-and the names of the system-keyed files in `<cache>/cache/`. Swap in `compilewatch.cache` there.
+The cache facts come from one function (`cache_status`): it uses the `compilewatch.cache` package
+(issue 4) when it is installed (entry stamps), else a plain walk and the names of the system-keyed
+files in `<cache>/cache/`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import platform
@@ -27,7 +28,8 @@ from compilewatch import torchinfo
 
 Level = Literal["ok", "info", "warn", "problem"]
 
-_HASH_DIR = re.compile(r"^[a-z0-9]{2}$")  # inductor's generated-code folders ("2z/", "b4/", ...)
+_HASH_DIR = re.compile(r"^[a-z0-9]{2}$")
+_KEY_RE = re.compile(r"^[0-9a-f]{64}$")  # inductor's generated-code folders ("2z/", "b4/", ...)
 ENV_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE",
             "TORCHINDUCTOR_AUTOGRAD_CACHE", "TORCHINDUCTOR_FORCE_DISABLE_CACHES", "TORCH_COMPILE_DISABLE",
             "TORCHDYNAMO_DISABLE", "TORCH_COMPILE_CACHE_KEY_TAG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
@@ -66,8 +68,10 @@ class CacheStatus:
     subdirs: dict[str, int]  # bytes per top-level folder (fxgraph, aotautograd, triton, ...)
     system_key: str  # this machine's (CacheBase.get_system()["hash"])
     entry_system_keys: tuple[str, ...]  # keys named by `<cache>/cache/<key>` files
-    system_key_match: bool | None  # None: the cache does not say (no system-keyed files)
+    system_key_match: bool | None  # True: entries for this key exist; False: only other keys; None: unknown
     method: str  # how this was found out
+    foreign_entries: int | None = None  # entries built for another system/torch (compilewatch.cache only)
+    broken_entries: int | None = None  # empty/truncated/unloadable entries (compilewatch.cache only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,25 +154,56 @@ def _walk_size(root: Path) -> tuple[int, int, dict[str, int]]:
 
 
 def cache_status(env: dict[str, str] | None = None) -> CacheStatus:
-    """The inductor cache: location, size, and whether its system-keyed files name this machine.
+    """The inductor cache: location, size, and whether it was built for this machine's system key.
 
-    Plain version (compilewatch.cache not available): size from a file walk; the system key match
-    from `<cache>/cache/<64 hex>` files (CacheBase's local caches, named by system key), which exist
-    only once something (autotuning, mostly on GPU) wrote one. Entries' own stamps are not read here.
+    With the `compilewatch.cache` package (issue 4): its walk for sizes and a quick (bytes-only,
+    nothing unpickled) `verify` for the system keys stamped inside entries. Without it, or if it
+    fails: a plain walk, and the key match only from `<cache>/cache/<64 hex>` file names.
     """
     env = _set_env() if env is None else env
     source = "TORCHINDUCTOR_CACHE_DIR" if env.get("TORCHINDUCTOR_CACHE_DIR") else "default"
     root = torchinfo.inductor_cache_dir()
     key = torchinfo.system_key()
+    plain = _cache_status_plain(root, source, key)
+    if not plain.exists:
+        return plain
+    try:
+        from compilewatch.cache import layout as cache_layout
+        from compilewatch.cache import verify as cache_verify
+    except ImportError:
+        return plain
+    try:
+        return _cache_status_package(root, source, key, cache_layout, cache_verify)
+    except Exception as e:  # noqa: BLE001 - doctor reports; the plain facts still stand
+        return dataclasses.replace(plain, method=f"{plain.method}; compilewatch.cache failed: {type(e).__name__}: {e}")
+
+
+def _cache_status_package(root: Path, source: str, key: str, cache_layout, cache_verify) -> CacheStatus:
+    w = cache_layout.walk(root)
+    per: dict[str, int] = {}
+    for f in w.files:
+        sub = cache_layout.subcache_of(f.rel)
+        per[sub] = per.get(sub, 0) + f.size
+    rep = cache_verify.verify(root, deep=False)
+    stamped = {k: n for k, n in rep.entry_system_keys.items() if k != "unknown"}
+    match = None if not stamped else key in stamped
+    foreign = sum(n for k, n in rep.counts.items() if k.startswith("foreign"))
+    errors = sum(n for k, n in rep.counts.items() if k in getattr(cache_verify, "ERROR_KINDS", ()))
+    return CacheStatus(str(root), source, True, sum(f.size for f in w.files), len(w.files), dict(sorted(per.items())),
+                       key, tuple(sorted(stamped)), match, "compilewatch.cache walk + verify (quick)",
+                       foreign_entries=foreign, broken_entries=errors)
+
+
+def _cache_status_plain(root: Path, source: str, key: str) -> CacheStatus:
     exists = root.is_dir()
     size, files, per = _walk_size(root) if exists else (0, 0, {})
     keyed_dir = root / "cache"
     keys: tuple[str, ...] = ()
     if keyed_dir.is_dir():
-        keys = tuple(sorted(n for n in os.listdir(keyed_dir) if len(n) == 64 and all(c in "0123456789abcdef" for c in n)))
+        keys = tuple(sorted(n for n in os.listdir(keyed_dir) if _KEY_RE.match(n)))
     match = None if not keys else key in keys
     return CacheStatus(str(root), source, exists, size, files, dict(sorted(per.items())), key, keys, match,
-                       "file walk + <cache>/cache/<system key> names (compilewatch.cache not used)")
+                       "file walk + <cache>/cache/<system key> names")
 
 
 def fx_facts() -> FxFacts:
@@ -280,11 +315,19 @@ def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn
     else:
         out.append(Verdict("ok", "cache", f"inductor cache at {cache.path} ({cache.source}): {size} in "
                            f"{cache.files} files"))
+    others = [k for k in cache.entry_system_keys if k != cache.system_key]
     if cache.system_key_match is False:
-        out.append(Verdict("problem", "cache", f"the cache's system-keyed files name {len(cache.entry_system_keys)} "
-                           f"other system key(s), not this machine's ({cache.system_key[:12]}…): its entries will "
-                           "miss silently (GPU, CUDA or triton changed)",
-                           "rebuild it here (`compilewatch warm`), or move it aside before reuse"))
+        out.append(Verdict("problem", "cache", f"the cache was built for {len(others)} other system key(s) "
+                           f"({', '.join(k[:12] + '…' for k in others)}), not this machine's ({cache.system_key[:12]}…): "
+                           "every entry will miss silently (GPU, CUDA or triton differ)",
+                           "rebuild it here (`compilewatch warm`); `compilewatch cache verify --fix` moves the "
+                           "foreign entries aside"))
+    elif cache.system_key_match and others:
+        out.append(Verdict("info", "cache", f"besides this machine's entries the cache holds entries for {len(others)} "
+                           "other system key(s): they never hit here (dead weight, or a cache copied from elsewhere)"))
+    if cache.broken_entries:
+        out.append(Verdict("warn", "cache", f"{cache.broken_entries} cache entries are empty, truncated or unreadable",
+                           "`compilewatch cache verify` lists them; `--fix` moves them aside"))
     elif cache.system_key_match is None and cache.exists:
         out.append(Verdict("info", "cache", "the cache holds no system-keyed file, so whether its entries match this "
                            f"machine's system key ({cache.system_key[:12]}…) is not known from a file walk"))

@@ -63,6 +63,8 @@ def test_cache_system_key(tmp_path):
     assert any(v["level"] == "problem" and "other system key" in v["message"] for v in data["verdicts"])
     (root / "cache" / torchinfo.system_key()).write_text("{}")
     assert doctor.cache_status().system_key_match is True
+    data = invoke_json(app, ["doctor"])  # entries for this key exist: the others are dead weight, not a problem
+    assert any(v["level"] == "info" and "never hit here" in v["message"] for v in data["verdicts"])
 
 
 def test_gpu_imbalance_is_a_problem(monkeypatch):
