@@ -8,6 +8,7 @@ import typer
 
 import compilewatch
 from cli import probe as probe_cli
+from cli import run as run_cli
 from cli.app import make_app
 
 app = make_app(
@@ -35,6 +36,7 @@ def root(
 
 
 app.command("probe")(probe_cli.probe_cmd)
+app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_cli.run_cmd)
 
 
 def main() -> None:

@@ -36,6 +36,8 @@ class CompileRecorder:
     _open: CompileWindow | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _installed: bool = field(default=False, repr=False)
+    # objects with on_compile_start(window) / on_compile_end(window), called in the compiling thread
+    listeners: list = field(default_factory=list, repr=False)
 
     def _start(self, args=None) -> None:
         t = threading.current_thread()
@@ -49,12 +51,22 @@ class CompileRecorder:
         with self._lock:
             self._open = w
             self.windows.append(w)
+        self._notify("on_compile_start", w)
 
     def _end(self, args=None) -> None:
         with self._lock:
-            if self._open is not None:
-                self._open.end = time.time()
-                self._open = None
+            w, self._open = self._open, None
+            if w is not None:
+                w.end = time.time()
+        if w is not None:
+            self._notify("on_compile_end", w)
+
+    def _notify(self, method: str, w: CompileWindow) -> None:
+        for listener in list(self.listeners):
+            try:
+                getattr(listener, method)(w)
+            except Exception:  # noqa: BLE001 - an instrument never breaks a compile
+                pass
 
     def open_window(self) -> CompileWindow | None:
         with self._lock:
