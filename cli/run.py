@@ -25,6 +25,18 @@ def _live(ev: WatchEvent) -> None:
             output.err.print(f"[yellow]compilewatch[/] (pid {ev.pid}): {v}")
 
 
+def _child_stdout_to_stderr():
+    """With --json the child's stdout goes to our stderr (stdout carries only JSON)."""
+    import io
+    import subprocess
+
+    try:
+        sys.stderr.fileno()
+        return sys.stderr
+    except (AttributeError, OSError, io.UnsupportedOperation):  # a captured stderr (tests): drop it
+        return subprocess.DEVNULL
+
+
 def run_cmd(
     command: Annotated[Optional[List[str]], typer.Argument(help="The program to run, after --.")] = None,
     report: Annotated[Optional[str], typer.Option("--report", "-r", help="Write every event as JSONL to FILE.")] = None,
@@ -50,7 +62,7 @@ def run_cmd(
     """
     result = runner.run_watched(command or [], report=report, timeline=timeline, stall_after=stall_after,
                                 repair=repair, on_event=None if as_json else _live,
-                                stdout=sys.stderr if as_json else None)
+                                stdout=_child_stdout_to_stderr() if as_json else None)
     if as_json:
         output.print_json(result)
     else:
