@@ -125,6 +125,14 @@ def readers_patchable() -> tuple[bool, str]:
     for name in ("_Patcher", "_new_patcher", "_maybe_revert_all_patches", "_orig_module_call", "_orig_module_getattr"):
         if not hasattr(st, name):
             return False, f"torch.fx._symbolic_trace.{name} is missing"
+    trace = st.Tracer.__dict__.get("trace")
+    for _ in range(8):  # tracehooks' patch keeps the original; dynamo's disable wrapper sets __wrapped__
+        inner = getattr(trace, "__compilewatch_original__", None) or getattr(trace, "__wrapped__", None)
+        if inner is None:
+            break
+        trace = inner
+    if "_new_patcher" not in getattr(getattr(trace, "__code__", None), "co_names", ()):
+        return False, "Tracer.trace does not take its patcher from _new_patcher()"
     return True, "ok"
 
 

@@ -163,7 +163,8 @@ def _verdict(e: WatchEvent) -> str:
         reasons = "; ".join(d.get("reasons", [])[:3]) or "no guard failure recorded (a new frame)"
         return f"compile after warm: {d.get('compile_id')} in thread {e.thread!r}: {reasons}"
     if e.kind == "guard_blocked":
-        return f"guard blocked a compile of {d.get('function')} in thread {e.thread!r}: {_first_line(d.get('reasons_text'))}"
+        why = "; ".join(d.get("reasons") or []) or _first_line(d.get("reasons_text"))
+        return f"guard blocked a compile of {d.get('function')} in thread {e.thread!r}: {why}"
     return e.kind
 
 
