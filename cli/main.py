@@ -9,6 +9,7 @@ import typer
 import compilewatch
 from cli import probe as probe_cli
 from cli import run as run_cli
+from cli import timeline as timeline_cli
 from cli.app import make_app
 
 app = make_app(
@@ -36,6 +37,7 @@ def root(
 
 
 app.command("probe")(probe_cli.probe_cmd)
+app.command("timeline")(timeline_cli.timeline_cmd)
 app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_cli.run_cmd)
 
 

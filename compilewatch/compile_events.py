@@ -84,9 +84,26 @@ class CompileRecorder:
         from torch._dynamo.callback import callback_handler
 
         if self._installed:
-            callback_handler.remove_start_callback(self._start)
-            callback_handler.remove_end_callback(self._end)
+            # torch._dynamo.reset() clears every callback: ours may be gone already
+            if self._start in callback_handler.start_callbacks:
+                callback_handler.remove_start_callback(self._start)
+            if self._end in callback_handler.end_callbacks:
+                callback_handler.remove_end_callback(self._end)
             self._installed = False
+
+    def ensure_installed(self) -> bool:
+        """Re-register after a torch._dynamo.reset() cleared the callbacks; True if it had to."""
+        from torch._dynamo.callback import callback_handler
+
+        if not self._installed:
+            return False
+        missing = self._start not in callback_handler.start_callbacks
+        if missing:
+            callback_handler.register_start_callback(self._start)
+        if self._end not in callback_handler.end_callbacks:
+            callback_handler.register_end_callback(self._end)
+            missing = True
+        return missing
 
     def __enter__(self) -> "CompileRecorder":
         self.install()

@@ -26,7 +26,7 @@ SCHEMA_VERSION = 1
 PROBLEM_KINDS = ("flag_leak", "module_call_leak", "eager_fallback", "stuck_state", "stall", "recompile_after_warm",
                  "guard_blocked")
 # kinds that describe what happened
-INFO_KINDS = ("start", "trace", "compile", "warm", "leak_prevented", "repair", "end")
+INFO_KINDS = ("start", "trace", "compile", "span", "warm", "leak_prevented", "repair", "end")
 KINDS = PROBLEM_KINDS + INFO_KINDS
 _COMMON = ("schema_version", "seq", "kind", "time", "pid", "thread", "thread_id")
 

@@ -21,12 +21,13 @@ which puts stuck tracing state back when it is found.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from compilewatch import fxpatch, stacks, tracehooks
 from compilewatch.compile_events import CompileRecorder, CompileWindow
@@ -170,6 +171,22 @@ class Watcher:
 
         self._warm_snapshot = counters.snapshot()
         self._emit("warm", {"compiles_so_far": len(self._compiles.windows)})
+
+    @contextlib.contextmanager
+    def span(self, name: str, cat: str = "span", **args: Any) -> Iterator[None]:
+        """Record a named slice of this thread's time (a timeline shows it on the thread's track):
+        e.g. `with w.span("warm cuda:1", cat="warm"):` or a worker's step / wait."""
+        start = time.time()
+        error = None
+        try:
+            yield
+        except BaseException as e:
+            error = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            end = time.time()
+            self._emit("span", {"name": name, "cat": cat, "start": start, "end": end, "duration_s": end - start,
+                                "error": error, **args})
 
     def check(self) -> bool:
         """Check for stuck tracing state now (no trace may be running); True if something is stuck."""
@@ -336,6 +353,7 @@ class Watcher:
                 tracehooks.listener_errors.append(f"Watcher watchdog: {e!r}")
 
     def _tick(self) -> None:
+        self._compiles.ensure_installed()  # a user's torch._dynamo.reset() clears compile callbacks
         now = time.time()
         open_items: list[tuple[tuple, str, float, int, str]] = []  # key, what, start, thread id, thread name
         cw = self._compiles.open_window()

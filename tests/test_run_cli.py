@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cli.main import app
 from tests.helpers import invoke
+from tests.timeline_format import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,8 +49,9 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_run_reports_setter_and_victim_threads_by_name(tmp_path):
     script = tmp_path / "race.py"
     script.write_text(RACE)
-    report = tmp_path / "watch.jsonl"
-    res = _cli(["run", "--json", "--report", str(report), "--", sys.executable, str(script)], tmp_path)
+    report, timeline = tmp_path / "watch.jsonl", tmp_path / "race.json"
+    res = _cli(["run", "--json", "--report", str(report), "--timeline", str(timeline), "--", sys.executable,
+                str(script)], tmp_path)
     assert res.returncode == 3, res.stderr  # the child's exit code, passed through
     data = json.loads(res.stdout)  # --json: stdout is only JSON (the child's stdout went to stderr)
     assert "worker failed" in res.stderr
@@ -59,6 +61,10 @@ def test_run_reports_setter_and_victim_threads_by_name(tmp_path):
     assert data["exit_code"] == 3 and len(data["processes"]) == 1
     kinds = [json.loads(line)["kind"] for line in report.read_text().splitlines()]
     assert kinds[0] == "start" and "flag_leak" in kinds and kinds[-1] == "end"
+    trace = json.loads(timeline.read_text())
+    assert validate(trace) == [] and data["timeline"] == str(timeline)
+    tracks = {m["args"]["name"] for m in trace["traceEvents"] if m.get("name") == "thread_name"}
+    assert {"data-tracer", "gpu-worker-1"} <= tracks
 
 
 def test_run_human_output_names_threads_and_handles_python_dash_m(tmp_path):
