@@ -10,10 +10,7 @@ environment `compilewatch run` sets: COMPILEWATCH_STALL_AFTER, COMPILEWATCH_REPA
 from __future__ import annotations
 
 import atexit
-import importlib.abc
-import importlib.util
 import os
-import sys
 
 _watcher = None
 
@@ -31,34 +28,8 @@ def _start() -> None:
     atexit.register(_watcher.close)
 
 
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for `torch`, returns torch's own spec with a loader that installs the
-    watcher after torch's module code has run."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "torch":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-        original = loader.exec_module
-
-        def exec_module(module):
-            original(module)
-            try:
-                _start()
-            except Exception as e:  # noqa: BLE001 - the user's program runs on without the watcher
-                sys.stderr.write(f"compilewatch: watcher not installed: {type(e).__name__}: {e}\n")
-
-        loader.exec_module = exec_module
-        return spec
-
-
 def arm() -> None:
-    """Install the watcher now if torch is already imported, else when it is."""
-    if "torch" in sys.modules:
-        _start()
-    elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterTorchImport())
+    """Install the watcher now if torch is already imported, else right after it is."""
+    from compilewatch.importhook import after_import
+
+    after_import("torch", _start)

@@ -114,12 +114,18 @@ class Watcher:
         tracehooks.subscribe(self)
         fxpatch.add_observer(self)
         self._compiles.listeners.append(self)
-        self._compiles.install()
+        from compilewatch.importhook import after_import
+
+        after_import("torch._dynamo", self._install_compile_callbacks)
         self._dog = threading.Thread(target=self._watchdog, name="compilewatch-watchdog", daemon=True)
         self._dog.start()
         self._installed = True
         _active_watchers.append(self)
         return self
+
+    def _install_compile_callbacks(self) -> None:
+        if not self._closed:
+            self._compiles.install()
 
     def close(self) -> WatchSummary:
         """Stop watching, write the `end` event (and the timeline, if asked); returns the summary."""
@@ -136,7 +142,11 @@ class Watcher:
             self._check_stuck("close")
             tracehooks.unsubscribe(self)
             fxpatch.remove_observer(self)
-            self._compiles.uninstall()
+            from compilewatch.importhook import cancel
+
+            cancel("torch._dynamo", self._install_compile_callbacks)
+            if "torch._dynamo" in sys.modules:
+                self._compiles.uninstall()
             self._compiles.listeners.remove(self)
         summary = self.summary()
         self._emit("end", {"summary": summary, "repeats": sum(self.repeats.values())})
@@ -353,7 +363,8 @@ class Watcher:
                 tracehooks.listener_errors.append(f"Watcher watchdog: {e!r}")
 
     def _tick(self) -> None:
-        self._compiles.ensure_installed()  # a user's torch._dynamo.reset() clears compile callbacks
+        if "torch._dynamo" in sys.modules:
+            self._compiles.ensure_installed()  # a user's torch._dynamo.reset() clears compile callbacks
         now = time.time()
         open_items: list[tuple[tuple, str, float, int, str]] = []  # key, what, start, thread id, thread name
         cw = self._compiles.open_window()

@@ -16,7 +16,8 @@ from tests.timeline_format import validate
 ROOT = Path(__file__).resolve().parent.parent
 
 RACE = textwrap.dedent("""
-    import threading, torch, torch.fx
+    import sys, threading, torch, torch.fx
+    print("dynamo imported early:", "torch._dynamo" in sys.modules)  # the watcher must not import it
     step = torch.compile(lambda x: x.sin() + 1, backend="eager")
     x = torch.randn(4)
     step(x)
@@ -54,7 +55,8 @@ def test_run_reports_setter_and_victim_threads_by_name(tmp_path):
                 str(script)], tmp_path)
     assert res.returncode == 3, res.stderr  # the child's exit code, passed through
     data = json.loads(res.stdout)  # --json: stdout is only JSON (the child's stdout went to stderr)
-    assert "worker failed" in res.stderr
+    assert "worker failed" in res.stderr and "dynamo imported early: False" in res.stderr
+    assert data["summary"]["counts"]["compile"] == 1  # compile callbacks registered when dynamo was imported
     s = data["summary"]
     assert s["setter_threads"] == ["data-tracer"] and s["victim_threads"] == ["gpu-worker-1"]
     assert any("data-tracer" in v and "gpu-worker-1" in v for v in s["verdicts"])
