@@ -47,7 +47,7 @@ def test_watcher_timeline_shows_the_race(tmp_path):
     assert leak["tid"] == threads["victim"] and leak["args"]["setters"][0]["thread"] == "setter"
     flow = {e["ph"]: e for e in te if e["ph"] in ("s", "f")}
     assert flow["s"]["tid"] == threads["setter"] and flow["f"]["tid"] == threads["victim"]
-    flag = [e["args"]["flag"] for e in te if e["ph"] == "C" and e["name"] == "fx tracing flag"]
+    flag = [e["args"]["flag"] for e in te if e["ph"] == "C" and e["name"] == "fx tracing"]
     assert 1 in flag and flag[-1] == 0
 
 
@@ -77,6 +77,18 @@ def test_probe_timeline(tmp_path):
     assert validate(data) == []
     names = [e["name"] for e in data["traceEvents"] if e["ph"] == "X"]
     assert any(n.startswith("dynamo compile") for n in names) and any("Tracer" in n for n in names)
+
+
+def test_slices_that_would_overlap_are_clipped_to_nest():
+    from compilewatch.timeline import to_trace_events
+    from compilewatch.watch_events import WatchEvent
+
+    ev = [WatchEvent("span", 10.0, 1, "w", 7, 1, {"name": "step", "start": 10.0, "end": 10.00005}),
+          WatchEvent("flag_leak", 10.00001, 1, "w", 7, 2, {"call": "f", "setters": []})]
+    data = to_trace_events(ev)
+    assert validate(data) == []
+    failed = next(e for e in data["traceEvents"] if e.get("cat") == "failed call")
+    assert failed["args"]["clipped"] and failed["dur"] <= 40.0
 
 
 def test_empty_report_gives_an_empty_valid_timeline(tmp_path):

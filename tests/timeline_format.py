@@ -39,6 +39,14 @@ def validate(data: dict) -> list[str]:
             bad.append(f"#{i}: thread {e['pid']}/{e['tid']} has no thread_name")
         if ph == "C" and not all(isinstance(v, (int, float)) for v in e["args"].values()):
             bad.append(f"#{i}: counter values must be numbers")
+    for key, spans in slices.items():  # slices on one thread must nest (viewers drop overlaps)
+        stack: list[float] = []
+        for a, b in sorted(spans, key=lambda ab: (ab[0], -(ab[1] - ab[0]))):
+            while stack and stack[-1] <= a:
+                stack.pop()
+            if stack and b > stack[-1] + 1e-6:
+                bad.append(f"thread {key}: slice [{a}, {b}] overlaps its parent ending at {stack[-1]}")
+            stack.append(b)
     flows = defaultdict(dict)
     for e in te:
         if e.get("ph") in ("s", "f"):
