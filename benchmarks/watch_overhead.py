@@ -86,8 +86,9 @@ def hook_costs(number: int = 200_000) -> dict[str, float]:
            "_callback_from_stance plain": ns(lambda: ef._callback_from_stance(cb))}
     with Watcher():
         out["is_fx_symbolic_tracing watched"] = ns(st.is_fx_symbolic_tracing)
-    with CompileGuard(thread_local=True) as g:
+    with CompileGuard() as g:
         g.freeze()
+        out["guard thread-local flag on"] = float(g.thread_local)
         out["is_fx_symbolic_tracing guard (thread-local)"] = ns(st.is_fx_symbolic_tracing)
         out["_callback_from_stance guard"] = ns(lambda: ef._callback_from_stance(cb))
     return out
@@ -105,7 +106,7 @@ def config(name: str, refs: list[list]):
         if name in ("watcher", "watcher+guard"):
             stack.enter_context(Watcher(stall_after=300))
         if name in ("guard", "watcher+guard", "guard serialize"):
-            g = stack.enter_context(CompileGuard(thread_local=True, serialize=name == "guard serialize"))
+            g = stack.enter_context(CompileGuard(serialize=name == "guard serialize"))  # thread-local where supported
             g.freeze()
             if g.serialize:
                 for r in refs:

@@ -10,6 +10,7 @@ import sys
 from typing import Annotated, List, Optional
 
 import typer
+from rich.markup import escape
 
 from cli import output
 from cli.options import JsonOpt
@@ -22,7 +23,7 @@ def _live(ev: WatchEvent) -> None:
         from compilewatch.watch_events import summarize
 
         for v in summarize([ev]).verdicts:
-            output.err.print(f"[yellow]compilewatch[/] (pid {ev.pid}): {v}")
+            output.err.print(f"[yellow]compilewatch[/] (pid {ev.pid}): {escape(v)}")
 
 
 def _child_stdout_to_stderr():
@@ -78,36 +79,36 @@ def render_summary(s: WatchSummary, console) -> None:
     console.print(f"[{style}][bold]{'ok' if s.ok else f'{s.problems} problem(s)'}[/][/]  "
                   + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items()) if k not in ("start", "end")))
     if s.setter_threads:
-        console.print(f"setter thread(s): {', '.join(s.setter_threads)}")
+        console.print(f"setter thread(s): {escape(', '.join(s.setter_threads))}")
     if s.victim_threads:
-        console.print(f"victim thread(s): {', '.join(s.victim_threads)}")
+        console.print(f"victim thread(s): {escape(', '.join(s.victim_threads))}")
     if s.stalled_threads:
-        console.print(f"threads inside compilation at a stall: {', '.join(s.stalled_threads)}")
+        console.print(f"threads inside compilation at a stall: {escape(', '.join(s.stalled_threads))}")
     for v in s.verdicts:
-        console.print(f"[bold]→[/] {v}")
+        console.print(f"[bold]→[/] {escape(v)}")
     for p in s.first_problems[:3]:
         for key in ("victim_stack",):
             if p.get(key):
-                console.print(f"  {p['thread']} stack:")
+                console.print(f"  {escape(p['thread'])} stack:")
                 for f in p[key][-6:]:
-                    console.print(f"      {f}")
+                    console.print(f"      {escape(f)}")
         for st in p.get("setters", [])[:2]:
-            console.print(f"  {st['thread']} ({st['tracer']} tracing {st['target']}) stack:")
+            console.print(f"  {escape(st['thread'])} ({escape(st['tracer'])} tracing {escape(st['target'])}) stack:")
             for f in st.get("stack", [])[-6:]:
-                console.print(f"      {f}")
+                console.print(f"      {escape(f)}")
     for a in s.advice:
-        console.print(f"[dim]fix:[/] {a}")
+        console.print(f"[dim]fix:[/] {escape(a)}")
 
 
 def _render(r: runner.RunResult) -> None:
     e = output.err
-    e.print(f"[bold]compilewatch run[/] {' '.join(r.command)}: exit {r.exit_code} after {output.fmt_seconds(r.wall_s)}, "
+    e.print(f"[bold]compilewatch run[/] {escape(' '.join(r.command))}: exit {r.exit_code} after {output.fmt_seconds(r.wall_s)}, "
             f"watched {len(r.processes)} process(es) {list(r.processes)}")
     if not r.processes:
         e.print("no watched process imported torch: nothing to report")
         return
     render_summary(r.summary, e)
     if r.report:
-        e.print(f"report: {r.report}")
+        e.print(f"report: {escape(r.report)}")
     if r.timeline:
-        e.print(f"timeline: {r.timeline} (open it in https://ui.perfetto.dev)")
+        e.print(f"timeline: {escape(r.timeline)} (open it in https://ui.perfetto.dev)")

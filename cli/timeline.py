@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from cli import output
 from cli.options import JsonOpt
@@ -29,6 +30,6 @@ def timeline_cmd(
 
 
 def _render(i: timeline_lib.TimelineInfo) -> None:
-    output.out.print(f"wrote {i.path}: {i.slices} slice(s), {i.instants} marker(s), {len(i.threads)} thread track(s) "
+    output.out.print(f"wrote {escape(i.path)}: {i.slices} slice(s), {i.instants} marker(s), {len(i.threads)} thread track(s) "
                      f"in {i.processes} process(es), {i.problems} problem(s)")
     output.out.print("open it at https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)")

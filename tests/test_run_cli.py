@@ -104,3 +104,8 @@ def test_run_bad_input_exits_2():
     assert res.exit_code == 2 and "stall-after" in res.stderr
     res = invoke(app, ["run", "--", "no-such-program-xyz"])
     assert res.exit_code == 2 and "command not found" in res.stderr
+
+
+def test_run_prints_user_text_verbatim():
+    res = invoke(app, ["run", "--", sys.executable, "-c", "x = [1]; y = '[bold]'"])
+    assert res.exit_code == 0 and "x = [1]; y = '[bold]'" in res.stderr  # not eaten as rich markup
