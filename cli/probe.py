@@ -56,7 +56,7 @@ def probe_cmd(
         raise BadInput("missing TARGET", hint="give a built-in (see --list), module:callable or file.py:callable")
     if threads < 0:
         raise BadInput(f"--threads must be >= 0, got {threads}")
-    watcher = _timeline_watcher(timeline)
+    watcher = _timeline_watcher(timeline, stall_after=max(1.0, timeout / 2) if threads else 300.0)
     if threads:
         report = probe_lib.probe_threads(target, threads, devices=device, backend=backend, timeout=timeout,
                                          fresh_cache=not keep_cache)
@@ -77,13 +77,14 @@ def probe_cmd(
     raise typer.Exit(0 if report.ok else 1)
 
 
-def _timeline_watcher(path: Optional[str]):
-    """A watcher that records the run for `--timeline` (it writes the file on close)."""
+def _timeline_watcher(path: Optional[str], stall_after: float):
+    """A watcher that records the run for `--timeline` (it writes the file on close); with --threads
+    it reports a compile still running at half the timeout as a stall, stacks included."""
     if path is None:
         return None
     from compilewatch.watcher import Watcher
 
-    return Watcher(timeline=path).install()
+    return Watcher(timeline=path, stall_after=stall_after).install()
 
 
 def _render_single(r: probe_lib.ProbeReport) -> None:
