@@ -228,6 +228,8 @@ def _render_load(r: archive.LoadResult) -> None:
     o.print(f"content hash {r.content_hash}")
     if r.backup:
         o.print(f"previous cache moved to {r.backup}")
+    if r.paths_rewritten:
+        o.print(f"{r.paths_rewritten} triton .json file(s) pointed at the new path (triton finds kernels by absolute path)")
     for m in r.mismatches:
         output.warn(f"loaded with --force: {m}")
     for w in r.warnings:

@@ -88,3 +88,10 @@ def tree(root: Path) -> dict[str, bytes]:
     own stat-index sidecar is left out."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and ".compilewatch" not in p.relative_to(root).parts}
+
+
+def moved(t: dict[str, bytes], old: Path, new: Path) -> dict[str, bytes]:
+    """`tree()` of a cache as it should look after moving from `old` to `new`: triton's .json files
+    name their kernel folder by absolute path (compilewatch.cache.relocate rewrites it)."""
+    return {rel: data.replace(str(old).encode(), str(new).encode()) if rel.startswith("triton/") and rel.endswith(".json")
+            else data for rel, data in t.items()}

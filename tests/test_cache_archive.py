@@ -10,9 +10,9 @@ import tarfile
 import pytest
 
 from compilewatch import torchinfo
-from compilewatch.cache import archive, fingerprint as fp_mod
+from compilewatch.cache import archive, fingerprint as fp_mod, verify as verify_mod
 from compilewatch.errors import BadInput
-from tests.cache_helpers import OTHER_KEY, make_cache, tree, write
+from tests.cache_helpers import OTHER_KEY, make_cache, moved, tree, write
 
 
 def siblings(path) -> set[str]:
@@ -27,10 +27,22 @@ def test_round_trip_keeps_content_and_mtimes(tmp_path):
     assert oct(os.stat(tmp_path / "a.tar.gz").st_mode & 0o777) != "0o600"
     loaded = archive.load(tmp_path / "a.tar.gz", tmp_path / "dst")
     assert loaded.backup is None and loaded.files == res.files
-    assert tree(tmp_path / "dst") == tree(src)
+    assert loaded.paths_rewritten == 1  # the triton group file now names dst's kernel folder
+    assert tree(tmp_path / "dst") == moved(tree(src), src, tmp_path / "dst")
     f = next((tmp_path / "dst").glob("fxgraph/*/*/*"))
     assert int(f.stat().st_mtime) == 1_700_000_000
-    assert fp_mod.fingerprint(tmp_path / "dst").content_hash == res.content_hash
+    dst_fp = fp_mod.fingerprint(tmp_path / "dst")
+    assert [s.content_hash for s in dst_fp.subcaches if s.name != "triton"] == \
+        [s.content_hash for s in fp_mod.fingerprint(src).subcaches if s.name != "triton"]
+    assert verify_mod.verify(tmp_path / "dst").counts == {}  # no `relocated` warnings
+
+
+def test_loading_at_the_same_path_changes_no_byte(tmp_path):
+    src = make_cache(tmp_path / "src")
+    before = fp_mod.fingerprint(src).content_hash
+    archive.save(tmp_path / "a.tar", src)
+    res = archive.load(tmp_path / "a.tar", src)
+    assert res.paths_rewritten == 0 and fp_mod.fingerprint(src).content_hash == before
 
 
 def test_header_and_manifest(tmp_path):
@@ -55,7 +67,7 @@ def test_load_over_existing_cache_keeps_a_backup(tmp_path):
     res = archive.load(tmp_path / "a.tar.gz", dst)
     assert res.backup and os.path.basename(res.backup).startswith("dst.backup-")
     assert tree(tmp_path / os.path.basename(res.backup)) == old
-    assert tree(dst) == tree(src)
+    assert tree(dst) == moved(tree(src), src, dst)
 
 
 def test_archive_for_another_system_is_refused_unless_forced(tmp_path, monkeypatch):
@@ -70,7 +82,7 @@ def test_archive_for_another_system_is_refused_unless_forced(tmp_path, monkeypat
     assert tree(dst) == before and siblings(tmp_path) == {"src", "dst", "foreign.tar.gz", ".src.compilewatch.lock"}
     res = archive.load(tmp_path / "foreign.tar.gz", dst, force=True)
     assert res.forced and any("system key differs" in m for m in res.mismatches)
-    assert tree(dst) == tree(src)
+    assert tree(dst) == moved(tree(src), src, dst)
 
 
 @pytest.mark.parametrize("make_bad, match", [
@@ -245,7 +257,7 @@ def test_restore_backup_dir_by_rename(tmp_path):
     old_tree = tree(old)
     cur = make_cache(tmp_path / "cache", n_fx=1, triton=False)
     res = archive.load(old, cur)
-    assert tree(cur) == old_tree and not old.exists()
+    assert tree(cur) == moved(old_tree, old, cur) and not old.exists() and res.paths_rewritten == 1
     assert res.backup and tree(tmp_path / os.path.basename(res.backup))
 
 

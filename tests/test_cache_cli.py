@@ -150,7 +150,7 @@ def test_json_schemas_are_frozen(tmp_path):
         ("prune", "--max-size", "1G"): {"path", "max_bytes", "bytes_before", "bytes_after", "removed", "moved_to",
                                         "deleted", "dry_run"},
         ("load", str(tmp_path / "a.tar")): {"source", "path", "backup", "files", "bytes", "content_hash",
-                                            "archive_system_key", "system_key", "mismatches", "forced", "duration_s",
+                                            "archive_system_key", "system_key", "mismatches", "forced", "paths_rewritten", "duration_s",
                                             "warnings"},
         ("clear",): {"path", "files", "bytes", "backup", "deleted", "restore_command"},
     }

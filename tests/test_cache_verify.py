@@ -136,3 +136,21 @@ def test_broken_local_cache_json_is_truncated(tmp_path):
     write(root, "cache/" + torchinfo.system_key(), '{"system": {}, "cache": {')
     r = verify_mod.verify(root)
     assert r.counts == {"truncated": 1} and r.findings[0].path.startswith("cache/")
+
+
+def test_rebase_triton_paths_fixes_a_moved_cache(tmp_path):
+    from compilewatch.cache.relocate import rebase_triton_paths
+
+    root = make_cache(tmp_path / "c")
+    grp = root / KDIR / "__grp__triton_poi_0.json"
+    os.chmod(grp, 0o640)
+    mtime = grp.stat().st_mtime_ns
+    moved_root = tmp_path / "moved"
+    os.rename(root, moved_root)
+    assert verify_mod.verify(moved_root).counts == {"relocated": 2}
+    assert rebase_triton_paths(moved_root, moved_root) == 1
+    grp = moved_root / KDIR / "__grp__triton_poi_0.json"
+    assert all(p.startswith(str(moved_root / KDIR)) for p in json.loads(grp.read_text())["child_paths"].values())
+    assert grp.stat().st_mode & 0o777 == 0o640 and grp.stat().st_mtime_ns == mtime
+    assert verify_mod.verify(moved_root).counts == {}
+    assert rebase_triton_paths(moved_root, moved_root) == 0  # idempotent

@@ -7,6 +7,7 @@ Modules (each named after what it holds):
 - `fingerprint`: a Merkle content hash (xxh3-128) with a stat index sidecar for fast re-runs.
 - `verify`: unusable entries and entries built for another system key; `--fix` moves them aside.
 - `archive`: portable `tar` (+ zstd or gzip) archives with a manifest, env summary and Mega-Cache.
+- `relocate`: triton's absolute kernel paths, rewritten when a cache moves (load does it).
 - `manage`: clear (with backup), prune (LRU), ls, du, diff.
 - `lock`: the inter-process lock compilewatch's own cache operations take.
 

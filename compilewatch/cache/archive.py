@@ -16,9 +16,10 @@ none; zstd needs Python >= 3.14's `compression.zstd` or the `zstandard` package)
 Atomic both ways. `save` writes into a temp file beside ARCHIVE and renames it at the end; any
 exception (Ctrl-C included) removes the temp file. `load` checks the header (system key, torch
 version: refuses on mismatch unless `force`), extracts into a temp dir beside the cache dir,
-checks every file against the manifest, then swaps with two renames under the cache lock: the existing
-cache becomes `<cache>.backup-<timestamp>` (never deleted), the extracted dir becomes the cache. A
-failure before the swap removes the temp dir and leaves the cache as it was.
+checks every file against the manifest, points triton's absolute kernel paths at the new location
+(`relocate`), then swaps with two renames under the cache lock: the existing cache becomes
+`<cache>.backup-<timestamp>` (never deleted), the extracted dir becomes the cache. A failure before
+the swap removes the temp dir and leaves the cache as it was.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import xxhash
 
 from compilewatch.cache import fingerprint as fp_mod
 from compilewatch.cache import layout, stamps
+from compilewatch.cache.relocate import rebase_triton_paths
 from compilewatch.cache.fingerprint import FileEntry, Fingerprint
 from compilewatch.cache.lock import cache_lock
 from compilewatch.errors import BadInput
@@ -99,6 +101,7 @@ class LoadResult:
     system_key: str
     mismatches: tuple[str, ...]  # compatibility problems accepted with force
     forced: bool
+    paths_rewritten: int  # triton .json files pointed at the new path (relocate.rebase_triton_paths)
     duration_s: float
     warnings: tuple[str, ...]
 
@@ -630,6 +633,7 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
             got, manifest = _extract(r, tmp)
             _check_extracted(r, got, manifest)
         assert manifest is not None
+        rewritten = rebase_triton_paths(tmp, target)
         with cache_lock(target):
             backup = _swap_in(tmp, target)
     finally:
@@ -638,7 +642,7 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
     return LoadResult(
         source=str(source), path=str(target), backup=str(backup) if backup else None, files=manifest.files,
         bytes=manifest.bytes, content_hash=manifest.content_hash, archive_system_key=header.system_key,
-        system_key=torchinfo.system_key(), mismatches=problems, forced=bool(problems),
+        system_key=torchinfo.system_key(), mismatches=problems, forced=bool(problems), paths_rewritten=rewritten,
         duration_s=time.perf_counter() - t0, warnings=(),
     )
 
@@ -668,9 +672,10 @@ def _restore_dir(source: Path, path: str | os.PathLike[str] | None, force: bool,
                        hint=f"save it with `compilewatch cache save X.tar.gz --dir {source}` and load that")
     with cache_lock(target):
         backup = _swap_in(source, target)
+        rewritten = rebase_triton_paths(target, target)
     return LoadResult(
         source=str(source), path=str(target), backup=str(backup) if backup else None, files=fp.files,
         bytes=fp.bytes, content_hash=fp.content_hash, archive_system_key=fp.system_key,
-        system_key=torchinfo.system_key(), mismatches=problems, forced=bool(problems),
+        system_key=torchinfo.system_key(), mismatches=problems, forced=bool(problems), paths_rewritten=rewritten,
         duration_s=time.perf_counter() - t0, warnings=fp.warnings,
     )

@@ -15,7 +15,7 @@ What is checked, and how (no GPU needed for any of it):
 | an entry stamped with another torch build (`torch_version` hash in its key lines) | `foreign-torch` | foreign |
 | a `cache/<system key>` file for another system key | `foreign-system` | foreign |
 | (GPU here) a triton kernel whose target arch differs from this GPU's | `foreign-system` | foreign |
-| a triton group file whose absolute child paths point elsewhere while the files sit beside it (the cache was moved: triton recompiles these kernels) | `relocated` | warning |
+| a triton group file whose absolute child paths point elsewhere while the files sit beside it (the cache was moved by hand: triton recompiles these kernels; `relocate` fixes it, `load` runs it) | `relocated` | warning |
 | a writer's temp file (`.*.tmp`, `tmp.pid_*`) older than an hour (a crashed writer) | `stale-temp` | warning |
 
 `ok` is False when any error or foreign finding exists (the CLI exits 1). With `fix=True` each
@@ -219,8 +219,8 @@ class _Checker:
             if base in names:
                 if os.path.isabs(p):
                     self.add("relocated", rel, f"{child} is recorded at {p} (the cache was moved); triton "
-                             "recompiles this kernel unless inductor re-emits it from an FX-graph entry",
-                             entry=folder)
+                             "recompiles this kernel (`compilewatch cache load DIR` of the moved dir rewrites "
+                             "the paths)", entry=folder)
                 continue
             kind = "missing-binary" if child.endswith(_BINARY_EXTS) else "truncated"
             self.add(kind, rel, f"group lists {child}, which is missing", entry=folder)
