@@ -121,7 +121,7 @@ def _render_fingerprint(fp: fp_lib.Fingerprint) -> None:
 @app.command("verify")
 def verify_cmd(
     dir: DirOpt = None,
-    fix: Annotated[bool, typer.Option("--fix", help="Move bad and foreign entries to <cache>.quarantine-<time>/ (never deletes).")] = False,
+    fix: Annotated[bool, typer.Option("--fix", help="Move bad and foreign entries to <cache>.quarantine-<time>/ (never deletes); rewrite relocated triton paths.")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="Read bytes only; do not unpickle entries (for caches you would not let torch load).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -161,6 +161,8 @@ def _render_verify(r: verify_lib.VerifyReport) -> None:
         o.print(f"[dim]not checked: {note}[/]")
     if r.moved:
         o.print(f"[bold]moved {len(r.moved)} path(s) to {r.quarantine}[/] (nothing deleted)")
+    if r.paths_rewritten:
+        o.print(f"pointed {r.paths_rewritten} triton .json file(s) at this dir")
     elif not r.ok:
         output.hint("`compilewatch cache verify --fix` moves the bad entries aside; torch then recompiles them")
 

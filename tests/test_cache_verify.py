@@ -154,3 +154,12 @@ def test_rebase_triton_paths_fixes_a_moved_cache(tmp_path):
     assert grp.stat().st_mode & 0o777 == 0o640 and grp.stat().st_mtime_ns == mtime
     assert verify_mod.verify(moved_root).counts == {}
     assert rebase_triton_paths(moved_root, moved_root) == 0  # idempotent
+
+
+def test_fix_rewrites_relocated_paths(tmp_path):
+    root = make_cache(tmp_path / "c")
+    moved_root = tmp_path / "moved"
+    os.rename(root, moved_root)
+    r = verify_mod.verify(moved_root, fix=True)
+    assert r.counts == {"relocated": 2} and r.paths_rewritten == 1 and r.moved == () and r.quarantine is None
+    assert verify_mod.verify(moved_root).counts == {}

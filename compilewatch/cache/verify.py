@@ -15,12 +15,12 @@ What is checked, and how (no GPU needed for any of it):
 | an entry stamped with another torch build (`torch_version` hash in its key lines) | `foreign-torch` | foreign |
 | a `cache/<system key>` file for another system key | `foreign-system` | foreign |
 | (GPU here) a triton kernel whose target arch differs from this GPU's | `foreign-system` | foreign |
-| a triton group file whose absolute child paths point elsewhere while the files sit beside it (the cache was moved by hand: triton recompiles these kernels; `relocate` fixes it, `load` runs it) | `relocated` | warning |
+| a triton group file whose absolute child paths point elsewhere while the files sit beside it (the cache was moved by hand: triton recompiles these kernels; `--fix` and `load` rewrite the paths) | `relocated` | warning |
 | a writer's temp file (`.*.tmp`, `tmp.pid_*`) older than an hour (a crashed writer) | `stale-temp` | warning |
 
 `ok` is False when any error or foreign finding exists (the CLI exits 1). With `fix=True` each
 error/foreign entry, and stale temp files, move to `<cache>.quarantine-<timestamp>/` beside the
-cache (renames; nothing is deleted). What cannot be checked without running the code is listed in
+cache (renames; nothing is deleted), and relocated triton paths are rewritten (`relocate`). What cannot be checked without running the code is listed in
 `not_checked`: that a cubin loads on this driver/GPU, that a `.so` links, that guards pass.
 
 Deep checks unpickle entries exactly as torch does on a cache lookup: run them only on caches you
@@ -39,6 +39,7 @@ from pathlib import Path
 
 from compilewatch.cache import layout, stamps
 from compilewatch.cache.lock import cache_lock
+from compilewatch.cache.relocate import rebase_triton_paths
 
 ERROR_KINDS = ("empty", "truncated", "unloadable", "dangling", "missing-binary")
 FOREIGN_KINDS = ("foreign-system", "foreign-torch")
@@ -75,6 +76,7 @@ class VerifyReport:
     deep: bool
     quarantine: str | None = None  # where --fix moved entries
     moved: tuple[tuple[str, str], ...] = ()
+    paths_rewritten: int = 0  # triton .json files --fix pointed at this dir (`relocated` findings)
 
 
 def _severity(kind: str) -> str:
@@ -219,8 +221,7 @@ class _Checker:
             if base in names:
                 if os.path.isabs(p):
                     self.add("relocated", rel, f"{child} is recorded at {p} (the cache was moved); triton "
-                             "recompiles this kernel (`compilewatch cache load DIR` of the moved dir rewrites "
-                             "the paths)", entry=folder)
+                             "recompiles this kernel (`--fix` rewrites the paths)", entry=folder)
                 continue
             kind = "missing-binary" if child.endswith(_BINARY_EXTS) else "truncated"
             self.add(kind, rel, f"group lists {child}, which is missing", entry=folder)
@@ -347,20 +348,25 @@ def verify(path: str | os.PathLike[str] | None = None, *, deep: bool = True, fix
     findings = tuple(sorted(ck.findings, key=lambda x: (ERROR_KINDS + FOREIGN_KINDS + WARNING_KINDS).index(x.kind)))
     quarantine = None
     moved: tuple[tuple[str, str], ...] = ()
+    rewritten = 0
     if fix:
         units = sorted({x.entry for x in findings if x.severity in ("error", "foreign") or x.kind == "stale-temp"})
-        if units:
+        relocated = any(x.kind == "relocated" for x in findings)
+        if units or relocated:
             with cache_lock(root):
-                dest = layout.timestamped_sibling(root, "quarantine")
-                moved = tuple(layout.move_aside(root, _expand_units(root, units), dest))
-                quarantine = str(dest)
+                if units:
+                    dest = layout.timestamped_sibling(root, "quarantine")
+                    moved = tuple(layout.move_aside(root, _expand_units(root, units), dest))
+                    quarantine = str(dest)
+                if relocated:
+                    rewritten = rebase_triton_paths(root, root)
     bad = any(x.severity in ("error", "foreign") for x in findings)
     return VerifyReport(
         path=str(root), ok=not bad, foreign=any(x.severity == "foreign" for x in findings),
         system_key=system_key, torch_version=str(torch.__version__), torch_hash=torch_hash,
         files=len(w.files), checked=dict(checked), entry_system_keys=dict(ck.stamps), findings=findings,
         counts=dict(Counter(x.kind for x in findings)), not_checked=tuple(notes), deep=deep,
-        quarantine=quarantine, moved=moved,
+        quarantine=quarantine, moved=moved, paths_rewritten=rewritten,
     )
 
 
