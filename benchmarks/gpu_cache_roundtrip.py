@@ -6,8 +6,8 @@
 1. compile a workload in a fresh process into cache dir A (GPU: flex_attention fwd+bwd and a small
    MLP; CPU: a tiny function fwd+bwd), TRITON_CACHE_DIR unset so triton's kernels live inside A;
 2. `cache fingerprint` and `cache verify` on A (entry stamps vs this machine's system key);
-3. `cache save` A, `cache load` it into B at another path, `cache verify` B (triton group files hold
-   absolute paths: expect `relocated` warnings on GPU);
+3. `cache save` A, `cache load` it into B at another path (load points triton's absolute kernel
+   paths at B: `paths_rewritten`), `cache verify` B (expect no findings);
 4. the same workload in a fresh process on B: FX-graph / AOTAutograd hits and misses, wall time;
 5. Mega-Cache: a fresh process with an empty dir C preloads the archive's Mega-Cache
    (`compilewatch.cache.archive.load_mega_cache`), then runs the workload: hits and misses.
@@ -137,7 +137,8 @@ def _markdown(r: dict) -> str:
                     f"{fa.get('entry_system_keys')}; this machine {str(fa.get('system_key'))[:16]}…"),
         ("verify A", f"exit {r['verify_A']['exit']}, counts {va.get('counts')}"),
         ("save", f"{r['save']['data'].get('archive_bytes')} B, Mega-Cache {r['save']['data'].get('mega_cache')}, {r['save']['wall_s']} s"),
-        ("load into another path B", f"{r['load']['wall_s']} s"),
+        ("load into another path B", f"{r['load']['wall_s']} s, triton .json files rewritten: "
+                                     f"{r['load']['data'].get('paths_rewritten')}"),
         ("verify B", f"exit {r['verify_B']['exit']}, counts {vb.get('counts')}"),
         ("same workload on B, new process", f"{r['warm_moved']['data'].get('wall_s')} s; {_counts(r['warm_moved']['data'])}"),
         ("empty dir C + load_mega_cache, new process",
