@@ -295,3 +295,27 @@ def test_a_failing_mega_cache_does_not_fail_the_save(tmp_path, monkeypatch):
     res = archive.save(tmp_path / "a.tar", src)
     assert res.mega_cache is None and any("Mega-Cache left out" in w for w in res.warnings)
     assert archive.load(tmp_path / "a.tar", tmp_path / "dst").files == res.files
+
+
+def test_a_job_recreating_the_dir_mid_swap_keeps_the_old_cache_safe(tmp_path, monkeypatch):
+    from compilewatch.errors import CompilewatchError
+
+    src = make_cache(tmp_path / "src")
+    archive.save(tmp_path / "a.tar", src)
+    dst = make_cache(tmp_path / "dst", n_fx=1, triton=False)
+    before = tree(dst)
+    real_rename = os.rename
+
+    def rename(a, b):
+        if ".load-" in str(a):  # between the two renames, a training job writes into a fresh dst/
+            write(dst, "fxgraph/zz/fnew/e", b"\x80new.")
+        return real_rename(a, b)
+
+    monkeypatch.setattr(archive.os, "rename", rename)
+    with pytest.raises(CompilewatchError, match="recreated by another process") as e:
+        archive.load(tmp_path / "a.tar", dst)
+    monkeypatch.setattr(archive.os, "rename", real_rename)
+    backup = [n for n in os.listdir(tmp_path) if n.startswith("dst.backup-")]
+    assert len(backup) == 1 and tree(tmp_path / backup[0]) == before
+    assert backup[0] in e.value.message
+    assert not [n for n in os.listdir(tmp_path) if ".load-" in n]

@@ -47,7 +47,7 @@ from compilewatch.cache import layout, stamps
 from compilewatch.cache.relocate import rebase_triton_paths
 from compilewatch.cache.fingerprint import FileEntry, Fingerprint
 from compilewatch.cache.lock import cache_lock
-from compilewatch.errors import BadInput
+from compilewatch.errors import BadInput, CompilewatchError
 from compilewatch.fsutil import atomic_path
 from compilewatch.serialize import to_jsonable
 
@@ -589,9 +589,16 @@ def _swap_in(new: Path, target: Path) -> Path | None:
             os.rename(target, backup)
     try:
         os.rename(new, target)
-    except BaseException:
+    except BaseException as e:
         if backup is not None:
-            os.rename(backup, target)
+            try:
+                os.rename(backup, target)
+            except OSError:  # something recreated the dir between the two renames (a running job)
+                raise CompilewatchError(
+                    f"{target} was recreated by another process while it was being replaced; the previous "
+                    f"cache is safe at {backup}",
+                    hint=f"stop the process writing the cache, then `compilewatch cache load {backup} --dir {target}`",
+                ) from e
         raise
     return backup
 
