@@ -54,7 +54,7 @@ def train_cmd(
     if print_config:
         output.emit(to_dict(cfg), as_json, lambda _: output.out.print(to_toml(cfg), markup=False))
         return
-    output.err.print(f"[dim]{to_toml(cfg)}[/]", markup=True, highlight=False)
+    output.err.print(to_toml(cfg), style="dim", markup=False, highlight=False)
     trainer = None
     with TrainProgress() as progress:
         try:

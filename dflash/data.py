@@ -286,6 +286,8 @@ def build_dataset(convs: list[list[dict[str, str]]], tokenizer, cfg: DataConfig,
     """Tokenize conversations; BadInput when nothing usable is left (no checkpoint is written then)."""
     stats = DataStats(warnings=list(warnings or []))
     samples = tokenize_all(tokenizer, convs, cfg, block_size, stats)
+    if not samples and cfg.path == EMBEDDED_DATA and not cfg.regenerate:
+        raise BadInput(f"{EMBEDDED_DATA} holds prompts only", hint="set data.regenerate=true so the target answers them")
     if not samples:
         why = ", ".join(f"{k}: {v}" for k, v in stats.dropped.items()) or "no records"
         raise BadInput(f"the dataset {cfg.path!r} has no usable conversation ({stats.records} read; {why})",

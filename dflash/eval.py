@@ -242,6 +242,8 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     else:
         raise BadInput(f"{str(ck)!r} has no {CONFIG_FILE}; say which target it drafts for", hint="pass --target DIR")
     dev = resolve_device(device or cfg.train.device)
+    if dev.type == "cpu" and cfg.train.cpu_threads:
+        torch.set_num_threads(cfg.train.cpu_threads)
     drafter = load_export(ck)
     target = load_target(cfg.target, drafter.spec.num_hidden_layers, dev)
     if cfg.target.layer_ids is None:  # the checkpoint's taps are authoritative

@@ -131,6 +131,8 @@ class Trainer:
                            hint="pass --resume to continue that run, or choose another --out")
         device = resolve_device(cfg.train.device)
         detect_backend(device, cfg.train.attention)  # bad backend/device pairs fail before any work
+        if device.type == "cpu" and cfg.train.cpu_threads:
+            torch.set_num_threads(cfg.train.cpu_threads)
         on_event("phase", {"name": "target", "source": cfg.target.path})
         target = load_target(cfg.target, cfg.drafter.num_layers, device)
         notes = list(target.notes)
