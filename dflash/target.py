@@ -126,16 +126,17 @@ def build_tiny_tokenizer():
     return tok
 
 
-def tiny_target_config(vocab_size: int):
+def tiny_target_config(vocab_size: int, **overrides):
     from transformers import Qwen3Config
 
     padded = (vocab_size + 63) // 64 * 64  # spare rows, like Qwen3's table (the mask token fits)
-    return Qwen3Config(
+    fields = dict(
         vocab_size=padded, hidden_size=64, intermediate_size=192, num_hidden_layers=6,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
         rope_theta=10000.0, tie_word_embeddings=False, initializer_range=0.02,
         eos_token_id=2, pad_token_id=0, bos_token_id=None,
     )
+    return Qwen3Config(**{**fields, **overrides})
 
 
 def build_tiny_target():

@@ -42,8 +42,7 @@ def local_target_dir(tmp_path_factory) -> Path:
     from dflash.target import build_tiny_tokenizer, tiny_target_config
 
     tok = build_tiny_tokenizer()
-    cfg = tiny_target_config(len(tok))
-    cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.head_dim = 32, 64, 4, 8
+    cfg = tiny_target_config(len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4, head_dim=8)
     torch.manual_seed(5)
     model = Qwen3ForCausalLM(cfg)
     path = tmp_path_factory.mktemp("target") / "qwen3-mini"
