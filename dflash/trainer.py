@@ -113,6 +113,7 @@ class Trainer:
         self._plan: tuple[int, list[list[int]]] | None = None
         self._writer: MetricsWriter | None = None
         self.checkpoints: list[str] = []
+        self._threads_before: int | None = None
 
     # ------------------------------------------------------------ building
     @classmethod
@@ -131,8 +132,9 @@ class Trainer:
                            hint="pass --resume to continue that run, or choose another --out")
         device = resolve_device(cfg.train.device)
         detect_backend(device, cfg.train.attention)  # bad backend/device pairs fail before any work
+        threads_before = torch.get_num_threads()
         if device.type == "cpu" and cfg.train.cpu_threads:
-            torch.set_num_threads(cfg.train.cpu_threads)
+            torch.set_num_threads(cfg.train.cpu_threads)  # restored by close()
         on_event("phase", {"name": "target", "source": cfg.target.path})
         target = load_target(cfg.target, cfg.drafter.num_layers, device)
         notes = list(target.notes)
@@ -160,6 +162,7 @@ class Trainer:
                 raise BadInput(f"the drafter in {str(start)!r} differs from this config's drafter",
                                hint="resume with the run's own config (it is in the run directory's config.toml)")
         trainer = cls(cfg, target, dataset, drafter, run_dir, eval_convs=eval_convs, notes=notes, on_event=on_event)
+        trainer._threads_before = threads_before
         if state is not None:
             trainer.load_state_dict(state)
             notes.append(f"resumed from {start} at step {trainer.step}")
@@ -344,6 +347,9 @@ class Trainer:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
 
 
 def build_config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> Config:

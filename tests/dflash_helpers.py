@@ -15,11 +15,15 @@ SMALL_CONVS = 64  # conversations in the shared test dataset
 
 @pytest.fixture(scope="session")
 def tiny_target():
-    """The embedded tiny target on CPU (built once per session)."""
+    """The embedded tiny target on CPU (built once per session), run with one torch thread like the
+    tiny recipe (train.cpu_threads=1): two spinning threads on a busy 2-core machine are ~10x slower."""
     from dflash.target import load_target
 
     cfg = tiny()
-    return load_target(cfg.target, cfg.drafter.num_layers, torch.device("cpu"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_target(cfg.target, cfg.drafter.num_layers, torch.device("cpu"))
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
