@@ -292,8 +292,9 @@ class Trainer:
         self.on_event("checkpoint", {"step": self.step, "path": str(path)})
         return path
 
-    def train(self) -> TrainResult:
-        """Train to `total_steps`, checkpointing every `checkpoint.every` steps and at the end."""
+    def train(self, until: int | None = None) -> TrainResult:
+        """Train to `total_steps` (or stop after step `until`; the schedule is unchanged),
+        checkpointing every `checkpoint.every` steps and at the end."""
         from compilewatch.fsutil import atomic_write_text
 
         t0 = time.perf_counter()
@@ -306,7 +307,8 @@ class Trainer:
                                 "device": str(self.device), "data": self.dataset.stats, "run_dir": str(self.run_dir)})
         self.drafter.train()
         first = last = None
-        while self.step < self.total_steps:
+        stop = min(self.total_steps, until) if until is not None else self.total_steps
+        while self.step < stop:
             td = time.perf_counter()
             batches = self.micro_batches(self.step)
             data_s = time.perf_counter() - td
@@ -322,7 +324,7 @@ class Trainer:
             if m.step % self.cfg.checkpoint.every == 0 or m.step == self.total_steps:
                 self.save()
         result_eval = None
-        if self.cfg.eval.at_end and self.eval_convs:
+        if self.cfg.eval.at_end and self.eval_convs and self.step == self.total_steps:
             result_eval = self.evaluate()
             self._writer.write_event("eval", {"result": result_eval})
         return TrainResult(run_dir=str(self.run_dir), steps=self.step, total_steps=self.total_steps,
