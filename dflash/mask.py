@@ -95,6 +95,15 @@ def detect_backend(device: torch.device | str, requested: str = "auto") -> Backe
     return "flex" if flex_compiles_on(device_type) else "sdpa"
 
 
+_USE_COMPILED_FLEX = True  # override for tests and benchmarks: use_compiled_flex(False)
+
+
+def use_compiled_flex(enabled: bool) -> None:
+    """Force eager flex_attention on CUDA (benchmarks compare it; tests check fast == fallback)."""
+    global _USE_COMPILED_FLEX
+    _USE_COMPILED_FLEX = enabled
+
+
 @functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
@@ -104,7 +113,7 @@ def _compiled_flex():
 
 def flex_attention_fn(device: torch.device) -> Callable:
     """Compiled flex_attention on CUDA; the eager (dense math, forward-only) one elsewhere."""
-    if device.type == "cuda":
+    if device.type == "cuda" and _USE_COMPILED_FLEX:
         return _compiled_flex()
     from torch.nn.attention.flex_attention import flex_attention
 

@@ -95,7 +95,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Ten
     from dflash import mask as masks
 
     if masks.is_block_mask(mask):
-        return masks.flex_attention_fn(q.device)(q, k, v, block_mask=mask, enable_gqa=True)
+        with torch.autocast(q.device.type, enabled=False):  # q, k, v already share the compute dtype
+            return masks.flex_attention_fn(q.device)(q, k, v, block_mask=mask, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
