@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "dflash_step.py"
 def load():
     spec = importlib.util.spec_from_file_location("dflash_step", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
