@@ -1,6 +1,6 @@
 """Benchmark one DFlash drafter training step (forward + backward) at Qwen3-8B shapes.
 
-Runs the trainer's own code (dflash.model, dflash.mask, dflash.loss) on synthetic inputs: target taps
+Runs the trainer's own step code (dflash.trainer.drafter_loss: model, mask, loss) on synthetic inputs: target taps
 (B, S, 5·H) and a frozen 151936-row embedding and LM head in bf16; fp32 master weights under bf16
 autocast, as `dflash train` does on GPU. Modes:
 
@@ -10,7 +10,8 @@ autocast, as `dflash train` does on GPU. Modes:
   drafter-compiled  flex-compiled, plus torch.compile of every decoder layer
 
 Reports per mode: ms per step (median), sequence tokens/s, block tokens/s, model FLOPs per step
-(analytic, attention counted over the mask's visible pairs only), MFU against --peak-tflops
+(analytic, attention counted over the mask's visible pairs only; the mask build is inside the step and
+also timed alone), MFU against --peak-tflops
 (790 dense bf16 on H200), peak memory, first-step (compile) time, and the mask build time.
 Results: <out>/dflash_step.json and <out>/dflash_step.md (--out, default $OUT, else ./bench-out).
 
@@ -34,8 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from dflash import mask as masks  # noqa: E402
-from dflash.loss import draft_loss, loss_weights, make_blocks, weight_sum  # noqa: E402
+from dflash.data import Batch  # noqa: E402
+from dflash.loss import loss_weights, make_blocks, weight_sum  # noqa: E402
 from dflash.model import DFlashDrafter, DrafterSpec, default_layer_ids  # noqa: E402
+from dflash.trainer import drafter_loss  # noqa: E402
 
 MODES = ("flex-compiled", "flex-eager", "sdpa-dense", "drafter-compiled")
 
@@ -120,12 +123,13 @@ def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int,
         for layer in drafter.layers:
             layer.compile()
     backend = "sdpa" if mode == "sdpa-dense" else "flex"
-    lmask = torch.ones_like(ids, dtype=torch.bool)
-    lengths = torch.full((s.batch,), s.seq, device=device)
-    valid = torch.ones_like(anchors, dtype=torch.bool)
+    batch = Batch(input_ids=ids, loss_mask=torch.ones_like(ids, dtype=torch.bool),
+                  lengths=torch.full((s.batch,), s.seq, device=device), anchors=anchors,
+                  anchor_valid=torch.ones_like(anchors, dtype=torch.bool))
     w = loss_weights(s.block, 7.0, device=device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    ctx_pos = torch.arange(s.seq, device=device).expand(s.batch, s.seq)
+    lowp = torch.bfloat16 if device.type == "cuda" else torch.float32
+    denom = weight_sum(make_blocks(ids, batch.loss_mask, batch.lengths, anchors, batch.anchor_valid, s.block,
+                                   s.vocab - 1), w)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times, mask_times = [], []
     if device.type == "cuda":
@@ -134,18 +138,16 @@ def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int,
         for i in range(warmup + iters):
             sync()
             t0 = time.perf_counter()
-            blocks = make_blocks(ids, lmask, lengths, anchors, valid, s.block, s.vocab - 1)
-            m = masks.build_masks(anchors, s.seq, s.block, backend)
+            masks.build_masks(anchors, s.seq, s.block, backend)  # alone, for the mask column
             sync()
             t1 = time.perf_counter()
-            with autocast:
-                hidden = drafter(embed(blocks.ids), taps, blocks.pos, ctx_pos, masks=m)
-                out = draft_loss(hidden, head, blocks, w, weight_sum(blocks, w))
+            out = drafter_loss(drafter, embed, head, taps, batch, mask_token_id=s.vocab - 1, weights=w,
+                               denominator=denom, backend=backend, compute_dtype=lowp)  # the trainer's step code
             out.loss.backward()
             drafter.zero_grad(set_to_none=True)
             sync()
             t2 = time.perf_counter()
-            times.append(t2 - t0)
+            times.append(t2 - t1)
             mask_times.append(t1 - t0)
     except torch.OutOfMemoryError as e:
         return ModeResult(mode, "error", f"out of memory: {str(e).splitlines()[0]}")

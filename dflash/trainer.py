@@ -70,6 +70,28 @@ def drafter_spec(cfg: Config, target: Target) -> DrafterSpec:
     )
 
 
+def drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.Module, taps: torch.Tensor,
+                 batch: Batch, *, mask_token_id: int, weights: torch.Tensor, denominator: torch.Tensor | float,
+                 backend: str, compute_dtype: torch.dtype) -> LossOutput:
+    """One micro-batch's loss on the drafter's device (no backward). Everything passed in lives there:
+    `taps` (B, S, k·H) may come from a target on another device; `embed`/`head` are the target's frozen
+    modules (or copies of them on this device). A multi-device engine calls this per replica."""
+    spec = drafter.spec
+    dev = taps.device
+    blocks = make_blocks(batch.input_ids, batch.loss_mask, batch.lengths, batch.anchors, batch.anchor_valid,
+                         spec.block_size, mask_token_id)
+    seq = batch.input_ids.shape[1]
+    masks = build_masks(batch.anchors, seq, spec.block_size, backend, spec.sliding_window,
+                        need_sliding="sliding_attention" in spec.layer_types)
+    ctx_pos = torch.arange(seq, device=dev).expand(batch.input_ids.shape[0], seq)  # (B, S)
+    with torch.no_grad():
+        embeds = embed(blocks.ids)  # (B, N*bs, H), frozen
+    autocast = torch.autocast(dev.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
+    with autocast:
+        hidden = drafter(embeds, taps, blocks.pos, ctx_pos, masks=masks)  # (B, N*bs, H)
+        return draft_loss(hidden, head, blocks, weights, denominator)
+
+
 def _rope_theta(tc) -> float:
     rp = getattr(tc, "rope_parameters", None) or {}
     return rp.get("rope_theta") or getattr(tc, "rope_theta", None) or 10000.0
@@ -197,11 +219,6 @@ class Trainer:
         """Σw over a global batch (data only), clamped to avoid 0/0 on a batch without labels."""
         return sum(weight_sum(self._blocks(b.to(self.device)), self.weights) for b in batches).clamp_min(1e-6)
 
-    def _autocast(self):
-        if self.compute_dtype == torch.float32:
-            return torch.autocast(self.device.type, enabled=False)
-        return torch.autocast(self.device.type, dtype=self.compute_dtype)
-
     def forward_backward(self, batch: Batch, denominator: torch.Tensor, timer: dict[str, float] | None = None) -> LossOutput:
         """Target taps -> drafter -> loss for one micro-batch on this trainer's device; backward (grads add up)."""
         timer = timer if timer is not None else {}
@@ -210,17 +227,9 @@ class Trainer:
         taps = self.target.taps(batch.input_ids)  # (B, S, k·H)
         self._sync()
         t1 = time.perf_counter()
-        blocks = self._blocks(batch)
-        bs, seq = self.cfg.drafter.block_size, batch.input_ids.shape[1]
-        d = self.drafter.spec
-        masks = build_masks(batch.anchors, seq, bs, self.backend, d.sliding_window,
-                            need_sliding="sliding_attention" in d.layer_types)
-        ctx_pos = torch.arange(seq, device=self.device).expand(batch.input_ids.shape[0], seq)  # (B, S)
-        with torch.no_grad():
-            embeds = self.target.embed(blocks.ids)  # (B, N*bs, H), frozen
-        with self._autocast():
-            hidden = self.drafter(embeds, taps, blocks.pos, ctx_pos, masks=masks)  # (B, N*bs, H)
-            out = draft_loss(hidden, self.target.head, blocks, self.weights, denominator)
+        out = drafter_loss(self.drafter, self.target.embed, self.target.head, taps, batch,
+                           mask_token_id=self.target.mask_token_id, weights=self.weights, denominator=denominator,
+                           backend=self.backend, compute_dtype=self.compute_dtype)
         out.loss.backward()
         self._sync()
         timer["target"] = timer.get("target", 0.0) + (t1 - t0)
