@@ -101,7 +101,23 @@ def _stage_dir(final: Path) -> Path:
     return stage
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it; done once, at import (before any threads)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_read_umask()
+
+
+def _umask_mode() -> int:
+    return _FILE_MODE
+
+
 def _publish(stage: Path, final: Path) -> None:
+    mode = _umask_mode()  # atomic writes start from mkstemp's 0600; serving engines may run as another user
+    for f in stage.iterdir():
+        os.chmod(f, mode)
     if final.exists():
         final.rename(final.with_name(f"{final.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}"))
     os.replace(stage, final)
@@ -139,6 +155,7 @@ def save_checkpoint(run_dir: Path, step: int, drafter: DFlashDrafter, export_dty
         shutil.rmtree(stage, ignore_errors=True)
         raise
     atomic_write_text(ckdir / "latest", final.name + "\n")
+    os.chmod(ckdir / "latest", _umask_mode())
     return final
 
 

@@ -208,7 +208,8 @@ class EvalConfig:
     at_end: bool = False
     """Run real speculative decoding after training and report τ and speedup."""
     num_prompts: int = 16
-    """Prompts taken from the end of the dataset."""
+    """Prompts: the first user turn of the dataset's last records (held out of training when the
+    dataset has more than twice as many), or held-out embedded prompts."""
     max_new_tokens: int = 128
     """Tokens generated per prompt (both plain and speculative decoding)."""
 

@@ -63,7 +63,7 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, temper
             ans.append(t)
             if t in eos:
                 break
-        answers.append([t for t in ans if t != pad or pad in eos])
+        answers.append(ans)  # decode(skip_special_tokens=True) drops EOS and padding
     return answers
 
 

@@ -80,7 +80,10 @@ class Target:
     def taps(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, S) right-padded ids -> (B, S, k·H) concatenated taps. Padding sits after the valid
         tokens, so causal attention keeps it out of every valid position; no attention mask needed."""
-        out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        try:  # logits_to_keep=1: skip the (S × vocab) logits nobody reads
+            out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        except TypeError:  # a model class without logits_to_keep
+            out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
         return torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
 
 

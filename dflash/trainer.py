@@ -25,7 +25,7 @@ import torch
 
 from compilewatch.errors import BadInput
 from dflash import checkpoint as ckpt
-from dflash.config import Config, apply_overrides, load_toml, to_toml
+from dflash.config import EMBEDDED_DATA, Config, apply_overrides, load_toml, to_toml
 from dflash.data import Batch, ChatDataset, build_dataset, eval_prompts, load_conversations
 from dflash.loss import LossOutput, draft_loss, estimated_tau, loss_weights, make_blocks, weight_sum
 from dflash.mask import build_masks, detect_backend
@@ -163,6 +163,8 @@ class Trainer:
         convs, warnings = load_conversations(cfg.data)
         n_eval = cfg.eval.num_prompts if cfg.eval.at_end else 0
         eval_convs = eval_prompts(cfg.data, n_eval) if n_eval else []
+        if eval_convs and cfg.data.path != EMBEDDED_DATA and len(convs) > 2 * len(eval_convs):
+            convs = convs[: -len(eval_convs)]  # the eval prompts come from the last records: hold them out
         if cfg.data.regenerate and convs:
             from dflash.regen import regenerate
 
