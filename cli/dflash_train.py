@@ -68,11 +68,16 @@ def train_cmd(
     output.emit({**to_jsonable(result), "config": to_dict(cfg)}, as_json, _render)
 
 
+def _f(x, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
 def _render(r: dict) -> None:
     last = r["last"] or {}
     o = output.out
-    o.print(f"trained {r['steps']}/{r['total_steps']} steps in {output.fmt_seconds(r['seconds'])}: "
-            f"loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}, estimated τ {last.get('tau_estimate') or 0:.2f}")
+    o.print(f"trained {r['steps']}/{r['total_steps']} steps in {output.fmt_seconds(r['seconds'])}: mean loss "
+            f"{_f(r['first_epoch_loss'])} (first epoch) -> {_f(r['last_epoch_loss'])} (last epoch), "
+            f"estimated τ {_f(r['last_epoch_tau_estimate'], 2)} (last epoch, training batches)")
     acc = last.get("accuracy") or []
     if acc:
         o.print("per-slot accuracy: " + " ".join(f"{a:.2f}" if a is not None else "-" for a in acc))

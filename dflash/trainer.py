@@ -97,6 +97,11 @@ def _rope_theta(tc) -> float:
     return rp.get("rope_theta") or getattr(tc, "rope_theta", None) or 10000.0
 
 
+def _mean(xs) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
 def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{cfg.recipe}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
@@ -106,8 +111,11 @@ class TrainResult:
     run_dir: str
     steps: int
     total_steps: int
-    first_loss: float
-    last_loss: float
+    first_loss: float  # the first step of this call
+    last_loss: float  # the last step
+    first_epoch_loss: float  # mean over the first epoch's steps (this call): less noisy than one step
+    last_epoch_loss: float  # mean over the last epoch's worth of steps
+    last_epoch_tau_estimate: float  # mean estimated τ over the last epoch's worth of steps
     last: StepMetrics | None
     checkpoints: list[str]
     seconds: float
@@ -318,6 +326,8 @@ class Trainer:
                                 "device": str(self.device), "data": self.dataset.stats, "run_dir": str(self.run_dir)})
         self.drafter.train()
         first = last = None
+        window = self.steps_per_epoch
+        history: list[StepMetrics] = []
         stop = min(self.total_steps, until) if until is not None else self.total_steps
         while self.step < stop:
             td = time.perf_counter()
@@ -328,6 +338,9 @@ class Trainer:
                                "time_split": {**m.time_split, "data": round(data_s, 6)}})
             first = first or m
             last = m
+            history.append(m)
+            if len(history) > 2 * window:
+                del history[window:-window]  # keep the first and the latest epoch's worth
             every = self.cfg.metrics.log_every
             if m.step % every == 0 or m.step == 1 or m.step == self.total_steps:
                 self._writer.write(m)
@@ -340,6 +353,9 @@ class Trainer:
             self._writer.write_event("eval", {"result": result_eval})
         return TrainResult(run_dir=str(self.run_dir), steps=self.step, total_steps=self.total_steps,
                            first_loss=first.loss if first else math.nan, last_loss=last.loss if last else math.nan,
+                           first_epoch_loss=_mean(m.loss for m in history[:window]),
+                           last_epoch_loss=_mean(m.loss for m in history[-window:]),
+                           last_epoch_tau_estimate=_mean(m.tau_estimate for m in history[-window:]),
                            last=last, checkpoints=self.checkpoints, seconds=time.perf_counter() - t0,
                            eval=result_eval, notes=self.notes)
 

@@ -12,8 +12,8 @@ from tests.helpers import invoke, invoke_json
 
 COMMON = ["--set", "data.regenerate=false", "--set", "metrics.tensorboard=false", "--set", "checkpoint.every=100",
           "--set", "metrics.log_every=1"]
-TRAIN_KEYS = {"run_dir", "steps", "total_steps", "first_loss", "last_loss", "last", "checkpoints", "seconds", "eval",
-              "notes", "config"}
+TRAIN_KEYS = {"run_dir", "steps", "total_steps", "first_loss", "last_loss", "first_epoch_loss", "last_epoch_loss",
+              "last_epoch_tau_estimate", "last", "checkpoints", "seconds", "eval", "notes", "config"}
 STEP_KEYS = {"step", "epoch", "loss", "lr", "grad_norm", "accuracy", "tau_estimate", "tokens", "blocks", "seconds",
              "tokens_per_s", "time_split", "memory_bytes"}
 EVAL_KEYS = {"prompts", "rounds", "tau", "max_tau", "acceptance_histogram", "generated_tokens", "plain_seconds",

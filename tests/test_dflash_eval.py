@@ -68,3 +68,29 @@ def test_real_drafter_keeps_output_identical(tiny_target):
     drafter.init_weights(torch.Generator().manual_seed(0))
     r = evaluate(DrafterProposer(drafter.eval(), tiny_target), tiny_target, prompts(tiny_target, 2), 20, BS)
     assert r.outputs_match and 1.0 <= r.tau <= BS and r.generated_tokens == 40
+
+
+def test_training_forward_equals_inference_draft(tiny_target):
+    """The block the trainer scores at anchor a is exactly what the eval loop drafts at position a:
+    same context (taps < a), same positions, same labels (no shift). Catches off-by-one masks/labels."""
+    from dflash.config import tiny
+    from dflash.loss import make_blocks
+    from dflash.mask import build_masks
+
+    drafter = DFlashDrafter(drafter_spec(tiny(), tiny_target))
+    drafter.init_weights(torch.Generator().manual_seed(1), std=0.1)
+    drafter.eval()
+    ids = torch.randint(10, 300, (1, 40), generator=torch.Generator().manual_seed(2))
+    taps = tiny_target.taps(ids)
+    anchors = torch.tensor([[5, 20, 31]])
+    blocks = make_blocks(ids, torch.ones_like(ids, dtype=torch.bool), torch.tensor([40]), anchors,
+                         torch.ones(1, 3, dtype=torch.bool), BS, tiny_target.mask_token_id)
+    with torch.no_grad():
+        h = drafter(tiny_target.embed(blocks.ids), taps, blocks.pos, torch.arange(40)[None],
+                    masks=build_masks(anchors, 40, BS, "sdpa"))
+        trained = tiny_target.head(h.view(1, 3, BS, -1)[:, :, 1:]).argmax(-1)[0]
+    for j, a in enumerate(anchors[0].tolist()):
+        proposer = DrafterProposer(drafter, tiny_target)
+        draft = proposer.propose(ids[0, : a + 1].tolist(), taps[:, :a], BS)
+        assert draft == trained[j].tolist()
+        assert blocks.labels[0, j].tolist() == ids[0, a: a + BS].tolist()
