@@ -14,8 +14,8 @@ class TrainProgress:
 
     def __init__(self) -> None:
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False,
+            TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(), TimeElapsedColumn(),
+            TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=err, transient=False,
         )
         self.task = None
         self.sub = None
@@ -52,8 +52,8 @@ class TrainProgress:
             self.task = self.progress.add_task("train", total=data["total_steps"], completed=data["step"], info="")
         elif kind == "step" and self.task is not None:
             m = data["metrics"]
-            info = (f"loss {m.loss:.3f}  acc₁ {m.accuracy[0]:.2f}  τ≈{m.tau_estimate:.2f}  "
-                    f"{m.tokens_per_s:,.0f} tok/s  {fmt_bytes(m.memory_bytes)}")
+            info = (f"loss {m.loss:.3f} acc₁ {m.accuracy[0]:.2f} τ≈{m.tau_estimate:.2f} "
+                    f"{m.tokens_per_s / 1000:,.1f}k tok/s {fmt_bytes(m.memory_bytes)}")
             self.progress.update(self.task, completed=m.step, info=info)
         elif kind == "checkpoint":
             self.progress.console.print(f"[dim]·[/] checkpoint {data['path']}")
