@@ -310,9 +310,9 @@ def _verdicts_threads(name: str, outcomes: list[ThreadOutcome], stuck: bool, tim
     for o in errs:
         first = (o.error or "").splitlines()[0]
         out.append(f"{o.name} ({o.device}) failed: {first}")
-        if "symbolically trace a dynamo-optimized function" in (o.error or ""):
-            out.append("that is the cross-thread FX-flag race: another thread's trace held the module-global "
-                       "_is_fx_tracing_flag while this thread called a compiled function.")
+    if any("symbolically trace a dynamo-optimized function" in (o.error or "") for o in errs):
+        out.append("that is the cross-thread FX-flag race: another thread's trace held the module-global "
+                   "_is_fx_tracing_flag while the failing thread called a compiled function.")
     for o in hangs:
         out.append(f"{o.name} ({o.device}) did not finish within {timeout:g} s: hang (all stacks dumped).")
     if stuck:

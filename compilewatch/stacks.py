@@ -14,6 +14,12 @@ _STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
 _THIS_PKG = os.path.realpath(os.path.dirname(__file__))
 # our own packages: their frames are never "user" frames
 _OWN_DIRS = (_THIS_PKG + os.sep, os.path.join(os.path.dirname(_THIS_PKG), "cli") + os.sep)
+# ...except the built-in probe/warm targets, which stand in for user code
+_TARGETS_FILE = os.path.join(_THIS_PKG, "targets.py")
+
+
+def _own(real: str) -> bool:
+    return real.startswith(_OWN_DIRS) and real != _TARGETS_FILE
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +48,7 @@ def _short(path: str) -> str:
 
 def _is_user(path: str) -> bool:
     real = os.path.realpath(path)
-    if real.startswith(_OWN_DIRS) or real.startswith(_STDLIB):
+    if _own(real) or real.startswith(_STDLIB):
         return False
     if f"{os.sep}torch{os.sep}" in real or f"{os.sep}typer{os.sep}" in real or f"{os.sep}click{os.sep}" in real:
         return False
@@ -56,31 +62,35 @@ def frames_from(frame: FrameType | None, limit: int = 60) -> list[Frame]:
     """Innermost-last list of frames starting at `frame`, outside this package."""
     out = []
     for fs in traceback.extract_stack(frame, limit=limit):
-        if os.path.realpath(fs.filename).startswith(_OWN_DIRS):
+        if _own(os.path.realpath(fs.filename)):
             continue
         out.append(Frame(_short(fs.filename), fs.lineno or 0, fs.name, (fs.line or "").strip() or None))
     return out
 
 
-def relevant(frames: list[Frame], n_user: int = 5, n_torch: int = 3) -> list[Frame]:
-    """The innermost `n_user` user frames plus the `n_torch` outermost torch frames below them.
-
-    This is what names the user's call that led into compile machinery and where torch took over.
+def relevant(frames: list[Frame], n_user: int = 4, n_entry: int = 2, n_inner: int = 3) -> list[Frame]:
+    """What names a trace or a call: the innermost `n_user` user frames, the first `n_entry` torch
+    frames after them (where torch took over), and the innermost `n_inner` frames (what called the
+    instrumented function). Order is kept (innermost last), duplicates dropped.
     """
     user_idx = [i for i, f in enumerate(frames) if _is_user_short(f.file)]
-    if not user_idx:
-        return frames[-(n_user + n_torch):]
-    last_user = user_idx[-1]
-    picked = [frames[i] for i in user_idx[-n_user:]]
-    return picked + frames[last_user + 1: last_user + 1 + n_torch]
+    picked: list[int] = user_idx[-n_user:]
+    start = user_idx[-1] + 1 if user_idx else 0
+    picked += [i for i in range(start, len(frames)) if frames[i].file.startswith("torch/")][:n_entry]
+    picked += list(range(max(0, len(frames) - n_inner), len(frames)))
+    return [frames[i] for i in sorted(set(picked))]
 
 
 def _is_user_short(short: str) -> bool:
     if short.startswith("torch/") or short.startswith("<"):
         return False
-    if short.startswith(("typer/", "click/", "_pytest/", "pluggy/", "rich/", "compilewatch/")):
+    if short.startswith(("typer/", "click/", "_pytest/", "pluggy/", "rich/")):
         return False
+    if short.startswith(("compilewatch/", "cli/")):
+        return short.endswith("targets.py")
     if os.path.isabs(short):
+        if os.path.realpath(os.path.dirname(short)) == os.path.realpath(os.path.join(sys.prefix, "bin")):
+            return False  # console-script launchers (bin/compilewatch, bin/dflash)
         return _is_user(short)
     return True
 

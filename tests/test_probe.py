@@ -1,0 +1,204 @@
+"""probe: instrumentation of Tracer.trace, counters, the --threads race runner, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+import torch.fx
+
+from cli.main import app
+from compilewatch import probe as probe_lib
+from compilewatch import tracehooks
+from compilewatch.errors import BadInput
+from tests.helpers import invoke, invoke_json
+
+
+def test_create_block_mask_does_not_trace():
+    """The seeds' finding: create_block_mask (uncompiled) enters Tracer.trace 0 times."""
+    report = probe_lib.probe("create_block_mask")
+    assert report.ok
+    assert len(report.traces) == 0
+    assert "does not trace" in report.verdicts[0]
+    assert report.fx_flag_after is False
+
+
+def test_flex_attention_traces_with_stacks():
+    report = probe_lib.probe("flex_attention", backend="aot_eager")
+    assert report.ok, report.error
+    assert len(report.traces) > 0
+    assert set(report.traces_per_tracer) == {"PythonKeyTracer"}  # make_fx's tracer, a Tracer subclass
+    assert all(t.compiling for t in report.traces)  # dynamo holds is_compiling() while AOT traces
+    assert report.counters.frames_total >= 1
+    assert report.compiles and report.compiles[0].compile_id.startswith("0/")
+    # each entry names where torch took over
+    assert any(f.file.startswith("torch/") for f in report.traces[0].stack)
+
+
+def test_compile_target_counts_fwd_and_bwd_traces():
+    report = probe_lib.probe("compile", backend="aot_eager")
+    assert report.ok
+    assert len(report.traces) >= 1
+    assert report.counters.frames_ok >= 1
+
+
+def test_recompile_reasons_are_reported(tmp_path):
+    target = tmp_path / "recomp.py"
+    target.write_text(
+        "import torch\n"
+        "f = torch.compile(lambda x: x * 2, backend='eager')\n"
+        "def run():\n"
+        "    f(torch.ones(3))\n"
+        "    f(torch.ones(3, dtype=torch.float64))\n"
+    )
+    report = probe_lib.probe(f"{target}:run")
+    assert report.ok
+    assert report.counters.recompiles >= 1
+    assert any("dtype" in r for r in report.counters.recompile_reasons)
+    assert any(c.recompile for c in report.compiles)
+
+
+def test_instrumentation_is_removed_afterwards():
+    original = torch.fx.Tracer.__dict__["trace"]
+    probe_lib.probe("compile", backend="aot_eager")
+    assert torch.fx.Tracer.__dict__["trace"] is original
+    assert not tracehooks.installed()
+    # nested subscribers: the patch stays until the last one leaves
+    a, b = tracehooks.TraceRecorder(), tracehooks.TraceRecorder()
+    with a:
+        with b:
+            assert torch.fx.Tracer.__dict__["trace"] is not original
+        assert tracehooks.installed()
+        torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    assert torch.fx.Tracer.__dict__["trace"] is original
+    assert len(a.windows) == 1 and a.windows[0].tracer == "Tracer" and a.windows[0].target == "Linear"
+
+
+def test_target_error_is_reported_not_raised(tmp_path):
+    target = tmp_path / "boom.py"
+    target.write_text("def run(device):\n    raise ValueError('boom on ' + device)\n")
+    report = probe_lib.probe(f"{target}:run")
+    assert not report.ok
+    assert report.error == "ValueError: boom on cpu"
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("no_such_target", "unknown target"),
+        ("no_such_module_xyz:fn", "cannot import"),
+        ("json:no_such_attr", "has no attribute"),
+        ("json:__name__", "not callable"),
+        ("missing/file.py:fn", "does not exist"),
+    ],
+)
+def test_bad_targets_raise_bad_input(spec, fragment):
+    with pytest.raises(BadInput, match=fragment):
+        probe_lib.probe(spec)
+
+
+def test_cross_thread_flag_leak_is_deterministic():
+    """Hold a symbolic_trace open in thread B (the traced function waits on an Event) while thread A
+    calls a compiled function: the nested-FX error, every time, collected as a thread outcome."""
+    compiled = torch.compile(lambda x: x + 1, backend="eager")
+    compiled(torch.ones(2))  # compiled beforehand: A only calls it
+    inside, release = threading.Event(), threading.Event()
+
+    class Waits(torch.nn.Module):
+        def forward(self, x):
+            inside.set()
+            release.wait(30)
+            return x * 2
+
+    def tracer_thread():
+        torch.fx.symbolic_trace(Waits())
+
+    def victim_thread():
+        inside.wait(30)
+        try:
+            compiled(torch.ones(2))
+        finally:
+            release.set()
+
+    for _ in range(3):
+        inside.clear()
+        release.clear()
+        outcomes, stacks = probe_lib.run_threads([tracer_thread, victim_thread], timeout=60,
+                                                 names=["tracer", "victim"])
+        assert [o.outcome for o in outcomes] == ["ok", "error"]
+        assert "symbolically trace a dynamo-optimized function" in outcomes[1].error
+        assert stacks == {}
+
+
+def test_run_threads_reports_hang_with_all_stacks():
+    never = threading.Event()
+    outcomes, stacks = probe_lib.run_threads([lambda: never.wait(), lambda: None], timeout=0.2,
+                                             names=["stuck", "fine"])
+    try:
+        assert [o.outcome for o in outcomes] == ["hang", "ok"]
+        assert any(name.startswith("stuck") for name in stacks)
+        stuck = next(v for k, v in stacks.items() if k.startswith("stuck"))
+        assert any(f.function == "wait" for f in stuck)
+    finally:
+        never.set()
+
+
+def test_probe_threads_overlapping_make_fx_reports_outcomes(tmp_path):
+    report = probe_lib.probe_threads("compile", 3, backend="aot_eager", timeout=120)
+    assert len(report.threads) == 3
+    assert report.traces >= 1
+    assert set(report.traces_per_thread) <= {"worker-0", "worker-1", "worker-2"}
+    assert report.cache_dir != str(tmp_path / "inductor-cache")  # a fresh dir by default
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+def test_cli_version_and_help():
+    r = invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.startswith("compilewatch ")
+    r = invoke(app, ["probe", "--help"])
+    assert r.exit_code == 0 and "--threads" in r.stdout
+
+
+def test_cli_list_json():
+    rows = invoke_json(app, ["probe", "--list"])
+    assert {r["name"] for r in rows} == {"create_block_mask", "flex_attention", "compile"}
+
+
+def test_cli_probe_create_block_mask_json():
+    data = invoke_json(app, ["probe", "create_block_mask"])
+    assert data["traces"] == [] and data["ok"] is True
+    assert data["counters"]["frames_total"] == 0
+
+
+def test_cli_probe_human_output_says_it_does_not_trace():
+    r = invoke(app, ["probe", "create_block_mask"])
+    assert r.exit_code == 0
+    assert "Tracer.trace entries: 0" in r.stdout
+    assert "does not trace" in r.stdout
+
+
+@pytest.mark.parametrize("args", [["probe", "nope"], ["probe", "create_block_mask", "--device", "cuda:7"],
+                                  ["probe", "create_block_mask", "--device", "tpu"], ["probe"]])
+def test_cli_bad_input_exits_2_without_traceback(args):
+    r = invoke(app, args)
+    assert r.exit_code == 2
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "error:" in r.stderr
+
+
+def test_cli_target_failure_exits_1(tmp_path):
+    target = tmp_path / "boom.py"
+    target.write_text("def run():\n    raise RuntimeError('nope')\n")
+    data = invoke_json(app, ["probe", f"{target}:run"], expect_code=1)
+    assert data["error"] == "RuntimeError: nope"
+
+
+def test_cli_threads_json(tmp_path):
+    r = invoke(app, ["probe", "compile", "--backend", "aot_eager", "--threads", "2", "--timeout", "120", "--json"])
+    data = json.loads(r.stdout)
+    assert [t["name"] for t in data["threads"]] == ["worker-0", "worker-1"]
+    failed = any(t["outcome"] != "ok" for t in data["threads"]) or data["fx_flag_stuck"]
+    assert r.exit_code == (1 if failed else 0)
