@@ -135,8 +135,11 @@ class OptimConfig:
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
     beta1: float = 0.9
+    """AdamW β1."""
     beta2: float = 0.95
+    """AdamW β2 (0.95: steadier than 0.999 for short, high-lr runs)."""
     eps: float = 1e-8
+    """AdamW ε."""
     clip: float = 1.0
     """Gradient-norm clip (paper: 1.0); 0 disables."""
 

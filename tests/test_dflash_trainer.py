@@ -133,3 +133,21 @@ def test_lr_schedules():
     wsd = OptimConfig(lr=1.0, schedule="wsd", warmup_ratio=0.1, decay_ratio=0.2)
     w = [lr_at(s, 100, wsd) for s in range(100)]
     assert w[10:80] == [1.0] * 70 and w[-1] == pytest.approx(0.0) and w[85] < 1.0
+
+
+def test_split_global_batch_gives_the_same_step(tmp_path, chat_file):
+    """A global batch split into micro-batches (accumulation, or replicas summing gradients) takes the
+    same optimizer step as the whole batch at once: the loss denominator is global."""
+    from dflash.data import Batch
+
+    cfg = small_config(tmp_path / "x", chat_file, **{"data.batch_size": 8})
+    a = Trainer.from_config(cfg)
+    b = Trainer.from_config(small_config(tmp_path / "y", chat_file, **{"data.batch_size": 8}))
+    whole = a.micro_batches(0)[0]
+    halves = [Batch(**{k: getattr(whole, k)[sl] for k in whole.__dataclass_fields__}) for sl in (slice(0, 3), slice(3, 8))]
+    ma, mb = a.train_step([whole]), b.train_step(halves)
+    assert ma.loss == pytest.approx(mb.loss, rel=1e-6) and ma.tokens == mb.tokens
+    for (n, p), (_, q) in zip(a.drafter.named_parameters(), b.drafter.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
+    a.close()
+    b.close()
