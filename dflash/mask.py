@@ -24,6 +24,7 @@ import functools
 from typing import Callable, Literal
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from compilewatch.errors import BadInput
 
@@ -62,8 +63,6 @@ def dense_mask(mask_mod: Callable, batch: int, q_len: int, kv_len: int, device) 
 
 
 def is_block_mask(mask) -> bool:
-    from torch.nn.attention.flex_attention import BlockMask
-
     return isinstance(mask, BlockMask)
 
 
@@ -74,7 +73,6 @@ def flex_compiles_on(device_type: str) -> bool:
         return False
     try:
         import triton  # noqa: F401
-        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
     except ImportError:
         return False
     return True
@@ -106,8 +104,6 @@ def use_compiled_flex(enabled: bool) -> None:
 
 @functools.cache
 def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -115,8 +111,6 @@ def flex_attention_fn(device: torch.device) -> Callable:
     """Compiled flex_attention on CUDA; the eager (dense math, forward-only) one elsewhere."""
     if device.type == "cuda" and _USE_COMPILED_FLEX:
         return _compiled_flex()
-    from torch.nn.attention.flex_attention import flex_attention
-
     return flex_attention
 
 
@@ -137,8 +131,6 @@ def build_masks(anchors: torch.Tensor, ctx_len: int, block_size: int, backend: B
     out: dict = {"full": None, "sliding": None}
     for kind, mod in mods.items():
         if backend == "flex":
-            from torch.nn.attention.flex_attention import create_block_mask
-
             # compiled create_block_mask avoids a dense Q×KV grid; it fails for Q_LEN <= 128 (pytorch#160018)
             compile_it = anchors.device.type == "cuda" and q_len > 128
             out[kind] = create_block_mask(mod, batch, None, q_len, kv_len, device=anchors.device, _compile=compile_it)

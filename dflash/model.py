@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dflash import mask as masks
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class DrafterSpec:
@@ -92,8 +94,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
     """Masked attention with GQA. `mask` is a flex BlockMask, a dense bool (B, 1, Q, KV), or None (all)."""
-    from dflash import mask as masks
-
     if masks.is_block_mask(mask):
         with torch.autocast(q.device.type, enabled=False):  # q, k, v already share the compute dtype
             return masks.flex_attention_fn(q.device)(q, k, v, block_mask=mask, enable_gqa=True)

@@ -297,9 +297,9 @@ class Trainer:
             lm = torch.zeros(1, seq, dtype=torch.bool)
             lm[0, :n] = s.loss_mask[:n]
             na = self.cfg.data.num_anchors
-            b = Batch(input_ids=ids.expand(self.cfg.data.batch_size, -1), loss_mask=lm.expand(self.cfg.data.batch_size, -1),
-                      lengths=torch.full((self.cfg.data.batch_size,), n), anchors=torch.zeros(self.cfg.data.batch_size, na, dtype=torch.long),
-                      anchor_valid=torch.ones(self.cfg.data.batch_size, na, dtype=torch.bool))
+            bs = self.cfg.data.batch_size
+            b = Batch(input_ids=ids.repeat(bs, 1), loss_mask=lm.repeat(bs, 1), lengths=torch.full((bs,), n),
+                      anchors=torch.zeros(bs, na, dtype=torch.long), anchor_valid=torch.ones(bs, na, dtype=torch.bool))
             self.forward_backward(b, torch.tensor(1.0, device=self.device))
         self.optimizer.zero_grad(set_to_none=True)
 

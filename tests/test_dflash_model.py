@@ -109,3 +109,24 @@ def test_context_cache_matches_full_context():
     d(blocks, ctx[:, :6], torch.arange(6, 10)[None], torch.arange(6)[None], cache=cache)
     out = d(blocks, ctx[:, 6:], pos, torch.arange(6, 10)[None], cache=cache)
     torch.testing.assert_close(out, ref)
+
+
+def test_drafter_compiles_as_one_graph():
+    """fullgraph=True: no graph break anywhere in the drafter (what `torch.compile` of layers relies on)."""
+    import torch._dynamo
+
+    torch.manual_seed(4)
+    d = make_drafter()
+    anchors, seq = torch.tensor([[3, 9]]), 16
+    ctx, blocks = torch.randn(1, seq, 64), torch.randn(1, 8, 32)
+    pos = (anchors[:, :, None] + torch.arange(4)).view(1, 8)
+    masks = build_masks(anchors, seq, 4, "sdpa")
+    ref = d(blocks, ctx, pos, torch.arange(seq)[None], masks=masks)
+    torch._dynamo.reset()
+    compiled = torch.compile(d, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(blocks, ctx, pos, torch.arange(seq)[None], masks=masks), ref)
+    with torch.no_grad():  # the flex path too (forward only: no flex backward on CPU)
+        flex_masks = build_masks(anchors, seq, 4, "flex")
+        torch.testing.assert_close(compiled(blocks, ctx, pos, torch.arange(seq)[None], masks=flex_masks), ref,
+                                   atol=1e-5, rtol=1e-4)
+    torch._dynamo.reset()

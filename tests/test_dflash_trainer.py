@@ -151,3 +151,16 @@ def test_split_global_batch_gives_the_same_step(tmp_path, chat_file):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
     a.close()
     b.close()
+
+
+def test_prewarm_runs_every_bucket_without_updating(tmp_path, chat_file):
+    t = Trainer.from_config(small_config(tmp_path, chat_file))
+    before = {k: v.clone() for k, v in t.drafter.state_dict().items()}
+    seen = []
+    original = t.forward_backward
+    t.forward_backward = lambda b, d, timer=None: (seen.append(b.input_ids.shape[1]), original(b, d, timer))[1]
+    t.prewarm()
+    t.close()
+    assert seen == list(t.dataset.buckets) and all(p.grad is None for p in t.drafter.parameters())
+    for k, v in t.drafter.state_dict().items():
+        assert torch.equal(v, before[k])
