@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash.config import Config, EvalConfig, apply_overrides, tiny
+from dflash.config import Config, apply_overrides, tiny
 
 SMALL_CONVS = 64  # conversations in the shared test dataset
 
@@ -81,5 +81,4 @@ def write_jsonl(path: Path, rows) -> Path:
     return path
 
 
-__all__ = ["tiny_target", "chat_file", "local_target_dir", "small_config", "record_losses", "write_jsonl",
-           "EvalConfig"]
+__all__ = ["tiny_target", "chat_file", "local_target_dir", "small_config", "record_losses", "write_jsonl"]
