@@ -14,6 +14,7 @@ depend only on the seed, so a resumed run repeats an uninterrupted one step for 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -185,6 +186,9 @@ class Trainer:
         drafter = DFlashDrafter(spec)
         drafter.init_weights(torch.Generator().manual_seed(cfg.train.seed))
         drafter.to(device)
+        if cfg.train.compile_layers and device.type == "cuda":
+            for layer in drafter.layers:
+                layer.compile(dynamic=False)  # parameters and state_dict keep their names
         state = None
         if start is not None:
             state = ckpt.load_training_state(start)
@@ -364,11 +368,14 @@ class Trainer:
 
         self.on_event("phase", {"name": "eval", "prompts": len(self.eval_convs)})
         self.drafter.eval()
+        # decoding shapes change every round: run compiled layers eagerly instead of recompiling them
+        stance = torch.compiler.set_stance("force_eager") if self.cfg.train.compile_layers else contextlib.nullcontext()
         try:
             prompts = prompt_ids(self.target.tokenizer, self.eval_convs)
-            return evaluate(DrafterProposer(self.drafter, self.target), self.target, prompts,
-                            self.cfg.eval.max_new_tokens, self.cfg.drafter.block_size,
-                            progress=lambda d, n: self.on_event("eval", {"done": d, "total": n}))
+            with stance:
+                return evaluate(DrafterProposer(self.drafter, self.target), self.target, prompts,
+                                self.cfg.eval.max_new_tokens, self.cfg.drafter.block_size,
+                                progress=lambda d, n: self.on_event("eval", {"done": d, "total": n}))
         finally:
             self.drafter.train()
 

@@ -48,3 +48,16 @@ def test_tiny_training_on_gpu_with_flex_and_bf16(tmp_path, chat_file):
     finally:
         t.close()
     assert r.steps == 8 and all(torch.isfinite(torch.tensor(loss)) for _, loss in losses)
+
+
+def test_compiled_layers_train_and_eval_on_gpu(tmp_path, chat_file):
+    from dflash.trainer import Trainer
+
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{
+        "train.device": "cuda", "train.max_steps": 4, "train.compile_layers": "true", "eval.at_end": "true",
+        "eval.num_prompts": 2, "eval.max_new_tokens": 16}))
+    try:
+        r = t.train()
+    finally:
+        t.close()
+    assert r.steps == 4 and r.eval.outputs_match
