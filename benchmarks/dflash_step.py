@@ -5,9 +5,9 @@ Runs the trainer's own step code (dflash.trainer.drafter_loss: model, mask, loss
 autocast, as `dflash train` does on GPU. Modes:
 
   flex-compiled     BlockMask from create_block_mask + torch.compile(flex_attention)   (the default path)
-  flex-eager        the same BlockMask, flex_attention uncompiled (dense math, materializes Q·Kᵀ)
+  drafter-compiled  flex-compiled, plus torch.compile of every decoder layer (train.compile_layers)
   sdpa-dense        a dense boolean mask from the same mask_mod + scaled_dot_product_attention (fallback)
-  drafter-compiled  flex-compiled, plus torch.compile of every decoder layer
+  flex-eager        the same BlockMask, flex_attention uncompiled (dense math, materializes Q·Kᵀ)
 
 Reports per mode: ms per step (median), sequence tokens/s, block tokens/s, model FLOPs per step
 (analytic, attention counted over the mask's visible pairs only; the mask build is inside the step and
@@ -40,7 +40,7 @@ from dflash.loss import loss_weights, make_blocks, weight_sum  # noqa: E402
 from dflash.model import DFlashDrafter, DrafterSpec, default_layer_ids  # noqa: E402
 from dflash.trainer import drafter_loss  # noqa: E402
 
-MODES = ("flex-compiled", "flex-eager", "sdpa-dense", "drafter-compiled")
+MODES = ("flex-compiled", "drafter-compiled", "sdpa-dense", "flex-eager")  # the memory-hungry one last
 
 
 @dataclass(frozen=True)
@@ -117,11 +117,13 @@ def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int,
     if mode in ("flex-compiled", "flex-eager", "drafter-compiled") and device.type != "cuda":
         return ModeResult(mode, "skipped", "flex_attention has no backward on CPU (FACTS §2)")
     torch.compiler.reset()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     masks.use_compiled_flex(mode != "flex-eager")
     drafter, embed, head, ids, taps, anchors = build(s, device)
     if mode == "drafter-compiled":
         for layer in drafter.layers:
-            layer.compile()
+            layer.compile(dynamic=False)  # what train.compile_layers does
     backend = "sdpa" if mode == "sdpa-dense" else "flex"
     batch = Batch(input_ids=ids, loss_mask=torch.ones_like(ids, dtype=torch.bool),
                   lengths=torch.full((s.batch,), s.seq, device=device), anchors=anchors,
