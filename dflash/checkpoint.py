@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from compilewatch.errors import BadInput
-from compilewatch.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from compilewatch.fsutil import FILE_MODE, atomic_write_bytes, atomic_write_json, atomic_write_text
 from dflash.model import DFlashDrafter, DrafterSpec
 
 EXPORT_FILES = ("config.json", "model.safetensors")
@@ -101,23 +101,9 @@ def _stage_dir(final: Path) -> Path:
     return stage
 
 
-def _read_umask() -> int:
-    mask = os.umask(0)  # the only portable way to read it; done once, at import (before any threads)
-    os.umask(mask)
-    return mask
-
-
-_FILE_MODE = 0o666 & ~_read_umask()
-
-
-def _umask_mode() -> int:
-    return _FILE_MODE
-
-
 def _publish(stage: Path, final: Path) -> None:
-    mode = _umask_mode()  # atomic writes start from mkstemp's 0600; serving engines may run as another user
-    for f in stage.iterdir():
-        os.chmod(f, mode)
+    for f in stage.iterdir():  # files written directly (training state) get the same mode as atomic ones
+        os.chmod(f, FILE_MODE)
     if final.exists():
         final.rename(final.with_name(f"{final.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}"))
     os.replace(stage, final)
@@ -155,7 +141,6 @@ def save_checkpoint(run_dir: Path, step: int, drafter: DFlashDrafter, export_dty
         shutil.rmtree(stage, ignore_errors=True)
         raise
     atomic_write_text(ckdir / "latest", final.name + "\n")
-    os.chmod(ckdir / "latest", _umask_mode())
     return final
 
 
