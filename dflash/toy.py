@@ -6,9 +6,9 @@ Not DFlash: a stand-in with the same moving parts, cheap enough for a 2-core CPU
   `{"x": inputs, "y": tanh(inputs @ W)}`.
 - Drafter, `variant="mlp"`: Linear-Tanh-Linear regressing y from x (MSE).
   `variant="attention"`: one causal self-attention layer over (batch, seq, dim) sequences, the
-  seeds' shape of the problem: on CUDA it calls a compiled `flex_attention` with a causal block mask,
-  forward and backward (what hung three drafter threads); on CPU, where flex has no backward, a
-  compiled dense causal attention.
+  seeds' shape of the problem: on CUDA it calls `flex_attention` with a causal block mask, forward
+  and backward (compiled with `attention_backend="inductor"`, that is what hung three drafter
+  threads); on CPU, where flex has no backward, dense causal attention (compiled likewise).
 - `compile_backend`: compile each replica's forward with torch.compile (each replica its own
   compiled wrapper, as the seeds' trainer did); None = eager.
 - `weighted`: return `(mean loss, rows)` after backpropagating the batch's sum, so the engine
@@ -42,6 +42,8 @@ class ToySpec:
     lr: float = 1e-2
     clip: float = 1.0
     compile_backend: str | None = None
+    attention_backend: str | None = None  # compile the attention call alone (CUDA: flex_attention; CPU: dense)
+    autocast: bool = False  # bf16 autocast on CUDA
     trace_first_step: bool = False
     on_trace: Callable[[Replica], None] | None = None
     shape_at: dict[int, int] | None = None  # item index -> a different batch size (a late recompile)
@@ -117,9 +119,10 @@ def toy_program(spec: ToySpec = ToySpec()) -> Program:
 
             model.block_mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, spec.seq, spec.seq,
                                                  device=device)
-            model.attend = torch.compile(flex_attention, backend=spec.compile_backend or "inductor")
-        elif isinstance(model, ToyAttention) and spec.compile_backend:
-            model.attend = torch.compile(_dense_causal, backend=spec.compile_backend)
+            model.attend = (torch.compile(flex_attention, backend=spec.attention_backend) if spec.attention_backend
+                            else flex_attention)
+        elif isinstance(model, ToyAttention) and spec.attention_backend:
+            model.attend = torch.compile(_dense_causal, backend=spec.attention_backend)
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
         fwd = torch.compile(model, backend=spec.compile_backend) if spec.compile_backend else model
         return Replica(index, device, model, opt, {"forward": fwd, "traced": False})
@@ -129,7 +132,11 @@ def toy_program(spec: ToySpec = ToySpec()) -> Program:
             rep.state["traced"] = True
             hook = (lambda: spec.on_trace(rep)) if spec.on_trace is not None else None
             torch.fx.symbolic_trace(_LazyGraph(hook))
-        pred = rep.state["forward"](batch["x"])
+        if spec.autocast and rep.device.startswith("cuda"):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                pred = rep.state["forward"](batch["x"]).float()
+        else:
+            pred = rep.state["forward"](batch["x"])
         if spec.weighted:
             per_row = (pred - batch["y"]).pow(2).flatten(1).mean(-1)  # (rows,)
             per_row.sum().backward()
