@@ -7,9 +7,9 @@ pieces land one by one):
 | seam | compilewatch API | stand-in |
 |---|---|---|
 | `prewarm_replicas` | `compilewatch.warm.prewarm(devices, fn)` (warm pass, then a verify pass under `fail_on_recompile`) | the same two passes as a plain loop |
-| `frozen` | `compilewatch.guard.freeze()` | `torch.compiler.set_stance("fail_on_recompile")` (a process-wide stance: any dynamo compile in any thread raises) |
+| `CompileBarrier` | `compilewatch.guard.CompileGuard`: installed before prewarm, `freeze()` after it | `torch.compiler.set_stance("fail_on_recompile")` at freeze (process-wide: any dynamo compile in any thread raises) |
 | `watching` | `compilewatch.watch(...)` | none (the report says the watcher was not available) |
-| `device_sampler` | `compilewatch.gpus` | `torch.cuda.mem_get_info` / `torch.cuda.utilization`, psutil on CPU |
+| `device_sampler` | per engine device from torch (`mem_get_info`, `memory_allocated`, `utilization`), plus `compilewatch.gpus.sample()` for every GPU on the node | the per-device part only |
 
 Why prewarm runs per replica and not once per device: a compiled callable's cache is per function
 and guards on what it sees; warming every replica (in this thread, one after another) covers both
@@ -107,28 +107,59 @@ def _loop_prewarm(replicas: Sequence[Any], devices: list[str], run_device: Calla
 
 
 # --------------------------------------------------------------------------- freeze
-@contextlib.contextmanager
-def frozen(enabled: bool = True) -> Iterator[str]:
-    """While inside: compiling is forbidden in every thread (a compile raises a clear error instead
-    of racing with other threads' compiled calls). Yields what enforces it."""
-    if not enabled:
-        yield "off"
-        return
-    guard = _optional("compilewatch.guard")
-    if guard is not None and hasattr(guard, "freeze"):
-        token = guard.freeze()
-        try:
-            yield "compilewatch.guard"
-        finally:
-            for name in ("unfreeze", "thaw"):
-                if hasattr(guard, name):
-                    getattr(guard, name)(token) if token is not None else getattr(guard, name)()
-                    break
-        return
-    import torch
+class CompileBarrier:
+    """Installed before prewarm, frozen after it, closed when the workers are done.
 
-    with torch.compiler.set_stance("fail_on_recompile"):
-        yield "set_stance(fail_on_recompile)"
+    With compilewatch.guard: a `CompileGuard` (which also makes the FX flag per thread where the
+    installed torch allows it); `freeze()` makes any later compile, in any thread, raise GuardError
+    naming the function and the guard failure. Stand-in: `freeze()` sets the process-wide stance
+    `fail_on_recompile` (a dynamo compile in any thread raises; no thread-local flag)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.kind = "off"
+        self._guard: Any = None
+        self._stance: Any = None
+        if not enabled:
+            return
+        guard_mod = _optional("compilewatch.guard")
+        if guard_mod is not None and hasattr(guard_mod, "CompileGuard"):
+            self._guard = guard_mod.CompileGuard().install()
+            tl = " + thread-local FX flag" if getattr(self._guard, "thread_local", False) else ""
+            self.kind = f"compilewatch.guard{tl}"
+        else:
+            self.kind = "set_stance(fail_on_recompile)"
+
+    def freeze(self) -> None:
+        if self._guard is not None:
+            self._guard.freeze()
+        elif self.enabled and self._stance is None:
+            import torch
+
+            self._stance = torch.compiler.set_stance("fail_on_recompile")
+            self._stance.__enter__()
+
+    def close(self) -> None:
+        if self._guard is not None:
+            self._guard.close()
+            self._guard = None
+        if self._stance is not None:
+            self._stance.__exit__(None, None, None)
+            self._stance = None
+
+    def __enter__(self) -> "CompileBarrier":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_BLOCKED = ("GuardError", "stance is 'fail_on_recompile'")
+
+
+def is_blocked_compile(error: str) -> bool:
+    """Did this error come from the barrier refusing a compile after freeze?"""
+    return any(m in error for m in _BLOCKED)
 
 
 # --------------------------------------------------------------------------- watch
@@ -155,12 +186,19 @@ def watch_summary(w: Any) -> Any:
 @dataclass(frozen=True, slots=True)
 class DeviceSample:
     device: str
-    memory_used_bytes: int | None  # device memory in use (all processes on a GPU; this process's RSS on CPU)
+    memory_used_bytes: int | None  # GPU: in use on the device by every process; CPU: this process's RSS
     memory_total_bytes: int | None
-    utilization_pct: float | None  # GPU busy %, or this process's CPU %
+    allocated_bytes: int | None  # this process's tensors on the device (torch's allocator; None on CPU)
+    utilization_pct: float | None  # GPU busy % over the last sample period (NVML); CPU: this process's CPU %
 
 
-def _torch_sample(devices: Sequence[str]) -> list[DeviceSample]:
+@dataclass(frozen=True, slots=True)
+class Samples:
+    devices: tuple[DeviceSample, ...]  # the engine's devices, as torch numbers them
+    gpus: tuple[Any, ...] = ()  # every GPU on the node (compilewatch.gpus.sample(), NVML order), when available
+
+
+def _device_samples(devices: Sequence[str]) -> tuple[DeviceSample, ...]:
     import torch
 
     out = []
@@ -172,24 +210,37 @@ def _torch_sample(devices: Sequence[str]) -> list[DeviceSample]:
             except Exception:  # noqa: BLE001 - a broken device still gets a row
                 used = total = None
             try:
-                util: float | None = float(torch.cuda.utilization(d))
+                alloc: int | None = int(torch.cuda.memory_allocated(d))
+            except Exception:  # noqa: BLE001
+                alloc = None
+            try:
+                util: float | None = float(torch.cuda.utilization(d))  # NVML, mapped through CUDA_VISIBLE_DEVICES
             except Exception:  # noqa: BLE001 - needs NVML
                 util = None
-            out.append(DeviceSample(d, used, total, util))
+            out.append(DeviceSample(d, used, total, alloc, util))
         else:
             try:
                 import psutil
 
                 p = psutil.Process()
-                out.append(DeviceSample(d, p.memory_info().rss, psutil.virtual_memory().total, p.cpu_percent(None)))
+                out.append(DeviceSample(d, p.memory_info().rss, psutil.virtual_memory().total, None,
+                                        p.cpu_percent(None)))
             except Exception:  # noqa: BLE001
-                out.append(DeviceSample(d, None, None, None))
-    return out
+                out.append(DeviceSample(d, None, None, None, None))
+    return tuple(out)
 
 
-def device_sampler() -> Callable[[Sequence[str]], list[Any]]:
-    """A callable: devices -> one sample per device (memory in use, utilization)."""
+def device_sampler() -> Callable[[Sequence[str]], Samples]:
+    """A callable: the engine's devices -> Samples (per engine device, plus the node's GPUs)."""
     gpus = _optional("compilewatch.gpus")
-    if gpus is not None and hasattr(gpus, "sample"):
-        return lambda devices: list(gpus.sample(_unique(devices)))
-    return _torch_sample
+    node = getattr(gpus, "sample", None) if gpus is not None else None
+
+    def sample(devices: Sequence[str]) -> Samples:
+        node_samples: tuple[Any, ...] = ()
+        if node is not None and any(d.startswith("cuda") for d in devices):
+            try:
+                node_samples = tuple(node())
+            except Exception:  # noqa: BLE001 - best effort
+                node_samples = ()
+        return Samples(_device_samples(devices), node_samples)
+    return sample

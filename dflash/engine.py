@@ -155,7 +155,7 @@ class StepRecord:
     barrier_s: tuple[float, ...]  # per replica: waiting for the slowest replica (previous step's barrier wait)
     reduce_s: float  # averaging gradients
     tokens: int | None
-    samples: tuple[Any, ...] = ()  # device samples, every `sample_every` steps
+    samples: Any = None  # compile_safety.Samples every `sample_every` steps (memory, utilization)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +238,7 @@ class _Live:
 class Engine:
     def __init__(self, program: Program, config: EngineConfig, *, on_step: Callable[[StepRecord], None] | None = None,
                  on_workers_start: Callable[[], None] | None = None,
-                 sampler: Callable[[Any], list[Any]] | None = None) -> None:
+                 sampler: Callable[[Any], Any] | None = None) -> None:
         self.program = program
         self.config = config
         self.on_step = on_step
@@ -272,36 +272,37 @@ class Engine:
         self._barrier_s = [0.0] * R
 
         pre = None
-        if cfg.prewarm:
-            warm = self.program.warm or self._default_warm(producers[0])
-            pre = compile_safety.prewarm_replicas(self.replicas, warm)
-            if not pre.ok:
-                return self._report("prewarm_failed", producers=0, wall=0.0, setup_s=setup_s, pre=pre, guard="off",
-                                    watch=None, dumped={}, saved=None)
-
         interrupted = False
         saved = None
         dumped: dict[str, tuple[Frame, ...]] = {}
         outcome: Outcome = "ok"
-        with compile_safety.frozen(cfg.guard) as guard_kind, \
-                compile_safety.watching(cfg.watch, stall_after=cfg.stall_after, report=cfg.watch_report) as watcher:
-            if watcher is not None and hasattr(watcher, "mark_warm"):
-                watcher.mark_warm()
-            self._barrier = threading.Barrier(R, action=self._commit_step)
-            self._router = BatchRouter(len(producers), cfg.queue_depth, self._stop)
-            self._start_threads(producers)
-            w0 = time.perf_counter()
-            try:
-                outcome, dumped = self._monitor()
-            except KeyboardInterrupt:
-                interrupted, outcome = True, "interrupted"
-            finally:
-                self._stop.set()
-                self._barrier.abort()
-                still = self._join()
-                if still and not dumped:
-                    dumped = {k: tuple(v) for k, v in stacks.all_thread_stacks().items()}
-            wall = time.perf_counter() - w0
+        with compile_safety.CompileBarrier(cfg.guard) as barrier:
+            if cfg.prewarm:
+                warm = self.program.warm or self._default_warm(producers[0])
+                pre = compile_safety.prewarm_replicas(self.replicas, warm)
+                if not pre.ok:
+                    return self._report("prewarm_failed", producers=0, wall=0.0, setup_s=setup_s, pre=pre,
+                                        guard=barrier.kind, watch=None, dumped={}, saved=None)
+            barrier.freeze()
+            with compile_safety.watching(cfg.watch, stall_after=cfg.stall_after, report=cfg.watch_report) as watcher:
+                if watcher is not None and hasattr(watcher, "mark_warm"):
+                    watcher.mark_warm()
+                self._barrier = threading.Barrier(R, action=self._commit_step)
+                self._router = BatchRouter(len(producers), cfg.queue_depth, self._stop)
+                self._start_threads(producers)
+                w0 = time.perf_counter()
+                try:
+                    outcome, dumped = self._monitor()
+                except KeyboardInterrupt:
+                    interrupted, outcome = True, "interrupted"
+                finally:
+                    self._stop.set()
+                    self._barrier.abort()
+                    still = self._join()
+                    if still and not dumped:
+                        dumped = {k: tuple(v) for k, v in stacks.all_thread_stacks().items()}
+                wall = time.perf_counter() - w0
+        guard_kind = barrier.kind
         watch = compile_safety.watch_summary(watcher)
         if interrupted and self.program.save is not None:
             saved = self._save_after_interrupt()
@@ -427,13 +428,13 @@ class Engine:
         reduce_s = time.perf_counter() - t0
         now = time.monotonic()
         tokens = None if any(s[4] is None for s in slots) else sum(s[4] for s in slots)  # type: ignore[misc]
-        samples: tuple[Any, ...] = ()
+        samples: Any = None
         done = step + 1
         if cfg.sample_every and (done % cfg.sample_every == 0 or done == cfg.steps):
             try:
-                samples = tuple(self.sampler(self._all_devices()))
+                samples = self.sampler(self._all_devices())
             except Exception:  # noqa: BLE001 - sampling is best effort
-                samples = ()
+                samples = None
         rec = StepRecord(step, sum(s[0] for s in slots) / total_weight, now - self._last_commit,
                          tuple(s[2] for s in slots), tuple(s[3] for s in slots), tuple(self._barrier_s), reduce_s,
                          tokens, samples)
@@ -506,7 +507,6 @@ class Engine:
 
 _RACE = "symbolically trace a dynamo-optimized function"
 _PATCHED_CALL = "module is not installed as a submodule"
-_LATE_COMPILE = "stance is 'fail_on_recompile'"
 
 
 def _verdicts(r: EngineReport, cfg: EngineConfig) -> list[str]:
@@ -543,7 +543,7 @@ def _verdicts(r: EngineReport, cfg: EngineConfig) -> list[str]:
             out.append("that is the cross-thread trace race: another thread's FX trace had patched nn.Module.__call__ "
                        "for every thread, and this thread's module call went through it. Run with prewarm and the "
                        "guard on.")
-        if _LATE_COMPILE in f.error:
+        if compile_safety.is_blocked_compile(f.error):
             out.append("something compiled after prewarm (a shape or dtype the warm step did not cover): the guard "
                        "stopped it instead of letting it race. Warm every shape training uses (bucket lengths).")
     if r.outcome == "stalled":
@@ -559,8 +559,26 @@ def _verdicts(r: EngineReport, cfg: EngineConfig) -> list[str]:
     if r.max_param_diff is not None and R > 1:
         out.append("replicas identical (max parameter difference 0)." if r.max_param_diff == 0.0 else
                    f"replicas differ: max parameter difference {r.max_param_diff:g}.")
+    out += _imbalance(r)
     if r.watch is not None:
         out += [f"watch: {v}" for v in getattr(r.watch, "verdicts", ())]
+    return out
+
+
+def _imbalance(r: EngineReport, ratio: float = 0.6) -> list[str]:
+    """A drafter device far below the others in utilization or memory: idle, starved, or dead."""
+    last = next((s.samples for s in reversed(r.steps) if s.samples is not None), None)
+    rows = [d for d in getattr(last, "devices", ()) if d.device in r.drafter_devices]
+    out = []
+    for field_name, what in (("utilization_pct", "utilization"), ("allocated_bytes", "memory")):
+        vals = {d.device: getattr(d, field_name) for d in rows if getattr(d, field_name) is not None}
+        if len(vals) < 2:
+            continue
+        top = max(vals.values())
+        low = {d: v for d, v in vals.items() if top > 0 and v < ratio * top}
+        for d, v in low.items():
+            out.append(f"drafter device {d} is at {v:,.0f} {what} vs {top:,.0f} on the busiest drafter device: "
+                       "idle, starved or dead (see the threads' phases).")
     return out
 
 
