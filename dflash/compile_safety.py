@@ -68,6 +68,26 @@ def prewarm_replicas(replicas: Sequence[Any], warm: Callable[[Any], None], *,
                 r.model.zero_grad(set_to_none=True)
 
     t0 = time.perf_counter()
+    with _room_for_every_replica(len(replicas)):
+        return _prewarm(replicas, devices, run_device, t0, progress)
+
+
+@contextlib.contextmanager
+def _room_for_every_replica(n: int) -> Iterator[None]:
+    """Dynamo keeps at most `recompile_limit` (default 8) variants per function, then silently runs
+    it eagerly. Guards include the device, so shapes x devices can exceed 8 (4 buckets x 3 drafter
+    devices = 12): raise the limit while prewarm compiles (in this thread). Later lookups in worker
+    threads do not check the limit."""
+    import torch._dynamo.config as dc
+
+    name = "recompile_limit" if hasattr(dc, "recompile_limit") else "cache_size_limit"
+    current = getattr(dc, name)
+    with dc.patch(**{name: max(current, 8 * n)}):
+        yield
+
+
+def _prewarm(replicas: Sequence[Any], devices: list[str], run_device: Callable[[str], None], t0: float,
+             progress: Callable[[Any], None] | None) -> PrewarmResult:
     warm_mod = _optional("compilewatch.warm")
     if warm_mod is not None and hasattr(warm_mod, "prewarm"):
         rep = warm_mod.prewarm(devices, run_device, verify=True, strict=True, progress=progress,

@@ -90,7 +90,9 @@ class Program:
     """Forward and backward at every shape training uses, without stepping (default: forward_backward
     on `produce(0)` of the first target device)."""
     save: Callable[[Replica, int], Any] | None = None
-    """Ctrl-C: called with replica 0 and the number of completed steps; its return value is reported."""
+    """Checkpoint: called with replica 0 and the number of completed steps, every `save_every` steps
+    (inside the step barrier, while no replica moves), at the end of a successful run, and on
+    Ctrl-C. Its return values are in the report (`saved`)."""
     move: Callable[[Any, str], Any] = move_to
     """Moves a batch from the target device to a drafter device (in the drafter's thread)."""
     tokens: Callable[[Any], int] | None = None
@@ -125,6 +127,8 @@ class EngineConfig:
     """Sample device memory/utilization every N steps (0: never)."""
     verify_every: int = 0
     """Check that replicas are identical every N steps (0: only at the end)."""
+    save_every: int = 0
+    """Call the program's `save` every N steps (0: only at the end and on Ctrl-C)."""
     join_timeout: float = 10.0
     """How long to wait for threads to leave once the run stops."""
     keep_steps: int = 10_000
@@ -143,6 +147,8 @@ class EngineConfig:
             raise ValueError("queue_depth: must be >= 1")
         if self.stall_after <= 0:
             raise ValueError("stall_after: must be > 0 seconds")
+        if self.save_every < 0:
+            raise ValueError("save_every: must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +206,7 @@ class EngineReport:
     stacks: dict[str, tuple[Frame, ...]]  # every thread's stack on a stall, or when threads did not stop
     max_param_diff: float | None  # between replicas at the end (0.0: identical)
     watch: Any  # compilewatch WatchSummary, or None when the watcher did not run
-    saved: Any  # what the save hook returned on Ctrl-C
+    saved: tuple[Any, ...]  # what the save hook returned, in order (periodic, final or Ctrl-C)
     verdicts: tuple[str, ...]
 
     @property
@@ -255,6 +261,8 @@ class Engine:
         self._slots: list[tuple[float, float, float, float, int | None]] = []  # loss·w, w, wait, compute, tokens
         self._barrier_s: list[float] = []
         self._live: list[_Live] = []
+        self._saved: list[Any] = []
+        self._saved_at: int | None = None
 
     # ------------------------------------------------------------------ public
     def run(self) -> EngineReport:
@@ -273,7 +281,6 @@ class Engine:
 
         pre = None
         interrupted = False
-        saved = None
         dumped: dict[str, tuple[Frame, ...]] = {}
         outcome: Outcome = "ok"
         with compile_safety.CompileBarrier(cfg.guard) as barrier:
@@ -282,7 +289,7 @@ class Engine:
                 pre = compile_safety.prewarm_replicas(self.replicas, warm)
                 if not pre.ok:
                     return self._report("prewarm_failed", producers=0, wall=0.0, setup_s=setup_s, pre=pre,
-                                        guard=barrier.kind, watch=None, dumped={}, saved=None)
+                                        guard=barrier.kind, watch=None, dumped={})
             barrier.freeze()
             with compile_safety.watching(cfg.watch, stall_after=cfg.stall_after, report=cfg.watch_report) as watcher:
                 if watcher is not None and hasattr(watcher, "mark_warm"):
@@ -304,10 +311,10 @@ class Engine:
                 wall = time.perf_counter() - w0
         guard_kind = barrier.kind
         watch = compile_safety.watch_summary(watcher)
-        if interrupted and self.program.save is not None:
-            saved = self._save_after_interrupt()
+        if self.program.save is not None and (outcome == "ok" or interrupted):
+            self._save_at_end()
         return self._report(outcome, producers=len(producers), wall=wall, setup_s=setup_s, pre=pre, guard=guard_kind,
-                            watch=watch, dumped=dumped, saved=saved)
+                            watch=watch, dumped=dumped)
 
     def interrupt(self) -> None:
         """Ask the run to stop as if Ctrl-C was pressed (from any thread)."""
@@ -418,12 +425,14 @@ class Engine:
         """The barrier's action (in the last thread to arrive): average gradients, record the step."""
         cfg = self.config
         step = self._committed
+        if cfg.save_every and step > cfg.start_step and step % cfg.save_every == 0 and self.program.save is not None:
+            # every replica waits in the barrier and has applied steps < `step`: a consistent state
+            self._saved.append(self.program.save(self.replicas[0], step))
+            self._saved_at = step
         t0 = time.perf_counter()
         models = [r.model for r in self.replicas]
         slots = list(self._slots)
-        total_weight = sum(s[1] for s in slots)
-        if not total_weight > 0:
-            raise RuntimeError(f"step {step}: the global batch has total loss weight {total_weight} (no labels?)")
+        total_weight = max(sum(s[1] for s in slots), 1e-6)  # a global batch without labels: zero gradient
         _replicas.average_gradients(models, divide_by=total_weight)
         reduce_s = time.perf_counter() - t0
         now = time.monotonic()
@@ -474,16 +483,19 @@ class Engine:
                 lv.thread.join(max(0.0, deadline - time.monotonic()))
         return [lv.name for lv in self._live if lv.thread is not None and lv.thread.is_alive()]
 
-    def _save_after_interrupt(self) -> Any:
+    def _save_at_end(self) -> None:
         rep0 = next(lv for lv in self._live if lv.name == "drafter-0")
-        if rep0.thread is not None and rep0.thread.is_alive() and rep0.phase == "stepping":
-            return None  # replica 0 is inside its optimizer step: its parameters are half updated
-        return self.program.save(self.replicas[0], self._committed)  # type: ignore[misc]
+        if rep0.thread is not None and rep0.thread.is_alive():
+            return  # replica 0 did not stop (blocked inside torch): its state may be half updated
+        if self._saved_at == self._committed:
+            return  # already saved at this step
+        self._saved.append(self.program.save(self.replicas[0], self._committed))  # type: ignore[misc]
+        self._saved_at = self._committed
 
     # ------------------------------------------------------------------ report
     def _report(self, outcome: Outcome, *, producers: int, wall: float, setup_s: float,
                 pre: compile_safety.PrewarmResult | None, guard: str, watch: Any,
-                dumped: dict[str, tuple[Frame, ...]], saved: Any) -> EngineReport:
+                dumped: dict[str, tuple[Frame, ...]]) -> EngineReport:
         cfg = self.config
         recs = tuple(self._records)
         threads = tuple(getattr(self, "_stall_states", None) or [lv.freeze() for lv in self._live])
@@ -499,7 +511,8 @@ class Engine:
             outcome=outcome, target_devices=cfg.target_devices, drafter_devices=cfg.drafter_devices,
             start_step=cfg.start_step, steps_done=self._committed, wall_s=wall, setup_s=setup_s, prewarm=pre,
             guard=guard, steps=recs, tokens_per_s=tokens_per_s, steps_per_s=steps_per_s, wait_fraction=wait_fraction,
-            failure=self._failure, threads=threads, stacks=dumped, max_param_diff=diff, watch=watch, saved=saved,
+            failure=self._failure, threads=threads, stacks=dumped, max_param_diff=diff, watch=watch,
+            saved=tuple(self._saved),
             verdicts=(),
         )
         return dataclasses.replace(report, verdicts=tuple(_verdicts(report, cfg)))
@@ -551,8 +564,8 @@ def _verdicts(r: EngineReport, cfg: EngineConfig) -> list[str]:
         out.append(f"stall: no step completed for {cfg.stall_after:g} s; every thread's stack is in the report. "
                    f"Threads: {states}.")
     if r.outcome == "interrupted":
-        out.append(f"interrupted after {r.steps_done} step(s); " + ("saved." if r.saved is not None else
-                                                                   "nothing saved (no save hook, or replica 0 was mid-step)."))
+        out.append(f"interrupted after {r.steps_done} step(s); " + ("saved." if r.saved else
+                                                                   "nothing saved (no save hook, or replica 0 did not stop)."))
     alive = [t.name for t in r.threads if t.alive]
     if alive:
         out.append(f"still running after the stop (blocked inside torch, cannot be killed): {', '.join(alive)}.")

@@ -235,10 +235,25 @@ def test_ctrl_c_stops_at_a_step_boundary_and_calls_save():
     holder["engine"] = engine
     report = engine.run()
     assert report.outcome == "interrupted"
-    assert saved == [(0, report.steps_done)] and report.saved == f"ckpt-{report.steps_done}"
+    assert saved == [(0, report.steps_done)] and report.saved == (f"ckpt-{report.steps_done}",)
     assert 3 <= report.steps_done < 100_000
     assert report.max_param_diff == 0.0
     assert not any(t.alive for t in report.threads)
+
+
+def test_periodic_and_final_saves_see_consistent_replicas():
+    seen = []
+    holder: dict = {}
+
+    def save(rep, step):
+        eng = holder["engine"]
+        seen.append((step, R.max_parameter_difference([r.model for r in eng.replicas])))
+        return step
+    engine = Engine(wrap(toy_program(), save=save), cfg(steps=7, save_every=3))
+    holder["engine"] = engine
+    report = engine.run()
+    assert report.ok and report.saved == (3, 6, 7)
+    assert all(diff == 0.0 for _, diff in seen)
 
 
 def test_a_failing_prewarm_starts_no_worker():
