@@ -10,7 +10,8 @@ timeout, so a hang cannot block the benchmark:
 
 The drafter is the toy attention model (dflash.toy, `variant="attention"`): on CUDA a compiled
 `flex_attention` with a causal block mask, forward and backward, in bf16 autocast — the piece that
-hung the seeds' drafter threads. `--program dflash` uses the real DFlash trainer instead (tiny recipe).
+hung the seeds' drafter threads. `--program dflash` runs the real DFlash trainer instead (tiny recipe: embedded target, synthetic chat
+data, compiled flex_attention on CUDA) through `dflash.program.train_multi`.
 
     python benchmarks/gpu_engine.py --out results/engine                 # H200 defaults (~4 min)
     python benchmarks/gpu_engine.py --device cpu --tiny --out /tmp/eng   # CPU smoke run (~30 s)
@@ -66,11 +67,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------- child: one case
-def _program(a: argparse.Namespace, device: str):
-    if a.program == "dflash":
-        from dflash.program import dflash_program_for_benchmark
+def _chat_file(path: Path, n: int = 64) -> Path:
+    """Synthetic chat JSONL from the tiny tokenizer's words (no regeneration, no download)."""
+    import random
 
-        return dflash_program_for_benchmark(device, tiny=a.tiny)
+    from dflash.target import tiny_words
+
+    words, rng = tiny_words(), random.Random(0)
+    with open(path, "w") as fh:
+        for _ in range(n):
+            q = " ".join(rng.choice(words) for _ in range(rng.randint(4, 12)))
+            ans = " ".join(rng.choice(words) for _ in range(rng.randint(30, 80)))
+            fh.write(json.dumps({"messages": [{"role": "user", "content": q},
+                                              {"role": "assistant", "content": ans}]}) + "\n")
+    return path
+
+
+def run_dflash_case(a: argparse.Namespace, device: str, flags: dict):
+    """The real trainer (tiny recipe: embedded target, DFlash drafter, compiled flex on CUDA) on the engine."""
+    from dflash.config import apply_overrides, tiny
+    from dflash.program import train_multi
+    from dflash.trainer import Trainer
+
+    work = Path(tempfile.mkdtemp(prefix="gpu-engine-dflash-"))
+    cfg = apply_overrides(tiny(), {
+        "data.path": str(_chat_file(work / "chat.jsonl")), "data.regenerate": False, "train.device": device,
+        "train.max_steps": a.steps, "checkpoint.every": 10 ** 6, "checkpoint.out_dir": str(work / "run"),
+        "metrics.tensorboard": False, "eval.at_end": False})
+    trainer = Trainer.from_config(cfg)
+    try:
+        _, report = train_multi(trainer, (device,) * a.targets, (device,) * a.drafters, stall_after=a.stall_after,
+                                prewarm=flags["prewarm"], guard=flags["guard"])
+    finally:
+        trainer.close()
+    return report
+
+
+def _program(a: argparse.Namespace, device: str):
     from dflash.toy import ToySpec, toy_program
 
     backend = a.backend or ("inductor" if device.startswith("cuda") else "aot_eager")
@@ -90,7 +123,7 @@ def run_case(a: argparse.Namespace) -> int:
                        prewarm=flags["prewarm"], guard=flags["guard"], stall_after=a.stall_after, sample_every=10,
                        join_timeout=5.0)
     t0 = time.perf_counter()
-    report = Engine(_program(a, device), cfg).run()
+    report = run_dflash_case(a, device, flags) if a.program == "dflash" else Engine(_program(a, device), cfg).run()
     data = {"case": a.case, "device": device, "torch": torch.__version__, "total_s": time.perf_counter() - t0,
             "gpu": torch.cuda.get_device_name(device) if device.startswith("cuda") else None,
             "report": to_jsonable(report)}
@@ -146,8 +179,9 @@ def _child(a: argparse.Namespace, case: str, trial: int, out: Path) -> dict:
 
 def _markdown(rows: list[dict], a: argparse.Namespace, meta: dict) -> str:
     lines = [f"# engine on one device: {a.targets} target worker + {a.drafters} drafter threads, cold cache", "",
-             f"device {meta['device']} ({meta.get('gpu') or 'cpu'}), torch {meta['torch']}, program {a.program}, "
-             f"shapes seq={a.seq} dim={a.dim} heads={a.heads} batch={a.batch}, {a.steps} steps, timeout {a.timeout:g} s", "",
+             f"device {meta['device']} ({meta.get('gpu') or 'cpu'}), torch {meta['torch']}, program {a.program} "
+             + (f"(seq={a.seq} dim={a.dim} heads={a.heads} batch={a.batch})" if a.program == "toy" else "(tiny recipe)")
+             + f", {a.steps} steps, timeout {a.timeout:g} s", "",
              "| case | trial | outcome | wall | steps | tokens/s | prewarm | wait % | error |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tps = f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-"
