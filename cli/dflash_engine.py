@@ -63,3 +63,18 @@ def render_engine(report: Any) -> None:
 
 def exit_code(report: Any) -> int:
     return {"ok": 0, "interrupted": 130}.get(report.outcome, 1)
+
+
+def finish(report: Any) -> None:
+    """Exit with the report's code. Threads still blocked inside torch (a stall) cannot be stopped,
+    and letting the interpreter tear down under them can abort the process: leave at once then."""
+    import os
+    import sys
+
+    code = exit_code(report)
+    if any(t.alive for t in report.threads):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        raise typer.Exit(code)

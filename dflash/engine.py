@@ -498,7 +498,10 @@ class Engine:
                 dumped: dict[str, tuple[Frame, ...]]) -> EngineReport:
         cfg = self.config
         recs = tuple(self._records)
-        threads = tuple(getattr(self, "_stall_states", None) or [lv.freeze() for lv in self._live])
+        now = [lv.freeze() for lv in self._live]
+        stalled = getattr(self, "_stall_states", None)
+        # on a stall, each thread's phase when the stall was seen; whether it is still alive: now
+        threads = tuple(dataclasses.replace(t, alive=n.alive) for t, n in zip(stalled, now)) if stalled else tuple(now)
         done = self._committed - cfg.start_step
         toks = [r.tokens for r in recs]
         tokens_per_s = (sum(t for t in toks if t is not None) / wall) if recs and wall > 0 and None not in toks else None

@@ -214,6 +214,8 @@ def test_a_stall_dumps_every_stack_and_stops():
     state = {t.name: t for t in report.threads}
     assert state["drafter-2"].phase == "computing" and state["drafter-2"].step == 2
     assert state["drafter-0"].phase == "at-barrier"
+    assert state["drafter-2"].alive  # still blocked: named in the report as a thread that cannot be killed
+    assert any("cannot be killed" in v and "drafter-2" in v for v in report.verdicts)
     stuck = [frames for name, frames in report.stacks.items() if name.startswith("dflash-drafter-2")]
     assert stuck and any(f.function == "stuck_in_here" for f in stuck[0])
     assert any("stall: no step completed for 0.5 s" in v for v in report.verdicts)
