@@ -37,6 +37,10 @@ CASES = {
     "prewarm": {"prewarm": True, "guard": True},
     "none": {"prewarm": False, "guard": False},
     "guard": {"prewarm": False, "guard": True},
+    # self-tests of the harness (tests/test_gpu_engine_bench.py): a drafter that never returns, seen by
+    # the engine's stall watchdog; a process that never returns, killed at --timeout
+    "selftest-stall": {"prewarm": True, "guard": True},
+    "selftest-hang": {"prewarm": True, "guard": True},
 }
 
 
@@ -111,19 +115,46 @@ def _program(a: argparse.Namespace, device: str):
                                attention_backend=backend, autocast=device.startswith("cuda"), lr=1e-4))
 
 
+def _never_returns_on_step(program, step: int):
+    import dataclasses
+    import threading
+
+    def forward_backward(rep, batch):
+        calls = rep.state["selftest_calls"] = rep.state.get("selftest_calls", 0) + 1
+        if rep.index == 0 and calls == 2 + 1 + step:  # after the warm and verify passes and `step` steps
+            threading.Event().wait()
+        return program.forward_backward(rep, batch)
+    return dataclasses.replace(program, forward_backward=forward_backward)
+
+
 def run_case(a: argparse.Namespace) -> int:
     import torch
 
     from compilewatch.serialize import to_jsonable
     from dflash.engine import Engine, EngineConfig
 
+    import faulthandler
+
+    # a last resort if even the engine's own stall report never comes: every stack, before the kill
+    stacks_fh = open(a.result + ".stacks.txt", "w")
+    faulthandler.dump_traceback_later(max(5.0, a.timeout - 10.0), exit=False, file=stacks_fh)
+    if a.case == "selftest-hang":
+        import threading
+
+        threading.Event().wait()
     device = a.device
     flags = CASES[a.case]
     cfg = EngineConfig(target_devices=(device,) * a.targets, drafter_devices=(device,) * a.drafters, steps=a.steps,
                        prewarm=flags["prewarm"], guard=flags["guard"], stall_after=a.stall_after, sample_every=10,
-                       join_timeout=5.0)
+                       join_timeout=2.0)
     t0 = time.perf_counter()
-    report = run_dflash_case(a, device, flags) if a.program == "dflash" else Engine(_program(a, device), cfg).run()
+    if a.program == "dflash":
+        report = run_dflash_case(a, device, flags)
+    else:
+        program = _program(a, device)
+        if a.case == "selftest-stall":
+            program = _never_returns_on_step(program, 1)
+        report = Engine(program, cfg).run()
     data = {"case": a.case, "device": device, "torch": torch.__version__, "total_s": time.perf_counter() - t0,
             "gpu": torch.cuda.get_device_name(device) if device.startswith("cuda") else None,
             "report": to_jsonable(report)}
@@ -147,7 +178,7 @@ def _child(a: argparse.Namespace, case: str, trial: int, out: Path) -> dict:
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     argv = [sys.executable, str(Path(__file__).resolve()), "--case", case, "--result", str(result),
             "--device", a.device, "--targets", str(a.targets), "--drafters", str(a.drafters), "--steps", str(a.steps),
-            "--stall-after", str(a.stall_after), "--program", a.program, "--seq", str(a.seq), "--dim", str(a.dim),
+            "--stall-after", str(a.stall_after), "--timeout", str(a.timeout), "--program", a.program, "--seq", str(a.seq), "--dim", str(a.dim),
             "--heads", str(a.heads), "--batch", str(a.batch)] + (["--backend", a.backend] if a.backend else []) \
         + (["--tiny"] if a.tiny else [])
     t0 = time.perf_counter()
@@ -162,6 +193,8 @@ def _child(a: argparse.Namespace, case: str, trial: int, out: Path) -> dict:
         log, _ = proc.communicate()
     wall = time.perf_counter() - t0
     data = json.loads(result.read_text()) if result.exists() else None
+    stacks_file = Path(str(result) + ".stacks.txt")
+    faulthandler_stacks = stacks_file.read_text() if stacks_file.exists() else ""
     rep = (data or {}).get("report") or {}
     outcome = "hang (killed at timeout)" if timed_out and not rep else rep.get("outcome", f"exit {proc.returncode}")
     failure = rep.get("failure") or {}
@@ -170,7 +203,8 @@ def _child(a: argparse.Namespace, case: str, trial: int, out: Path) -> dict:
            "steps_per_s": rep.get("steps_per_s"), "prewarm_s": (rep.get("prewarm") or {}).get("wall_s"),
            "wait_fraction": rep.get("wait_fraction"), "peak_memory_bytes": (data or {}).get("peak_memory_bytes"),
            "error": failure.get("error"), "failed_thread": failure.get("thread"),
-           "verdicts": rep.get("verdicts"), "log_tail": (log or "")[-4000:], "result_file": result.name}
+           "verdicts": rep.get("verdicts"), "log_tail": (log or "")[-4000:], "result_file": result.name,
+           "faulthandler_stacks": faulthandler_stacks[-20000:] or None}
     import shutil
 
     shutil.rmtree(cache, ignore_errors=True)  # our own temp cache

@@ -204,7 +204,7 @@ class EngineReport:
     failure: Failure | None
     threads: tuple[ThreadState, ...]
     stacks: dict[str, tuple[Frame, ...]]  # every thread's stack on a stall, or when threads did not stop
-    max_param_diff: float | None  # between replicas at the end (0.0: identical)
+    max_param_diff: float | None  # between replicas at the end (0.0: identical; None: a thread never stopped)
     watch: Any  # compilewatch WatchSummary, or None when the watcher did not run
     saved: tuple[Any, ...]  # what the save hook returned, in order (periodic, final or Ctrl-C)
     verdicts: tuple[str, ...]
@@ -509,7 +509,10 @@ class Engine:
         waited = sum(t.waiting_s for t in threads if t.role == "drafter")
         busy = sum(t.busy_s for t in threads if t.role == "drafter")
         wait_fraction = waited / (waited + busy) if waited + busy > 0 else None
-        diff = _replicas.max_parameter_difference([r.model for r in self.replicas]) if len(self.replicas) > 1 else 0.0
+        if any(t.alive for t in now):
+            diff = None  # a thread is stuck inside torch: parameters may be mid-update, and the device may not answer
+        else:
+            diff = _replicas.max_parameter_difference([r.model for r in self.replicas]) if len(self.replicas) > 1 else 0.0
         report = EngineReport(
             outcome=outcome, target_devices=cfg.target_devices, drafter_devices=cfg.drafter_devices,
             start_step=cfg.start_step, steps_done=self._committed, wall_s=wall, setup_s=setup_s, prewarm=pre,

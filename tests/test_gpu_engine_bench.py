@@ -29,3 +29,19 @@ def test_gpu_engine_benchmark_runs_on_cpu(tmp_path):
     assert "| prewarm | 0 | ok |" in (out / "gpu_engine.md").read_text()
     report = json.loads((out / rows["prewarm"]["result_file"]).read_text())["report"]
     assert report["max_param_diff"] == 0.0 and len(report["steps"]) == 3
+
+
+def test_gpu_engine_benchmark_reports_a_stall_and_kills_a_hung_process(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_engine.py"), "--device", "cpu", "--tiny",
+                           "--steps", "3", "--cases", "selftest-stall,selftest-hang", "--timeout", "15",
+                           "--stall-after", "2", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]  # no prewarm case asked: nothing to fail
+    rows = {r["case"]: r for r in json.loads((out / "gpu_engine.json").read_text())["cases"]}
+    stall = rows["selftest-stall"]
+    assert stall["outcome"] == "stalled" and stall["steps_done"] == 1 and not stall["timed_out"]
+    assert any("drafter-0" in v and "cannot be killed" in v for v in stall["verdicts"])
+    hang = rows["selftest-hang"]
+    assert hang["timed_out"] and hang["outcome"] == "hang (killed at timeout)"
+    assert "selftest-hang" not in (hang["faulthandler_stacks"] or "") and "run_case" in hang["faulthandler_stacks"]
