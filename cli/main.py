@@ -7,7 +7,11 @@ from typing import Annotated, Optional
 import typer
 
 import compilewatch
+from cli import env as env_cli
+from cli import doctor as doctor_cli
+from cli import gpus as gpus_cli
 from cli import probe as probe_cli
+from cli import warm as warm_cli
 from cli.app import make_app
 
 app = make_app(
@@ -35,6 +39,11 @@ def root(
 
 
 app.command("probe")(probe_cli.probe_cmd)
+app.command("lock")(env_cli.lock_cmd)
+app.command("diff-env")(env_cli.diff_env_cmd)
+app.command("warm")(warm_cli.warm_cmd)
+app.command("gpus")(gpus_cli.gpus_cmd)
+app.command("doctor")(doctor_cli.doctor_cmd)
 
 
 def main() -> None:

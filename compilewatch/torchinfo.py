@@ -62,17 +62,26 @@ def torch_build() -> TorchBuild:
 
 
 def inductor_cache_dir() -> Path:
-    """The inductor cache dir as torch resolves it (TORCHINDUCTOR_CACHE_DIR, else its default)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    """The inductor cache dir as torch resolves it: TORCHINDUCTOR_CACHE_DIR, else torch's default.
 
-    return Path(cache_dir())
+    Unlike torch's own `cache_dir()`, this has no side effects: it neither creates the directory
+    nor sets TORCHINDUCTOR_CACHE_DIR in the environment (a diagnostic must not change what it reads).
+    """
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if env:
+        return Path(env)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return Path(default_cache_dir())
 
 
 def triton_cache_dir(device_index: int = 0) -> Path:
-    """TRITON_CACHE_DIR if set, else `<inductor dir>/triton/<device index>` (torch's own rule)."""
-    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir as _triton
-
-    return Path(_triton(device_index))
+    """TRITON_CACHE_DIR if set, else `<inductor dir>/triton/<device index>` (torch's rule), with no
+    side effects (torch's own helper creates the inductor dir)."""
+    env = os.environ.get("TRITON_CACHE_DIR")
+    if env:
+        return Path(env)
+    return inductor_cache_dir() / "triton" / str(device_index)
 
 
 @functools.lru_cache(maxsize=1)

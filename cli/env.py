@@ -1,0 +1,135 @@
+"""`compilewatch lock` and `compilewatch diff-env`: rendering of compilewatch.envlock / envdiff."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli import output
+from cli.options import JsonOpt
+from compilewatch import envdiff, envlock
+from compilewatch.envformats import FORMATS, normalize_format
+from compilewatch.errors import BadInput
+from compilewatch.fsutil import atomic_write_json
+
+_STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
+
+
+def lock_cmd(
+    out_file: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the lock to FILE (atomically).")] = None,
+    no_gpus: Annotated[bool, typer.Option("--no-gpus", help="Skip NVML (driver and GPU facts).")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Snapshot what decides whether compiled artifacts are reusable: python, packages, torch build,
+    triton, inductor system key and cache, driver, GPUs, CPU, env vars (secrets left out).
+
+    Examples:
+
+      compilewatch lock -o env.lock.json
+
+      compilewatch lock --json | jq .torch
+
+      compilewatch diff-env before.lock.json env.lock.json
+    """
+    lock = envlock.snapshot(with_gpus=not no_gpus)
+    if out_file is not None:
+        if out_file.is_dir():
+            raise BadInput(f"{out_file} is a directory", hint="give a file name, e.g. -o env.lock.json")
+        atomic_write_json(out_file, lock)
+    if as_json:
+        output.print_json(lock)
+        return
+    _render_lock(lock)
+    if out_file is not None:
+        output.out.print(f"wrote {out_file}")
+    else:
+        output.hint("save it with -o FILE; compare two with `compilewatch diff-env OLD NEW`")
+
+
+def diff_env_cmd(
+    old: Annotated[Path, typer.Argument(help="The environment before: a lock, pip freeze, uv.lock, pylock.toml, conda file.")],
+    new: Annotated[Path, typer.Argument(help="The environment after (any of the same formats).")],
+    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a change at or above this severity exists: "
+                                                           "critical, warning or info.")] = "critical",
+    formats: Annotated[Optional[list[str]], typer.Option(
+        "--format", help=f"Override detection: once for both files, twice for OLD then NEW. One of: {', '.join(FORMATS)}."
+    )] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Diff two environments, each change ranked by its impact on compiled-artifact reuse
+    (critical / warning / info) with its consequence in one sentence.
+
+    Exit codes: 0 nothing at or above --fail-on changed, 1 something did, 2 unreadable input.
+
+    Examples:
+
+      compilewatch diff-env old.lock.json new.lock.json
+
+      compilewatch diff-env requirements-old.txt requirements-new.txt --fail-on warning
+
+      compilewatch diff-env uv.lock new-freeze.txt --format uv.lock --format requirements --json
+    """
+    threshold = envdiff.check_severity(fail_on)
+    fmts = [normalize_format(f) for f in formats or []]
+    if len(fmts) > 2:
+        raise BadInput(f"--format given {len(fmts)} times", hint="once for both files, or twice: OLD then NEW")
+    old_fmt = fmts[0] if fmts else None
+    new_fmt = fmts[-1] if fmts else None
+    result = envdiff.diff_files(old, new, old_format=old_fmt, new_format=new_fmt)
+    failed = result.fails(threshold)
+    output.emit(result, as_json, lambda r: _render_diff(r, threshold, failed))
+    raise typer.Exit(1 if failed else 0)
+
+
+def _render_lock(lock: envlock.EnvLock) -> None:
+    o = output.out
+    p = lock.python
+    o.print(f"[bold]python[/] {p.version} ({p.implementation}, {p.platform}), {len(lock.distributions)} distributions")
+    t = lock.torch
+    if t is not None:
+        o.print(f"[bold]torch[/] {t.version}  CUDA {t.cuda or '-'}  cuDNN {t.cudnn or '-'}  NCCL {t.nccl or '-'}  "
+                f"arch {' '.join(t.arch_list) or '-'}")
+    o.print(f"[bold]triton[/] {lock.triton.version if lock.triton else '-'}")
+    ind = lock.inductor
+    if ind is not None:
+        cache = ind.cache
+        state = "-" if cache is None else (f"{output.fmt_bytes(cache.bytes)} in {cache.files} files"
+                                           if cache.exists else "missing")
+        o.print(f"[bold]inductor[/] cache {ind.cache_dir} ({state}), system key {(ind.system_key or '-')[:16]}")
+    if lock.driver is not None:
+        o.print(f"[bold]driver[/] {lock.driver.version} (CUDA {lock.driver.cuda or '-'})")
+    for g in lock.gpus:
+        o.print(f"[bold]gpu {g.index}[/] {g.name}  sm {g.capability}  {output.fmt_bytes(g.memory_bytes)}  id {g.uuid_hash}")
+    c = lock.cpu
+    o.print(f"[bold]cpu[/] {c.model} x{c.count}  {' '.join(c.isa_flags) or '-'}")
+    o.print(f"[bold]env[/] {len(lock.env)} variables" + (f", left out (secret-looking): {', '.join(lock.env_left_out)}"
+                                                        if lock.env_left_out else ""))
+    for note in lock.notes:
+        output.err.print(f"[dim]note:[/] {note}")
+
+
+def _render_diff(r: envdiff.EnvDiff, threshold: str, failed: bool) -> None:
+    o = output.out
+    o.print(f"[bold]diff-env[/] {r.old.path} ({r.old.format}, {r.old.packages} packages) -> "
+            f"{r.new.path} ({r.new.format}, {r.new.packages} packages)")
+    if not r.changes:
+        o.print("no changes")
+    for sev in envdiff.SEVERITIES:
+        group = [c for c in r.changes if c.severity == sev]
+        if not group:
+            continue
+        o.print(f"\n[{_STYLE[sev]}]{sev} ({len(group)})[/]")
+        for c in group:
+            o.print(f"  {c.headline}", markup=False)
+            o.print(f"      {c.consequence}", style="dim", markup=False)
+            if c.note:
+                o.print(f"      ({c.note})", style="dim", markup=False)
+            if c.details:
+                o.print(f"      {'; '.join(c.details)}", style="dim", markup=False)
+    for note in r.notes:
+        output.err.print(f"[dim]note:[/] {note}")
+    summary = ", ".join(f"{r.counts.get(s, 0)} {s}" for s in envdiff.SEVERITIES)
+    verdict = f"exit 1: changes at or above {threshold}" if failed else f"exit 0: nothing at or above {threshold}"
+    o.print(f"\n[bold]→[/] {summary}; {verdict}")

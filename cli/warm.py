@@ -1,0 +1,139 @@
+"""`compilewatch warm`: compile a workload on each device one after another, verify, hand off."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli import output
+from cli.options import BackendOpt, JsonOpt
+from compilewatch import handoff as handoff_lib
+from compilewatch import warm as warm_lib
+from compilewatch.devices import parse_devices
+from compilewatch.fsutil import atomic_write_json
+from compilewatch.targets import FlexShape, resolve_workload
+
+
+def warm_cmd(
+    devices: Annotated[str, typer.Option("--devices", "-d", help="Devices to warm, in order: 5,6,7 / cuda:0 / cpu.")],
+    cmd: Annotated[Optional[list[str]], typer.Argument(help="After --: the program to hand over to.")] = None,
+    workload: Annotated[str, typer.Option("--workload", "-w", help="flex_attention (default), compile, "
+                                          "module:obj or file.py:obj (a Workload or a callable taking the device).")] = "flex_attention",
+    seq: Annotated[int, typer.Option("--seq", help="flex_attention: context length S (Q=KV=S with --mask causal).")] = 3072,
+    blocks: Annotated[int, typer.Option("--blocks", help="flex_attention: DFlash blocks (anchors) per sequence.")] = 512,
+    block_size: Annotated[int, typer.Option("--block-size", help="flex_attention: tokens per block.")] = 16,
+    heads: Annotated[int, typer.Option("--heads", help="flex_attention: attention heads.")] = 32,
+    head_dim: Annotated[int, typer.Option("--head-dim", help="flex_attention: head dimension.")] = 128,
+    batch: Annotated[int, typer.Option("--batch", help="flex_attention: batch size.")] = 1,
+    dtype: Annotated[str, typer.Option("--dtype", help="flex_attention: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32.")] = "auto",
+    mask: Annotated[str, typer.Option("--mask", help="flex_attention: dflash (block-diffusion training mask) or causal.")] = "dflash",
+    backend: BackendOpt = "inductor",
+    steps: Annotated[int, typer.Option("--steps", help="Workload runs per device in the warm pass.")] = 1,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Run a second pass that must compile nothing.")] = True,
+    strict: Annotated[bool, typer.Option("--strict/--no-strict", help="Verify under set_stance('fail_on_recompile') "
+                                         "(a compile becomes an error; nothing compiles). --no-strict lets it compile and counts it.")] = True,
+    report: Annotated[Optional[str], typer.Option("--report", help="Also write the JSON report to this file.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compile a workload on each device one after another, verify, then hand control to CMD.
+
+    Devices are warmed in this process, in this thread, never concurrently; then a second pass on
+    every device must compile nothing (exit 1 if something recompiles, naming the function and why).
+
+    CMD as `python script.py ...`, `script.py ...` or `-m module ...` runs in this process (compiled
+    state in memory carries over); any other command is exec'd (only on-disk caches carry over).
+
+    Examples:
+
+      compilewatch warm --devices 5,6,7
+
+      compilewatch warm --devices 0,1 --seq 4096 --dtype bf16 -- python train.py --config big.toml
+
+      compilewatch warm --devices cpu --workload compile --backend aot_eager --json
+
+      compilewatch warm --devices 0 --workload mypkg.model:warm_workload -- -m mypkg.train
+    """
+    devs = parse_devices(devices)
+    plan = handoff_lib.plan(cmd) if cmd else None  # validate CMD before spending minutes compiling
+    shape = FlexShape(context=seq, blocks=blocks, block_size=block_size, heads=heads, head_dim=head_dim,
+                      batch=batch, dtype=dtype, mask=mask)  # type: ignore[arg-type]
+    wl = resolve_workload(workload, backend, shape)
+    what = shape.describe() if workload == "flex_attention" else wl.name
+    output.err.print(f"warming {what} on {', '.join(devs)} (backend {backend}), one device at a time")
+    with _DeviceBars(devs, verify) as on_event:
+        result = warm_lib.prewarm(devs, wl, verify=verify, strict=strict, steps=steps, progress=on_event)
+    if report:
+        atomic_write_json(report, result)
+    output.emit(result, as_json, _render)
+    if not result.ok:
+        if plan:
+            output.err.print("not handing off: warm did not succeed (fix the finding above, or run the program "
+                             "without warm)")
+        raise typer.Exit(1)
+    if plan is None:
+        return
+    output.err.print(f"hand-off: {plan.describe()}")
+    if plan.mode == "in-process":
+        handoff_lib.run_in_process(plan)
+        return
+    handoff_lib.exec_command(plan)
+
+
+class _DeviceBars:
+    """A rich progress bar per device (stderr): warm, then verify."""
+
+    def __init__(self, devices: list[str], verify: bool) -> None:
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=output.err)
+        self.tasks = [self.progress.add_task(f"{d} ({i})", total=2 if verify else 1, status="waiting", start=False)
+                      for i, d in enumerate(devices)]
+
+    def __enter__(self) -> warm_lib.ProgressFn:
+        self.progress.__enter__()
+        return self.on_event
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def on_event(self, e: warm_lib.WarmEvent) -> None:
+        task = self.tasks[e.index]
+        if e.state == "start":
+            self.progress.start_task(task)
+            self.progress.update(task, status=f"{e.phase}ing" if e.phase == "warm" else "verifying")
+            return
+        r = e.result
+        status = "ok" if r is not None and r.ok else "FAILED"
+        detail = f"{e.phase} {status} {output.fmt_seconds(r.wall_s if r else None)}"
+        if r is not None and e.phase == "warm":
+            detail += f", {r.frames_compiled} frame compile(s)"
+        self.progress.update(task, advance=1, status=detail)
+
+
+def _render(r: warm_lib.WarmReport) -> None:
+    o = output.out
+    o.print(f"[bold]warm {r.workload}[/] on {', '.join(r.devices)} (torch {r.torch_version}, cache {r.cache_dir}) "
+            f"in {output.fmt_seconds(r.wall_s)}")
+    table = Table("pass", "device", "result", "time", "frames", "compiles", "FX hit/miss", "AOT hit/miss",
+                  "peak mem", box=None)
+    for run in (*r.warm, *r.verify):
+        c = run.counters
+        res = "[green]ok[/]" if run.ok else ("[red]recompiled[/]" if run.recompile else "[red]error[/]")
+        mem = output.fmt_bytes(run.peak_memory_bytes)
+        table.add_row(run.phase, run.device, res, output.fmt_seconds(run.wall_s), str(run.frames_compiled),
+                      str(run.compile_windows), f"{c.fxgraph_cache_hit}/{c.fxgraph_cache_miss}",
+                      f"{c.autograd_cache_hit}/{c.autograd_cache_miss}", mem)
+    o.print(table)
+    if any(run.memory_metric == "rss_delta" for run in r.warm):
+        o.print("[dim]peak mem on CPU is the process RSS growth during the run; on CUDA torch.cuda.max_memory_allocated[/]")
+    for run in (*r.warm, *r.verify):
+        if run.error:
+            o.print(f"[red]{run.phase} {run.device} error:[/] {run.error}")
+    for rc in r.recompiles:
+        o.print(f"[red]recompile on {rc.device}:[/] {rc.function}" + (f" at {rc.location}" if rc.location else ""))
+        for reason in rc.reasons:
+            o.print(f"    guard failure: {reason}")
+    for v in r.verdicts:
+        o.print(f"[bold]→[/] {v}")

@@ -1,0 +1,82 @@
+"""Read environment descriptions of every kind into one model (`EnvSpec`), detecting the format.
+
+Formats: `lock` (compilewatch's own), `requirements` (pip freeze / requirements.txt), `uv.lock`,
+`pylock` (PEP 751 pylock.toml), `conda-yaml` (environment.yml), `conda-explicit`
+(`conda list --explicit`). Unreadable input raises BadInput naming the file and line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+from compilewatch.envformats.conda import parse_conda_explicit, parse_environment_yml
+from compilewatch.envformats.lockfile import parse_lock_file
+from compilewatch.envformats.model import EnvSpec, Package, bad_line
+from compilewatch.envformats.pylock import parse_pylock
+from compilewatch.envformats.requirements import parse_requirements
+from compilewatch.envformats.uvlock import parse_uv_lock
+from compilewatch.errors import BadInput
+
+PARSERS: dict[str, Callable[[str, str], EnvSpec]] = {
+    "lock": parse_lock_file,
+    "requirements": parse_requirements,
+    "uv.lock": parse_uv_lock,
+    "pylock": parse_pylock,
+    "conda-yaml": parse_environment_yml,
+    "conda-explicit": parse_conda_explicit,
+}
+FORMATS = tuple(PARSERS)
+ALIASES = {"freeze": "requirements", "pip": "requirements", "txt": "requirements", "uv": "uv.lock",
+           "pylock.toml": "pylock", "conda": "conda-yaml", "environment.yml": "conda-yaml",
+           "yaml": "conda-yaml", "explicit": "conda-explicit", "json": "lock"}
+_PYLOCK_NAME = re.compile(r"^pylock\.([^.]+\.)?toml$")
+
+
+def normalize_format(name: str) -> str:
+    fmt = ALIASES.get(name.lower(), name.lower())
+    if fmt not in PARSERS:
+        raise BadInput(f"unknown format {name!r}", hint=f"one of: {', '.join(FORMATS)}")
+    return fmt
+
+
+def detect_format(path: str | os.PathLike[str], text: str) -> str:
+    """The format of a file, from its name first, then its content."""
+    name = Path(path).name.lower()
+    head = text.lstrip()[:4096]
+    if name.endswith(".json") or head.startswith("{"):
+        return "lock"
+    if name == "uv.lock" or (name.endswith(".lock") and "[[package]]" in head):
+        return "uv.lock"
+    if _PYLOCK_NAME.match(name) or re.search(r"^lock-version\s*=", head, re.M):
+        return "pylock"
+    if re.search(r"^@EXPLICIT\s*$", head, re.M):
+        return "conda-explicit"
+    if name.endswith((".yml", ".yaml")) or re.search(r"^dependencies\s*:", head, re.M):
+        return "conda-yaml"
+    if re.search(r"^\[\[package\]\]", head, re.M):
+        return "uv.lock"
+    return "requirements"
+
+
+def load_env(path: str | os.PathLike[str], fmt: str | None = None) -> EnvSpec:
+    """Read `path` as `fmt` (detected when None) into an EnvSpec."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise BadInput(f"{p}: is a directory, expected a lock or requirements file") from None
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{p}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise BadInput(f"{p}: cannot read: {e.strerror}") from None
+    fmt = normalize_format(fmt) if fmt else detect_format(p, text)
+    return PARSERS[fmt](text, str(p))
+
+
+__all__ = ["EnvSpec", "Package", "FORMATS", "PARSERS", "bad_line", "detect_format", "load_env",
+           "normalize_format"]

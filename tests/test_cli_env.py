@@ -1,0 +1,85 @@
+"""`compilewatch lock` and `compilewatch diff-env` through the CLI: output, JSON, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli.main import app
+from tests.helpers import invoke, invoke_json
+
+FX = Path(__file__).parent / "fixtures" / "env"
+SEEDS = FX / "seeds"
+
+
+def test_diff_env_seeds_human_output_grouped_by_severity():
+    r = invoke(app, ["diff-env", str(SEEDS / "old-freeze.txt"), str(SEEDS / "new-freeze.txt")])
+    assert r.exit_code == 1
+    out = r.stdout
+    assert "critical (1)\n  Updated torch v2.11.0+cu128 -> v2.11.0+cu130\n" in out
+    assert "  Updated transformers v5.6.0 -> v5.8.1\n" in out
+    assert out.index("critical (1)") < out.index("warning (8)") < out.index("info (3)")
+    assert "exit 1: changes at or above critical" in out
+    assert "compare only between two compilewatch locks" in r.stderr  # notes go to stderr
+
+
+def test_diff_env_json_and_fail_on_threshold(tmp_path):
+    data = invoke_json(app, ["diff-env", str(SEEDS / "old.lock.json"), str(SEEDS / "new.lock.json")], expect_code=1)
+    assert data["old"]["torch"] == "2.11.0+cu128" and data["new"]["torch"] == "2.11.0+cu130"
+    heads = [c["headline"] for c in data["changes"] if c["severity"] == "critical"]
+    assert heads[0] == "Updated torch v2.11.0+cu128 -> v2.11.0+cu130"
+    assert "Removed inductor cache /tmp/torchinductor_root (353.0 MB, 1204 files)" in heads
+    old, new = tmp_path / "old.txt", tmp_path / "new.txt"
+    old.write_text("torch==2.11.0+cu130\ntransformers==5.6.0\nrich==14.0.0\n")
+    new.write_text("torch==2.11.0+cu130\ntransformers==5.8.1\nrich==15.0.0\n")
+    assert invoke(app, ["diff-env", str(old), str(new)]).exit_code == 0  # only a warning: below critical
+    assert invoke(app, ["diff-env", str(old), str(new), "--fail-on", "warning"]).exit_code == 1
+    assert invoke(app, ["diff-env", str(old), str(old), "--fail-on", "info"]).exit_code == 0
+
+
+def test_diff_env_unreadable_input_exits_2_with_file_and_line():
+    bad = FX / "malformed" / "freeze-bad-requirement.txt"
+    r = invoke(app, ["diff-env", str(bad), str(SEEDS / "new-freeze.txt")])
+    assert r.exit_code == 2
+    assert f"{bad}:3: not a requirement" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = invoke(app, ["diff-env", str(SEEDS / "old-freeze.txt"), str(FX / "nope.txt")])
+    assert r.exit_code == 2 and "no such file" in r.stderr
+
+
+def test_diff_env_format_overrides_and_bad_options(tmp_path):
+    lock_as_txt = tmp_path / "lock.txt"
+    lock_as_txt.write_text((FX / "uv-project" / "uv.lock").read_text())
+    data = invoke_json(app, ["diff-env", str(lock_as_txt), str(FX / "uv-project" / "requirements.txt"),
+                             "--format", "uv.lock", "--format", "requirements"], expect_code=0)
+    assert data["old"]["format"] == "uv.lock" and data["new"]["format"] == "requirements"
+    assert [c["headline"] for c in data["changes"]] == ["Removed drafter-train v0.1.0"]  # uv export drops the project
+    r = invoke(app, ["diff-env", str(SEEDS / "old-freeze.txt"), str(SEEDS / "new-freeze.txt"), "--format", "pylock"])
+    assert r.exit_code == 2 and "invalid TOML" in r.stderr
+    r = invoke(app, ["diff-env", str(SEEDS / "old-freeze.txt"), str(SEEDS / "new-freeze.txt"), "--fail-on", "fatal"])
+    assert r.exit_code == 2 and "unknown severity" in r.stderr
+    r = invoke(app, ["diff-env", "a", "b", "--format", "poetry"])
+    assert r.exit_code == 2 and "unknown format" in r.stderr
+
+
+def test_lock_writes_a_file_that_diffs_clean_against_itself(tmp_path):
+    target = tmp_path / "env.lock.json"
+    r = invoke(app, ["lock", "-o", str(target), "--no-gpus"])
+    assert r.exit_code == 0, r.stderr
+    assert f"wrote {target}" in r.stdout and "torch" in r.stdout
+    data = json.loads(target.read_text())
+    assert data["schema"] == "compilewatch.lock" and data["schema_version"] == 1
+    same = invoke(app, ["diff-env", str(target), str(target), "--fail-on", "info"])
+    assert same.exit_code == 0 and "no changes" in same.stdout
+
+
+def test_lock_json_on_stdout(monkeypatch):
+    from compilewatch import envlock
+
+    fixture = envlock.load_lock(SEEDS / "old.lock.json")
+    monkeypatch.setattr("cli.env.envlock.snapshot", lambda **kw: fixture)
+    data = invoke_json(app, ["lock"])
+    assert data["torch"]["version"] == "2.11.0+cu128"
+    assert len(data["gpus"]) == 8 and data["env_left_out"] == ["HF_TOKEN"]
+    r = invoke(app, ["lock", "-o", "/"])
+    assert r.exit_code == 2 and "is a directory" in r.stderr

@@ -1,0 +1,83 @@
+"""doctor: JSON schema, problem verdicts (stuck FX flag, foreign cache key, GPU imbalance) exit 1."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from cli.main import app
+from compilewatch import doctor, gpus, torchinfo
+from tests.helpers import invoke, invoke_json
+from tests.test_gpus import fake_nvml, no_driver, seeds_drafters
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu(monkeypatch):
+    monkeypatch.setattr(gpus, "_initialized", False)
+    no_driver(monkeypatch)
+
+
+def test_doctor_json_on_a_clean_cpu_machine():
+    data = invoke_json(app, ["doctor"])
+    assert set(data) == {"env", "cache", "gpus", "fx", "dynamo", "verdicts", "ok"}
+    assert data["ok"] is True
+    assert data["env"]["torch"].startswith("2.")
+    # conftest points TORCHINDUCTOR_CACHE_DIR at tmp_path: doctor says where it came from
+    assert data["cache"]["source"] == "TORCHINDUCTOR_CACHE_DIR"
+    assert data["cache"]["path"] == os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert data["cache"]["system_key"] == torchinfo.system_key()
+    assert data["gpus"]["available"] is False
+    assert data["fx"]["global_flag"] is True and data["fx"]["flag_now"] is False
+    assert data["dynamo"]["recompile_limit"] >= 1
+    levels = {v["level"] for v in data["verdicts"]}
+    assert "problem" not in levels
+    fx = [v for v in data["verdicts"] if v["topic"] == "fx-flag"]
+    assert fx and "compilewatch warm" in fx[0]["advice"]
+
+
+def test_config_per_thread_is_measured():
+    import torch
+
+    per_thread = doctor.dynamo_limits().config_per_thread
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    if (major, minor) >= (2, 12):
+        assert per_thread is True  # FACTS.md §1: ContextVar config since 2.12
+
+
+def test_stuck_fx_flag_is_a_problem():
+    torchinfo.set_fx_flag(True)  # conftest resets it after the test
+    result = invoke(app, ["doctor"])
+    assert result.exit_code == 1
+    assert "stuck" in result.stdout
+
+
+def test_cache_system_key(tmp_path):
+    root = torchinfo.inductor_cache_dir()
+    (root / "cache").mkdir(parents=True)
+    (root / "cache" / ("ab" * 32)).write_text("{}")
+    st = doctor.cache_status()
+    assert st.exists and st.files == 1 and st.system_key_match is False
+    data = invoke_json(app, ["doctor"], expect_code=1)
+    assert any(v["level"] == "problem" and "other system key" in v["message"] for v in data["verdicts"])
+    (root / "cache" / torchinfo.system_key()).write_text("{}")
+    assert doctor.cache_status().system_key_match is True
+    data = invoke_json(app, ["doctor"])  # entries for this key exist: the others are dead weight, not a problem
+    assert any(v["level"] == "info" and "never hit here" in v["message"] for v in data["verdicts"])
+
+
+def test_gpu_imbalance_is_a_problem(monkeypatch):
+    fake_nvml(monkeypatch, seeds_drafters(os.getpid()))
+    data = invoke_json(app, ["doctor"], expect_code=1)
+    assert data["gpus"]["available"] and len(data["gpus"]["gpus"]) == 3
+    assert any(v["topic"] == "gpus" and v["level"] == "problem" and "GPU 0 uses 40.0 GB" in v["message"]
+               for v in data["verdicts"])
+
+
+def test_recompile_limit_warns_when_gpus_reach_it():
+    env = dataclasses.replace(doctor.env_facts(), device_count=8)
+    limits = dataclasses.replace(doctor.dynamo_limits(), recompile_limit=8)
+    verdicts = doctor._verdicts(env, doctor.cache_status(), doctor.gpu_summary(), doctor.fx_facts(), limits)
+    (v,) = [v for v in verdicts if v.topic == "dynamo"]
+    assert v.level == "warn" and "8 GPUs" in v.message
