@@ -13,7 +13,7 @@ The drafter is the toy attention model (dflash.toy, `variant="attention"`): on C
 hung the seeds' drafter threads. `--program dflash` runs the real DFlash trainer instead (tiny recipe: embedded target, synthetic chat
 data, compiled flex_attention on CUDA) through `dflash.program.train_multi`.
 
-    python benchmarks/gpu_engine.py --out results/engine                 # H200 defaults (~4 min)
+    python benchmarks/gpu_engine.py --out results/engine                 # H200 defaults (~3 min)
     python benchmarks/gpu_engine.py --device cpu --tiny --out /tmp/eng   # CPU smoke run (~30 s)
 
 Writes <out>/gpu_engine.json (every case: outcome, rc, wall, timed_out, the engine report) and
@@ -53,8 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cases", default="prewarm,none,guard", help=f"comma list of {', '.join(CASES)}")
     p.add_argument("--trials", type=int, default=1, help="runs per case (each a fresh process, cold cache)")
     p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
-    p.add_argument("--timeout", type=float, default=150.0, help="seconds before a case's process is killed")
-    p.add_argument("--stall-after", type=float, default=90.0, help="engine stall watchdog (s), < --timeout")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds before a case's process is killed")
+    p.add_argument("--stall-after", type=float, default=60.0, help="engine stall watchdog (s), < --timeout")
     p.add_argument("--program", choices=("toy", "dflash"), default="toy")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run)")
     p.add_argument("--seq", type=int, default=2048)
