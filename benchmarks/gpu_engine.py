@@ -198,9 +198,12 @@ def _child(a: argparse.Namespace, case: str, trial: int, out: Path) -> dict:
     rep = (data or {}).get("report") or {}
     outcome = "hang (killed at timeout)" if timed_out and not rep else rep.get("outcome", f"exit {proc.returncode}")
     failure = rep.get("failure") or {}
+    walls = sorted(st["wall_s"] for st in rep.get("steps") or [])
+    median_step = walls[len(walls) // 2] if walls else None
     row = {"case": case, "trial": trial, "outcome": outcome, "rc": proc.returncode, "timed_out": timed_out,
            "wall_s": round(wall, 2), "steps_done": rep.get("steps_done"), "tokens_per_s": rep.get("tokens_per_s"),
-           "steps_per_s": rep.get("steps_per_s"), "prewarm_s": (rep.get("prewarm") or {}).get("wall_s"),
+           "steps_per_s": rep.get("steps_per_s"), "median_step_s": median_step,
+           "prewarm_s": (rep.get("prewarm") or {}).get("wall_s"),
            "wait_fraction": rep.get("wait_fraction"), "peak_memory_bytes": (data or {}).get("peak_memory_bytes"),
            "error": failure.get("error"), "failed_thread": failure.get("thread"),
            "verdicts": rep.get("verdicts"), "log_tail": (log or "")[-4000:], "result_file": result.name,
@@ -216,14 +219,16 @@ def _markdown(rows: list[dict], a: argparse.Namespace, meta: dict) -> str:
              f"device {meta['device']} ({meta.get('gpu') or 'cpu'}), torch {meta['torch']}, program {a.program} "
              + (f"(seq={a.seq} dim={a.dim} heads={a.heads} batch={a.batch})" if a.program == "toy" else "(tiny recipe)")
              + f", {a.steps} steps, timeout {a.timeout:g} s", "",
-             "| case | trial | outcome | wall | steps | tokens/s | prewarm | wait % | error |", "|---|---|---|---|---|---|---|---|---|"]
+             "| case | trial | outcome | wall | steps | tokens/s | median step | prewarm | wait % | error |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tps = f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-"
         pw = f"{r['prewarm_s']:.1f} s" if r["prewarm_s"] else "-"
         wf = f"{100 * r['wait_fraction']:.0f}" if r["wait_fraction"] is not None else "-"
         err = (r["error"] or "").splitlines()[0][:120] if r["error"] else ""
+        med = f"{1000 * r['median_step_s']:.1f} ms" if r["median_step_s"] else "-"
         lines.append(f"| {r['case']} | {r['trial']} | {r['outcome']} | {r['wall_s']:.1f} s | {r['steps_done']} | {tps} | "
-                     f"{pw} | {wf} | {err} |")
+                     f"{med} | {pw} | {wf} | {err} |")
     return "\n".join(lines) + "\n"
 
 
