@@ -353,3 +353,19 @@ def test_guard_without_prewarm_refuses_the_first_compile_in_a_worker():
     report = Engine(toy_program(ToySpec(compile_backend="eager")), cfg(prewarm=False, steps=3)).run()
     assert report.outcome == "failed"
     assert compile_safety.is_blocked_compile(report.failure.error), report.failure.error
+
+
+# ----------------------------------------------------------------------------- GPU (run with -m gpu)
+from tests.helpers import requires_cuda  # noqa: E402
+
+
+@pytest.mark.gpu
+@requires_cuda()
+def test_three_drafter_threads_on_one_gpu_with_compiled_flex_attention_complete_after_prewarm():
+    counters.reset_dynamo()
+    spec = ToySpec(variant="attention", seq=256, dim=128, heads=2, batch=2, attention_backend="inductor", autocast=True)
+    report = Engine(toy_program(spec), cfg(target_devices=("cuda:0",), drafter_devices=("cuda:0",) * 3, steps=5,
+                                           stall_after=120, sample_every=1)).run()
+    assert report.ok, report.verdicts
+    assert report.max_param_diff == 0.0 and report.prewarm.ok
+    assert report.steps[-1].samples.devices[0].allocated_bytes > 0
