@@ -12,6 +12,8 @@ from cli import doctor as doctor_cli
 from cli import gpus as gpus_cli
 from cli import probe as probe_cli
 from cli import warm as warm_cli
+from cli import run as run_cli
+from cli import timeline as timeline_cli
 from cli.app import make_app
 
 app = make_app(
@@ -44,6 +46,8 @@ app.command("diff-env")(env_cli.diff_env_cmd)
 app.command("warm")(warm_cli.warm_cmd)
 app.command("gpus")(gpus_cli.gpus_cmd)
 app.command("doctor")(doctor_cli.doctor_cmd)
+app.command("timeline")(timeline_cli.timeline_cmd)
+app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_cli.run_cmd)
 
 
 def main() -> None:

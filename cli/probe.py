@@ -26,6 +26,7 @@ def probe_cmd(
     keep_cache: Annotated[bool, typer.Option("--keep-cache", help="With --threads: use the current inductor cache dir instead of a fresh one.")] = False,
     fresh_cache: Annotated[bool, typer.Option("--fresh-cache", help="Single run: compile into a fresh, temporary cache dir.")] = False,
     no_reset: Annotated[bool, typer.Option("--no-reset", help="Single run: keep what dynamo already compiled in this process.")] = False,
+    timeline: Annotated[Optional[str], typer.Option("--timeline", help="Also write a Chrome trace-event timeline (Perfetto) to FILE.json.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run TARGET under instrumentation and report what compile machinery it touched.
@@ -55,9 +56,12 @@ def probe_cmd(
         raise BadInput("missing TARGET", hint="give a built-in (see --list), module:callable or file.py:callable")
     if threads < 0:
         raise BadInput(f"--threads must be >= 0, got {threads}")
+    watcher = _timeline_watcher(timeline, stall_after=max(1.0, timeout / 2) if threads else 300.0)
     if threads:
         report = probe_lib.probe_threads(target, threads, devices=device, backend=backend, timeout=timeout,
                                          fresh_cache=not keep_cache)
+        if watcher is not None:
+            watcher.close()
         output.emit(report, as_json, _render_threads)
         hung = any(t.outcome == "hang" for t in report.threads)
         if hung:  # hung daemon threads can block interpreter shutdown inside torch: leave now
@@ -67,8 +71,20 @@ def probe_cmd(
         raise typer.Exit(1 if report.failed else 0)
     report = probe_lib.probe(target, device=device.split(",")[0], backend=backend, reset=not no_reset,
                              fresh_cache=fresh_cache)
+    if watcher is not None:
+        watcher.close()
     output.emit(report, as_json, _render_single)
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _timeline_watcher(path: Optional[str], stall_after: float):
+    """A watcher that records the run for `--timeline` (it writes the file on close); with --threads
+    it reports a compile still running at half the timeout as a stall, stacks included."""
+    if path is None:
+        return None
+    from compilewatch.watcher import Watcher
+
+    return Watcher(timeline=path, stall_after=stall_after).install()
 
 
 def _render_single(r: probe_lib.ProbeReport) -> None:

@@ -36,6 +36,8 @@ class CompileRecorder:
     _open: CompileWindow | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _installed: bool = field(default=False, repr=False)
+    # objects with on_compile_start(window) / on_compile_end(window), called in the compiling thread
+    listeners: list = field(default_factory=list, repr=False)
 
     def _start(self, args=None) -> None:
         t = threading.current_thread()
@@ -49,12 +51,22 @@ class CompileRecorder:
         with self._lock:
             self._open = w
             self.windows.append(w)
+        self._notify("on_compile_start", w)
 
     def _end(self, args=None) -> None:
         with self._lock:
-            if self._open is not None:
-                self._open.end = time.time()
-                self._open = None
+            w, self._open = self._open, None
+            if w is not None:
+                w.end = time.time()
+        if w is not None:
+            self._notify("on_compile_end", w)
+
+    def _notify(self, method: str, w: CompileWindow) -> None:
+        for listener in list(self.listeners):
+            try:
+                getattr(listener, method)(w)
+            except Exception:  # noqa: BLE001 - an instrument never breaks a compile
+                pass
 
     def open_window(self) -> CompileWindow | None:
         with self._lock:
@@ -72,9 +84,26 @@ class CompileRecorder:
         from torch._dynamo.callback import callback_handler
 
         if self._installed:
-            callback_handler.remove_start_callback(self._start)
-            callback_handler.remove_end_callback(self._end)
+            # torch._dynamo.reset() clears every callback: ours may be gone already
+            if self._start in callback_handler.start_callbacks:
+                callback_handler.remove_start_callback(self._start)
+            if self._end in callback_handler.end_callbacks:
+                callback_handler.remove_end_callback(self._end)
             self._installed = False
+
+    def ensure_installed(self) -> bool:
+        """Re-register after a torch._dynamo.reset() cleared the callbacks; True if it had to."""
+        from torch._dynamo.callback import callback_handler
+
+        if not self._installed:
+            return False
+        missing = self._start not in callback_handler.start_callbacks
+        if missing:
+            callback_handler.register_start_callback(self._start)
+        if self._end not in callback_handler.end_callbacks:
+            callback_handler.register_end_callback(self._end)
+            missing = True
+        return missing
 
     def __enter__(self) -> "CompileRecorder":
         self.install()

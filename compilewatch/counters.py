@@ -88,10 +88,19 @@ def delta(before: CounterSnapshot, after: CounterSnapshot | None = None) -> Comp
 
 
 def reset_dynamo() -> None:
-    """Forget every compiled frame and zero the counters (a cold in-memory state)."""
+    """Forget every compiled frame and zero the counters (a cold in-memory state). Compile callbacks
+    registered by instruments (a watcher) survive: torch's reset() clears them, we put them back."""
     import torch
+    from torch._dynamo.callback import callback_handler
 
+    start, end = list(callback_handler.start_callbacks), list(callback_handler.end_callbacks)
     torch._dynamo.reset()
+    for cb in start:
+        if cb not in callback_handler.start_callbacks:
+            callback_handler.register_start_callback(cb)
+    for cb in end:
+        if cb not in callback_handler.end_callbacks:
+            callback_handler.register_end_callback(cb)
     from torch._dynamo import utils
 
     utils.counters.clear()

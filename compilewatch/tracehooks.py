@@ -157,6 +157,11 @@ def installed() -> bool:
         return _original is not None
 
 
+def thread_is_tracing() -> bool:
+    """True when the calling thread is inside `Tracer.trace` (needs a subscribed listener)."""
+    return bool(getattr(_local, "open", None))
+
+
 def active_windows() -> list[TraceWindow]:
     """Trace windows open right now, in any thread, oldest first."""
     with _lock:

@@ -1,0 +1,114 @@
+"""`compilewatch run -- CMD ...`: rendering of compilewatch.runner results.
+
+The child's stdout stays the child's; the verdict goes to stderr (so a pipeline sees the program's
+own output). With --json the child's stdout is sent to stderr and stdout carries only the JSON.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, List, Optional
+
+import typer
+from rich.markup import escape
+
+from cli import output
+from cli.options import JsonOpt
+from compilewatch import runner
+from compilewatch.watch_events import WatchEvent, WatchSummary
+
+
+def _live(ev: WatchEvent) -> None:
+    if ev.problem:
+        from compilewatch.watch_events import summarize
+
+        for v in summarize([ev]).verdicts:
+            output.err.print(f"[yellow]compilewatch[/] (pid {ev.pid}): {escape(v)}")
+
+
+def _child_stdout_to_stderr():
+    """With --json the child's stdout goes to our stderr (stdout carries only JSON)."""
+    import io
+    import subprocess
+
+    try:
+        sys.stderr.fileno()
+        return sys.stderr
+    except (AttributeError, OSError, io.UnsupportedOperation):  # a captured stderr (tests): drop it
+        return subprocess.DEVNULL
+
+
+def run_cmd(
+    command: Annotated[Optional[List[str]], typer.Argument(help="The program to run, after --.")] = None,
+    report: Annotated[Optional[str], typer.Option("--report", "-r", help="Write every event as JSONL to FILE.")] = None,
+    timeline: Annotated[Optional[str], typer.Option("--timeline", help="Write a Chrome trace-event timeline (Perfetto) to FILE.json.")] = None,
+    stall_after: Annotated[float, typer.Option("--stall-after", help="Seconds a compile may run before it counts as a stall (all stacks dumped).")] = 300.0,
+    repair: Annotated[bool, typer.Option("--repair", help="Put stuck FX tracing state back when it is found.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when the program exited 0 but the watcher found a problem.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a Python program with the cross-thread watcher installed, without editing it.
+
+    Reports FX-flag leaks (setter and victim threads, both stacks), module calls through another
+    thread's patched nn.Module.__call__, stuck tracing state, compile stalls and silent eager
+    fallbacks. The program's exit code is passed through.
+
+    Examples:
+
+      compilewatch run -- python train.py --epochs 1
+
+      compilewatch run --report watch.jsonl --stall-after 120 -- python -m mypkg.train
+
+      compilewatch run --timeline race.json -- torchrun --nproc-per-node 2 train.py
+    """
+    result = runner.run_watched(command or [], report=report, timeline=timeline, stall_after=stall_after,
+                                repair=repair, on_event=None if as_json else _live,
+                                stdout=_child_stdout_to_stderr() if as_json else None)
+    if as_json:
+        output.print_json(result)
+    else:
+        _render(result)
+    code = result.exit_code
+    if strict and code == 0 and not result.summary.ok:
+        code = 1
+    raise typer.Exit(code)
+
+
+def render_summary(s: WatchSummary, console) -> None:
+    style = "green" if s.ok else "red"
+    console.print(f"[{style}][bold]{'ok' if s.ok else f'{s.problems} problem(s)'}[/][/]  "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items()) if k not in ("start", "end")))
+    if s.setter_threads:
+        console.print(f"setter thread(s): {escape(', '.join(s.setter_threads))}")
+    if s.victim_threads:
+        console.print(f"victim thread(s): {escape(', '.join(s.victim_threads))}")
+    if s.stalled_threads:
+        console.print(f"threads inside compilation at a stall: {escape(', '.join(s.stalled_threads))}")
+    for v in s.verdicts:
+        console.print(f"[bold]→[/] {escape(v)}")
+    for p in s.first_problems[:3]:
+        for key in ("victim_stack",):
+            if p.get(key):
+                console.print(f"  {escape(p['thread'])} stack:")
+                for f in p[key][-6:]:
+                    console.print(f"      {escape(f)}")
+        for st in p.get("setters", [])[:2]:
+            console.print(f"  {escape(st['thread'])} ({escape(st['tracer'])} tracing {escape(st['target'])}) stack:")
+            for f in st.get("stack", [])[-6:]:
+                console.print(f"      {escape(f)}")
+    for a in s.advice:
+        console.print(f"[dim]fix:[/] {escape(a)}")
+
+
+def _render(r: runner.RunResult) -> None:
+    e = output.err
+    e.print(f"[bold]compilewatch run[/] {escape(' '.join(r.command))}: exit {r.exit_code} after {output.fmt_seconds(r.wall_s)}, "
+            f"watched {len(r.processes)} process(es) {list(r.processes)}")
+    if not r.processes:
+        e.print("no watched process imported torch: nothing to report")
+        return
+    render_summary(r.summary, e)
+    if r.report:
+        e.print(f"report: {escape(r.report)}")
+    if r.timeline:
+        e.print(f"timeline: {escape(r.timeline)} (open it in https://ui.perfetto.dev)")

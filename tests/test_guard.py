@@ -1,0 +1,246 @@
+"""compilewatch.guard: the same races as test_watch.py, with the guard: zero failures."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.fx
+import torch.fx._symbolic_trace as st
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from compilewatch import fxpatch
+from compilewatch.guard import CompileGuard, GuardError, support
+from compilewatch.watcher import Watcher
+from tests.race_cases import WAIT, Trial, leak_trial, overlap_trial
+
+TRIALS = 20
+_TL_OK, _TL_WHY = fxpatch.readers_patchable()
+needs_thread_local = pytest.mark.skipif(not _TL_OK, reason=f"thread-local FX state unsupported here: {_TL_WHY}")
+
+
+def _sin1(x):
+    return x.sin() + 1
+
+
+step = torch.compile(_sin1, backend="eager")
+X = torch.randn(4)
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    step(X)
+    yield
+    fxpatch.repair_state()
+
+
+@pytest.fixture
+def guard():
+    g = CompileGuard(thread_local=None).install()  # thread-local where this torch allows it
+    try:
+        yield g
+    finally:
+        g.close()
+
+
+def test_support_describes_this_torch():
+    s = support()
+    assert s.torch_version == torch.__version__
+    assert s.freeze and s.compiling_flag_global and s.thread_local_flag == _TL_OK
+    assert s.dynamo_config_per_thread == (tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 12))
+
+
+@needs_thread_local
+@pytest.mark.parametrize("tracer", ["symbolic_trace", "make_fx"])
+def test_thread_local_flag_stops_the_leak(guard, tracer):
+    with Watcher() as w:
+        trials = [leak_trial(lambda: step(X), tracer) for _ in range(TRIALS)]
+    assert [(t.setter_error, t.victim_error) for t in trials] == [(None, None)] * TRIALS
+    assert all(torch.equal(t.victim_result, X.sin() + 1) for t in trials)
+    s = w.summary()
+    assert s.ok, s.verdicts
+    assert s.counts.get("leak_prevented") == TRIALS  # the watcher saw the flag set, the guard kept it local
+
+
+@needs_thread_local
+def test_thread_local_module_calls_are_not_routed_through_a_foreign_tracer(guard):
+    lin = torch.nn.Linear(4, 4)
+    expected = lin(X)
+    with Watcher() as w:
+        trials = [leak_trial(lambda: lin(X)) for _ in range(TRIALS)]
+    assert all(t.victim_error is None and torch.equal(t.victim_result, expected) for t in trials)
+    assert w.summary().ok
+
+
+@needs_thread_local
+def test_thread_local_overlapping_traces_leave_nothing_stuck(guard):
+    with Watcher() as w:
+        trials = [overlap_trial() for _ in range(TRIALS)]
+        assert not fxpatch.stuck_state().stuck and st._is_fx_tracing_flag is False
+    assert [(t.setter_error, t.victim_error) for t in trials] == [(None, None)] * TRIALS
+    assert w.summary().ok
+
+
+@needs_thread_local
+def test_thread_local_mode_keeps_same_thread_tracing_semantics(guard):
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    gm = torch.fx.symbolic_trace(Block())
+    assert [n.op for n in gm.graph.nodes] == ["placeholder", "call_module", "call_method", "output"]
+    assert make_fx(lambda a: a * 2)(torch.ones(2)).graph is not None
+    # a compiled call inside the thread's own symbolic trace is still refused, as torch does
+    with pytest.raises(RuntimeError, match="symbolically trace"):
+        torch.fx.symbolic_trace(lambda a: step(a))
+    f = torch.compile(lambda x, w: (x @ w).relu().sum(), backend="aot_eager")
+    w_ = torch.randn(4, 4, requires_grad=True)
+    f(torch.randn(3, 4), w_).backward()
+    assert w_.grad is not None
+
+
+def test_freeze_turns_a_worker_recompile_into_a_clear_error(guard):
+    fn = torch.compile(lambda x: x * 3, backend="eager")
+    report = guard.warm({"fn": lambda dev: fn(torch.randn(4, device=dev))}, devices=["cpu"])
+    assert report.ok and report.entries[0].compiles == 1 and report.second_pass_compiles == 0
+    guard.freeze()
+    out: dict = {}
+
+    def worker():
+        out["same"] = fn(torch.randn(4))  # warmed: runs
+        try:
+            fn(torch.randn(4, 3))  # a new rank: would compile here
+        except GuardError as e:
+            out["err"] = e
+
+    with Watcher() as w:
+        t = threading.Thread(target=worker, name="worker-1")
+        t.start()
+        t.join(WAIT)
+    err = out["err"]
+    assert isinstance(err, RuntimeError)  # GuardError is a RuntimeError: generic handlers still see it
+    assert "worker-1" in err.message and "<lambda>" in err.message and "after freeze()" in err.message
+    assert "rank mismatch" in err.message  # torch's own guard-failure reason
+    assert err.hint and "warm" in err.hint
+    (ev,) = [e for e in w.events if e.kind == "guard_blocked"]
+    assert ev.thread == "worker-1"
+    guard.thaw()
+    assert fn(torch.randn(4, 3)).shape == (4, 3)
+
+
+def test_freeze_blocks_a_never_warmed_function_and_allow_compiles_lets_one_thread(guard):
+    guard.freeze()
+    cold = torch.compile(lambda x: x - 1, backend="eager")
+    with pytest.raises(GuardError, match="never compiled"):
+        cold(X)
+    with guard.allow_compiles():
+        assert torch.equal(cold(X), X - 1)
+
+
+def test_warm_then_freeze_gives_zero_failures_across_threads(guard):
+    fns = [torch.compile(lambda x, k=k: (x * k).sin(), backend="eager") for k in range(3)]
+    devices = ["cpu"]
+    report = guard.warm({f"fn{k}": (lambda dev, f=f: f(torch.randn(8, device=dev))) for k, f in enumerate(fns)}, devices)
+    assert report.ok
+    guard.freeze()
+    errors = []
+    for _ in range(TRIALS):
+        barrier = threading.Barrier(3)
+
+        def body(f):
+            barrier.wait(WAIT)
+            try:
+                for _ in range(5):
+                    f(torch.randn(8))
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        ts = [threading.Thread(target=body, args=(f,), name=f"w{k}") for k, f in enumerate(fns)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(WAIT)
+    assert errors == []
+
+
+def test_serialize_keeps_compiled_calls_out_of_a_trace_window():
+    order: list[str] = []
+    g = CompileGuard(thread_local=False, serialize=True).install()
+    try:
+        wrapped = g.wrap(lambda: (order.append("call"), step(X))[1])
+        for _ in range(TRIALS):
+            order.clear()
+            inside, asked = threading.Event(), threading.Event()
+
+            def traced(a):
+                order.append("trace-in")
+                inside.set()
+                asked.wait(WAIT)
+                order.append("trace-out")
+                return a + 1
+
+            def victim():
+                inside.wait(WAIT)
+                asked.set()  # from here the victim is blocked until the trace has ended
+                return wrapped()
+
+            import tests.race_cases as rc
+
+            trial = rc._run(lambda: torch.fx.symbolic_trace(traced), victim, Trial())
+            assert trial.victim_error is None and trial.setter_error is None
+            assert order == ["trace-in", "trace-out", "call"]
+    finally:
+        g.close()
+
+
+def test_serialize_late_compile_inside_shared_sections_does_not_deadlock():
+    g = CompileGuard(thread_local=False, serialize=True).install()
+    try:
+        late = torch.compile(lambda x: x.tanh(), backend="eager")
+        other_in, about_to_compile = threading.Event(), threading.Event()
+        results = {}
+
+        def compiler():
+            with g.shared():
+                other_in.wait(WAIT)
+                about_to_compile.set()
+                results["compiler"] = late(X)  # gives its share up, waits for `other`, compiles
+
+        def other():
+            with g.shared():
+                other_in.set()
+                about_to_compile.wait(WAIT)
+                results["other"] = step(X)
+
+        ts = [threading.Thread(target=compiler, name="compiler"), threading.Thread(target=other, name="other")]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(WAIT)
+        assert not any(t.is_alive() for t in ts), "deadlock"
+        assert torch.equal(results["compiler"], X.tanh()) and g.serialized_compiles >= 1
+    finally:
+        g.close()
+
+
+@needs_thread_local
+def test_close_restores_dynamo_and_fx():
+    import torch._dynamo.eval_frame as ef
+
+    before = (ef._callback_from_stance, st._new_patcher, st.is_fx_symbolic_tracing.__code__)
+    with CompileGuard(thread_local=True):
+        assert ef._callback_from_stance is not before[0] and fxpatch.thread_local_enabled()
+    assert (ef._callback_from_stance, st._new_patcher, st.is_fx_symbolic_tracing.__code__) == before
+    assert not fxpatch.thread_local_enabled()
+
+
+def test_one_guard_at_a_time(guard):
+    from compilewatch.errors import BadInput
+
+    with pytest.raises(BadInput, match="already installed"):
+        CompileGuard().install()

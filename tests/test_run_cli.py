@@ -1,0 +1,111 @@
+"""`compilewatch run`: the watcher inside a child process, no edits to the child's code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from cli.main import app
+from tests.helpers import invoke
+from tests.timeline_format import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+RACE = textwrap.dedent("""
+    import sys, threading, torch, torch.fx
+    print("dynamo imported early:", "torch._dynamo" in sys.modules)  # the watcher must not import it
+    step = torch.compile(lambda x: x.sin() + 1, backend="eager")
+    x = torch.randn(4)
+    step(x)
+    tracing, done = threading.Event(), threading.Event()
+    def traced(a):
+        tracing.set(); done.wait(30); return a * 2
+    def tracer():
+        torch.fx.symbolic_trace(traced)
+    def worker():
+        tracing.wait(30)
+        try:
+            step(x)
+        except RuntimeError as e:
+            print("worker failed:", str(e)[:40])
+        finally:
+            done.set()
+    threads = [threading.Thread(target=tracer, name="data-tracer"), threading.Thread(target=worker, name="gpu-worker-1")]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    raise SystemExit(3)
+""")
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_run_reports_setter_and_victim_threads_by_name(tmp_path):
+    script = tmp_path / "race.py"
+    script.write_text(RACE)
+    report, timeline = tmp_path / "watch.jsonl", tmp_path / "race.json"
+    res = _cli(["run", "--json", "--report", str(report), "--timeline", str(timeline), "--", sys.executable,
+                str(script)], tmp_path)
+    assert res.returncode == 3, res.stderr  # the child's exit code, passed through
+    data = json.loads(res.stdout)  # --json: stdout is only JSON (the child's stdout went to stderr)
+    assert "worker failed" in res.stderr and "dynamo imported early: False" in res.stderr
+    assert data["summary"]["counts"]["compile"] == 1  # compile callbacks registered when dynamo was imported
+    s = data["summary"]
+    assert s["setter_threads"] == ["data-tracer"] and s["victim_threads"] == ["gpu-worker-1"]
+    assert any("data-tracer" in v and "gpu-worker-1" in v for v in s["verdicts"])
+    assert data["exit_code"] == 3 and len(data["processes"]) == 1
+    kinds = [json.loads(line)["kind"] for line in report.read_text().splitlines()]
+    assert kinds[0] == "start" and "flag_leak" in kinds and kinds[-1] == "end"
+    trace = json.loads(timeline.read_text())
+    assert validate(trace) == [] and data["timeline"] == str(timeline)
+    tracks = {m["args"]["name"] for m in trace["traceEvents"] if m.get("name") == "thread_name"}
+    assert {"data-tracer", "gpu-worker-1"} <= tracks
+
+
+def test_run_human_output_names_threads_and_handles_python_dash_m(tmp_path):
+    pkg = tmp_path / "racepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(RACE.replace("raise SystemExit(3)", ""))
+    res = _cli(["run", "--", sys.executable, "-m", "racepkg"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "setter thread(s): data-tracer" in res.stderr and "victim thread(s): gpu-worker-1" in res.stderr
+    assert "flag leak" in res.stderr
+
+
+def test_run_without_torch_passes_exit_code_and_reports_nothing(tmp_path):
+    res = invoke(app, ["run", "--json", "--", sys.executable, "-c", "import sys; sys.exit(5)"])
+    assert res.exit_code == 5
+    data = json.loads(res.stdout)
+    assert data["processes"] == [] and data["summary"]["ok"]
+
+
+def test_run_keeps_a_users_sitecustomize(tmp_path):
+    site = tmp_path / "usersite"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import builtins; builtins.USER_SITE = 42\n")
+    res = subprocess.run([sys.executable, "-m", "cli.main", "run", "--", sys.executable, "-c",
+                          "import builtins, sys; sys.exit(7 if getattr(builtins, 'USER_SITE', 0) == 42 else 1)"],
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])},
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert res.returncode == 7, res.stderr
+
+
+def test_run_bad_input_exits_2():
+    assert invoke(app, ["run"]).exit_code == 2
+    res = invoke(app, ["run", "--stall-after", "0", "--", sys.executable, "-c", "pass"])
+    assert res.exit_code == 2 and "stall-after" in res.stderr
+    res = invoke(app, ["run", "--", "no-such-program-xyz"])
+    assert res.exit_code == 2 and "command not found" in res.stderr
+
+
+def test_run_prints_user_text_verbatim():
+    res = invoke(app, ["run", "--", sys.executable, "-c", "x = [1]; y = '[bold]'"])
+    assert res.exit_code == 0 and "x = [1]; y = '[bold]'" in res.stderr  # not eaten as rich markup

@@ -1,0 +1,97 @@
+"""The Chrome trace-event timeline: written by the watcher, `timeline`, `probe --timeline`; loaded back
+and checked against the format (JSON Object Format: traceEvents with ph/ts/pid/tid, X slices with dur,
+M metadata naming every thread track, s/f flow pairs bound to slices, C counters)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cli.main import app
+from compilewatch import fxpatch
+from compilewatch.watcher import Watcher
+from tests.helpers import invoke, invoke_json
+from tests.race_cases import leak_trial
+from tests.timeline_format import validate
+
+step = torch.compile(lambda x: x.sin() + 1, backend="eager")
+X = torch.randn(4)
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    step(X)
+    yield
+    fxpatch.repair_state()
+
+
+def test_watcher_timeline_shows_the_race(tmp_path):
+    path = tmp_path / "race.json"
+    with Watcher(tmp_path / "r.jsonl", timeline=path) as w:
+        with w.span("warm cpu", cat="warm", device="cpu"):
+            torch.compile(lambda x: x * 5, backend="aot_eager")(X)
+        leak_trial(lambda: step(X))
+    data = json.loads(path.read_text())
+    assert validate(data) == []
+    te = data["traceEvents"]
+    threads = {m["args"]["name"]: m["tid"] for m in te if m.get("name") == "thread_name"}
+    assert {"MainThread", "setter", "victim"} <= set(threads)
+    names = {(e["ph"], e["name"]) for e in te}
+    assert ("X", "warm cpu") in names
+    assert any(ph == "X" and n.startswith("dynamo compile") for ph, n in names)
+    assert any(ph == "X" and n.startswith("Tracer ") and e_tid == threads["setter"]
+               for ph, n, e_tid in ((e["ph"], e["name"], e.get("tid")) for e in te))
+    leak = next(e for e in te if e["ph"] == "i" and e["name"].startswith("flag leak"))
+    assert leak["tid"] == threads["victim"] and leak["args"]["setters"][0]["thread"] == "setter"
+    flow = {e["ph"]: e for e in te if e["ph"] in ("s", "f")}
+    assert flow["s"]["tid"] == threads["setter"] and flow["f"]["tid"] == threads["victim"]
+    flag = [e["args"]["flag"] for e in te if e["ph"] == "C" and e["name"] == "fx tracing"]
+    assert 1 in flag and flag[-1] == 0
+
+
+def test_timeline_command_converts_a_report(tmp_path):
+    report = tmp_path / "r.jsonl"
+    with Watcher(report):
+        leak_trial(lambda: step(X))
+    out = tmp_path / "t.json"
+    info = invoke_json(app, ["timeline", str(report), "-o", str(out)])
+    assert info["problems"] == 1 and info["slices"] >= 2 and set(info["threads"].values()) >= {"setter", "victim"}
+    assert validate(json.loads(out.read_text())) == []
+
+
+def test_timeline_command_bad_input(tmp_path):
+    res = invoke(app, ["timeline", str(tmp_path / "missing.jsonl")])
+    assert res.exit_code == 2 and "does not exist" in res.stderr
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text("not json\n")
+    res = invoke(app, ["timeline", str(junk)])
+    assert res.exit_code == 2 and "not JSON" in res.stderr
+
+
+def test_probe_timeline(tmp_path):
+    out = tmp_path / "probe.json"
+    invoke_json(app, ["probe", "compile", "--backend", "aot_eager", "--timeline", str(out)])
+    data = json.loads(out.read_text())
+    assert validate(data) == []
+    names = [e["name"] for e in data["traceEvents"] if e["ph"] == "X"]
+    assert any(n.startswith("dynamo compile") for n in names) and any("Tracer" in n for n in names)
+
+
+def test_slices_that_would_overlap_are_clipped_to_nest():
+    from compilewatch.timeline import to_trace_events
+    from compilewatch.watch_events import WatchEvent
+
+    ev = [WatchEvent("span", 10.0, 1, "w", 7, 1, {"name": "step", "start": 10.0, "end": 10.00005}),
+          WatchEvent("flag_leak", 10.00001, 1, "w", 7, 2, {"call": "f", "setters": []})]
+    data = to_trace_events(ev)
+    assert validate(data) == []
+    failed = next(e for e in data["traceEvents"] if e.get("cat") == "failed call")
+    assert failed["args"]["clipped"] and failed["dur"] <= 40.0
+
+
+def test_empty_report_gives_an_empty_valid_timeline(tmp_path):
+    from compilewatch.timeline import to_trace_events
+
+    assert validate(to_trace_events([])) == []

@@ -1,0 +1,199 @@
+"""The watcher on the seeds' races, reproduced deterministically (CPU, Events only)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torch.fx._symbolic_trace as st
+
+from compilewatch import fxpatch, tracehooks
+from compilewatch.watcher import Watcher
+from compilewatch.watch_events import KINDS, SCHEMA_VERSION, read_events, summarize
+from tests.race_cases import WAIT, leak_trial, overlap_trial, trace_window
+
+NESTED = "Detected that you are using FX to symbolically trace a dynamo-optimized function"
+
+
+def _sin1(x):
+    return x.sin() + 1
+
+
+step = torch.compile(_sin1, backend="eager")
+X = torch.randn(4)
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    step(X)  # warm (compiles once per process)
+    yield
+    fxpatch.repair_state()
+
+
+def _kinds(w: Watcher, kind: str):
+    return [e for e in w.events if e.kind == kind]
+
+
+@pytest.mark.parametrize("tracer", ["symbolic_trace", "make_fx"])
+def test_flag_leak_is_reproduced_and_names_setter_and_victim(tmp_path, tracer):
+    with Watcher(tmp_path / "r.jsonl") as w:
+        trial = leak_trial(lambda: step(X), tracer)
+    assert trial.setter_error is None
+    assert isinstance(trial.victim_error, RuntimeError) and NESTED in str(trial.victim_error)
+    (leak,) = _kinds(w, "flag_leak")
+    assert leak.thread == "victim"
+    assert leak.detail["call"].startswith("_sin1")
+    assert [s["thread"] for s in leak.detail["setters"]] == ["setter"]
+    setter = leak.detail["setters"][0]
+    assert setter["tracer"] == ("PythonKeyTracer" if tracer == "make_fx" else "Tracer")
+    assert setter["target"].endswith("traced_fn") and any("race_cases.py" in f for f in setter["stack"])
+    assert any("race_cases.py" in f for f in leak.detail["victim_stack"])
+    s = w.summary()
+    assert not s.ok and s.setter_threads == ("setter",) and s.victim_threads == ("victim",)
+
+
+def test_module_call_during_foreign_trace_is_reported(tmp_path):
+    lin = torch.nn.Linear(4, 4)
+    with Watcher() as w:
+        trial = leak_trial(lambda: lin(X))
+    assert isinstance(trial.victim_error, NameError)  # "module is not installed as a submodule"
+    (ev,) = _kinds(w, "module_call_leak")
+    assert ev.thread == "victim" and ev.detail["module"] == "Linear"
+    assert ev.detail["setters"][0]["thread"] == "setter"
+
+
+def test_overlapping_traces_leave_stuck_state_which_is_reported_and_repaired():
+    with Watcher(repair=True) as w:
+        trial = overlap_trial()
+    assert isinstance(trial.victim_error, AssertionError)  # CURRENT_PATCHER is None in finally block
+    (ev,) = _kinds(w, "stuck_state")
+    assert ev.detail["flag"] and ev.detail["module_call_patched"] and ev.detail["repaired"]
+    assert {r["thread"] for r in ev.detail["recent_windows"]} == {"setter", "victim"}
+    assert not fxpatch.stuck_state().stuck
+    step(X)  # compiled calls work again after the repair
+
+
+def test_stuck_state_without_repair_breaks_later_calls_and_check_sees_it():
+    with Watcher() as w:
+        overlap_trial()
+        assert w.check()
+        assert st._is_fx_tracing_flag is True
+        with pytest.raises(RuntimeError, match="symbolically trace"):
+            step(X)  # even single-threaded, every later compiled call fails
+        w.repair()
+        step(X)
+    assert [e.kind for e in w.events if e.kind in ("stuck_state", "repair")] == ["stuck_state", "repair"]
+
+
+def test_trace_stall_is_reported_with_every_stack_within_t_plus_1():
+    T = 0.5
+    stalled = threading.Event()
+    inside, release = threading.Event(), threading.Event()
+    with Watcher(stall_after=T, on_event=lambda e: stalled.set() if e.kind == "stall" else None) as w:
+        t = threading.Thread(target=trace_window("symbolic_trace", inside, release), name="stuck-tracer")
+        t.start()
+        inside.wait(WAIT)
+        try:
+            assert stalled.wait(T + 1.0), "no stall event within T+1 s"
+        finally:
+            release.set()
+            t.join(WAIT)
+    (ev,) = _kinds(w, "stall")
+    assert ev.thread == "stuck-tracer" and ev.detail["open_for_s"] >= T
+    assert "stuck-tracer" in ev.detail["threads_in_compile"]
+    names = {k.rsplit(" (", 1)[0] for k in ev.detail["stacks"]}
+    assert {"MainThread", "stuck-tracer", "compilewatch-watchdog"} <= names
+    assert any("race_cases.py" in f for f in ev.detail["stacks"][next(k for k in ev.detail["stacks"] if k.startswith("stuck-tracer"))])
+
+
+def test_dynamo_compile_stall_names_the_compiling_thread():
+    T = 0.5
+    stalled, in_backend, release = threading.Event(), threading.Event(), threading.Event()
+
+    def blocking_backend(gm, inputs):
+        in_backend.set()
+        release.wait(WAIT)
+        return gm.forward
+
+    fn = torch.compile(lambda x: x.cos() * 3, backend=blocking_backend)
+    with Watcher(stall_after=T, on_event=lambda e: stalled.set() if e.kind == "stall" else None) as w:
+        t = threading.Thread(target=lambda: fn(X), name="compiler")
+        t.start()
+        in_backend.wait(WAIT)
+        try:
+            assert stalled.wait(T + 1.0)
+        finally:
+            release.set()
+            t.join(WAIT)
+    ev = _kinds(w, "stall")[0]
+    assert ev.detail["what"].startswith("dynamo compile") and ev.thread == "compiler"
+    assert "compiler" in ev.detail["threads_in_compile"] and "MainThread" not in ev.detail["threads_in_compile"]
+
+
+def test_recompile_after_warm_carries_guard_reason():
+    fn = torch.compile(lambda x: x * 2, backend="eager")
+    with Watcher() as w:
+        fn(torch.randn(3))
+        w.mark_warm()
+        fn(torch.randn(3))  # same shape: nothing
+        fn(torch.randn(3, 2))  # rank change: recompile
+    (ev,) = _kinds(w, "recompile_after_warm")
+    assert any("rank mismatch" in r or "size mismatch" in r for r in ev.detail["reasons"]), ev.detail
+
+
+def test_silent_eager_fallback_is_reported():
+    def call():
+        # dynamo config is per thread since torch 2.12: set it in the victim thread itself
+        with torch._dynamo.config.patch(error_on_nested_fx_trace=False):
+            return step(X)
+
+    with Watcher() as w:
+        trial = leak_trial(call)
+    assert trial.victim_error is None and torch.allclose(trial.victim_result, X.sin() + 1)
+    (ev,) = _kinds(w, "eager_fallback")
+    assert ev.thread == "victim" and ev.detail["cross_thread"] and ev.detail["setters"][0]["thread"] == "setter"
+
+
+def test_report_is_versioned_jsonl_with_an_end_summary(tmp_path):
+    path = tmp_path / "watch.jsonl"
+    with Watcher(path) as w:
+        leak_trial(lambda: step(X))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all(d["schema_version"] == SCHEMA_VERSION and d["kind"] in KINDS for d in lines)
+    assert [d["seq"] for d in lines] == list(range(1, len(lines) + 1))
+    assert lines[0]["kind"] == "start" and lines[-1]["kind"] == "end"
+    assert lines[-1]["summary"]["victim_threads"] == ["victim"]
+    events = read_events(path)
+    assert summarize(events).setter_threads == w.summary().setter_threads == ("setter",)
+
+
+def test_no_problem_when_nothing_races(tmp_path):
+    with Watcher() as w:
+        step(X)
+        torch.fx.symbolic_trace(lambda a: a + 1)
+    s = w.summary()
+    assert s.ok and s.counts.get("trace") == 1 and s.problems == 0
+
+
+def test_close_restores_every_patch():
+    codes = (st.is_fx_symbolic_tracing.__code__, st.is_fx_tracing.__code__)
+    patch_method = st._Patcher.__dict__["patch_method"]
+    trace = torch.fx.Tracer.__dict__["trace"]
+    with Watcher():
+        assert st.is_fx_symbolic_tracing.__code__ is not codes[0]
+        assert tracehooks.installed()
+    assert (st.is_fx_symbolic_tracing.__code__, st.is_fx_tracing.__code__) == codes
+    assert st._Patcher.__dict__["patch_method"] is patch_method
+    assert torch.fx.Tracer.__dict__["trace"] is trace and not tracehooks.installed()
+    assert "_compilewatch_fxflag" not in vars(st)
+
+
+def test_importing_compilewatch_does_not_import_torch():
+    code = ("import sys, compilewatch; compilewatch.__all__; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print(callable(compilewatch.watch))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
