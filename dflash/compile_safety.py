@@ -1,15 +1,11 @@
-"""The engine's compile-safety seams, each behind one function: prewarm, freeze, watch, sample.
+"""The engine's compile-safety seams, each one function over compilewatch's public API.
 
-The engine calls only these four; each uses compilewatch's public API when the installed
-compilewatch has it, and a minimal stand-in otherwise (so the engine and its tests run while the
-pieces land one by one):
-
-| seam | compilewatch API | stand-in |
-|---|---|---|
-| `prewarm_replicas` | `compilewatch.warm.prewarm(devices, fn)` (warm pass, then a verify pass under `fail_on_recompile`) | the same two passes as a plain loop |
-| `CompileBarrier` | `compilewatch.guard.CompileGuard`: installed before prewarm, `freeze()` after it | `torch.compiler.set_stance("fail_on_recompile")` at freeze (process-wide: any dynamo compile in any thread raises) |
-| `watching` | `compilewatch.watch(...)` | none (the report says the watcher was not available) |
-| `device_sampler` | per engine device from torch (`mem_get_info`, `memory_allocated`, `utilization`), plus `compilewatch.gpus.sample()` for every GPU on the node | the per-device part only |
+| seam | compilewatch API |
+|---|---|
+| `prewarm_replicas` | `compilewatch.warm.prewarm(devices, fn)`: a warm pass, then a verify pass under `fail_on_recompile` |
+| `CompileBarrier` | `compilewatch.CompileGuard`: installed before prewarm (thread-local FX flag where torch allows), `freeze()` after it |
+| `watching` | `compilewatch.watch(...)` during the worker phase; its summary goes into the engine's report |
+| `device_sampler` | per engine device from torch (`mem_get_info`, `memory_allocated`, `utilization`), plus `compilewatch.gpus.sample()` |
 
 Why prewarm runs per replica and not once per device: a compiled callable's cache is per function
 and guards on what it sees; warming every replica (in this thread, one after another) covers both
@@ -19,17 +15,9 @@ per-device and per-instance compile state, and the verify pass proves nothing co
 from __future__ import annotations
 
 import contextlib
-import importlib
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
-
-
-def _optional(module: str) -> Any | None:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
 
 
 # --------------------------------------------------------------------------- prewarm
@@ -39,10 +27,10 @@ class PrewarmResult:
     devices: tuple[str, ...]  # unique drafter devices, in the order they were warmed
     replicas: int
     wall_s: float
-    via: str  # "compilewatch.warm" or "loop"
+    via: str  # what warmed: "compilewatch.warm"
     error: str | None  # first failure, "Type: message"
     verdicts: tuple[str, ...]
-    report: Any = None  # compilewatch.warm.WarmReport when via == "compilewatch.warm"
+    report: Any = None  # compilewatch.warm.WarmReport
 
 
 def _unique(devices: Sequence[str]) -> list[str]:
@@ -88,84 +76,41 @@ def _room_for_every_replica(n: int) -> Iterator[None]:
 
 def _prewarm(replicas: Sequence[Any], devices: list[str], run_device: Callable[[str], None], t0: float,
              progress: Callable[[Any], None] | None) -> PrewarmResult:
-    warm_mod = _optional("compilewatch.warm")
-    if warm_mod is not None and hasattr(warm_mod, "prewarm"):
-        rep = warm_mod.prewarm(devices, run_device, verify=True, strict=True, progress=progress,
-                               name="dflash drafter step")
-        for r in replicas:
-            r.model.zero_grad(set_to_none=True)
-        err = next((x.error or (x.recompile.message if x.recompile else None)
-                    for x in (*rep.warm, *rep.verify) if not x.ok), None)
-        return PrewarmResult(rep.ok, tuple(devices), len(replicas), time.perf_counter() - t0, "compilewatch.warm",
-                             err, tuple(rep.verdicts), rep)
-    return _loop_prewarm(replicas, devices, run_device, t0)
+    from compilewatch.warm import prewarm
 
-
-def _loop_prewarm(replicas: Sequence[Any], devices: list[str], run_device: Callable[[str], None],
-                  t0: float) -> PrewarmResult:
-    import torch
-
-    phase = "warm"
-    try:
-        for d in devices:
-            run_device(d)
-        phase = "verify"
-        with torch.compiler.set_stance("fail_on_recompile"):
-            for d in devices:
-                run_device(d)
-    except Exception as e:  # noqa: BLE001 - reported, the engine does not start workers
-        text = f"{type(e).__name__}: {e}".strip()
-        for r in replicas:
-            r.model.zero_grad(set_to_none=True)
-        verdict = (f"something compiled again in the verify pass: {text.splitlines()[0]}" if phase == "verify"
-                   else f"warm failed: {text.splitlines()[0]}")
-        return PrewarmResult(False, tuple(devices), len(replicas), time.perf_counter() - t0, "loop", text[:2000],
-                             (verdict,))
-    return PrewarmResult(True, tuple(devices), len(replicas), time.perf_counter() - t0, "loop", None,
-                         (f"warmed {len(replicas)} replica(s) on {len(devices)} device(s) one after another; "
-                          "the verify pass compiled nothing.",))
+    rep = prewarm(devices, run_device, verify=True, strict=True, progress=progress, name="dflash drafter step")
+    for r in replicas:
+        r.model.zero_grad(set_to_none=True)
+    err = next((x.error or (x.recompile.message if x.recompile else None)
+                for x in (*rep.warm, *rep.verify) if not x.ok), None)
+    return PrewarmResult(rep.ok, tuple(devices), len(replicas), time.perf_counter() - t0, "compilewatch.warm", err,
+                         tuple(rep.verdicts), rep)
 
 
 # --------------------------------------------------------------------------- freeze
 class CompileBarrier:
-    """Installed before prewarm, frozen after it, closed when the workers are done.
-
-    With compilewatch.guard: a `CompileGuard` (which also makes the FX flag per thread where the
-    installed torch allows it); `freeze()` makes any later compile, in any thread, raise GuardError
-    naming the function and the guard failure. Stand-in: `freeze()` sets the process-wide stance
-    `fail_on_recompile` (a dynamo compile in any thread raises; no thread-local flag)."""
+    """Installed before prewarm, frozen after it, closed when the workers are done: a
+    `compilewatch.CompileGuard` (which also makes the FX flag per thread where the installed torch
+    allows it). After `freeze()` any compile, in any thread, raises GuardError naming the function
+    and the guard failure, instead of racing with other threads' compiled calls."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
         self.kind = "off"
         self._guard: Any = None
-        self._stance: Any = None
-        if not enabled:
-            return
-        guard_mod = _optional("compilewatch.guard")
-        if guard_mod is not None and hasattr(guard_mod, "CompileGuard"):
-            self._guard = guard_mod.CompileGuard().install()
-            tl = " + thread-local FX flag" if getattr(self._guard, "thread_local", False) else ""
-            self.kind = f"compilewatch.guard{tl}"
-        else:
-            self.kind = "set_stance(fail_on_recompile)"
+        if enabled:
+            from compilewatch import CompileGuard
+
+            self._guard = CompileGuard().install()
+            self.kind = "compilewatch.guard" + (" + thread-local FX flag" if self._guard.thread_local else "")
 
     def freeze(self) -> None:
         if self._guard is not None:
             self._guard.freeze()
-        elif self.enabled and self._stance is None:
-            import torch
-
-            self._stance = torch.compiler.set_stance("fail_on_recompile")
-            self._stance.__enter__()
 
     def close(self) -> None:
         if self._guard is not None:
             self._guard.close()
             self._guard = None
-        if self._stance is not None:
-            self._stance.__exit__(None, None, None)
-            self._stance = None
 
     def __enter__(self) -> "CompileBarrier":
         return self
@@ -185,16 +130,13 @@ def is_blocked_compile(error: str) -> bool:
 # --------------------------------------------------------------------------- watch
 @contextlib.contextmanager
 def watching(enabled: bool, *, stall_after: float, report: str | None = None) -> Iterator[Any]:
-    """The compilewatch watcher around the worker phase (None when off or not available)."""
-    cw = _optional("compilewatch")
-    fn = getattr(cw, "watch", None) if cw is not None else None
-    if fn is None:
-        mod = _optional("compilewatch.watch")
-        fn = getattr(mod, "watch", None) if mod is not None else None
-    if not enabled or fn is None:
+    """The compilewatch watcher around the worker phase (None when off)."""
+    if not enabled:
         yield None
         return
-    with fn(report, stall_after=stall_after) as w:
+    import compilewatch
+
+    with compilewatch.watch(report, stall_after=stall_after) as w:
         yield w
 
 
@@ -251,16 +193,15 @@ def _device_samples(devices: Sequence[str]) -> tuple[DeviceSample, ...]:
 
 
 def device_sampler() -> Callable[[Sequence[str]], Samples]:
-    """A callable: the engine's devices -> Samples (per engine device, plus the node's GPUs)."""
-    gpus = _optional("compilewatch.gpus")
-    node = getattr(gpus, "sample", None) if gpus is not None else None
+    """A callable: the engine's devices -> Samples (per engine device, plus every GPU on the node)."""
+    from compilewatch import gpus
 
     def sample(devices: Sequence[str]) -> Samples:
-        node_samples: tuple[Any, ...] = ()
-        if node is not None and any(d.startswith("cuda") for d in devices):
+        node: tuple[Any, ...] = ()
+        if any(d.startswith("cuda") for d in devices):
             try:
-                node_samples = tuple(node())
+                node = tuple(gpus.sample())
             except Exception:  # noqa: BLE001 - best effort
-                node_samples = ()
-        return Samples(_device_samples(devices), node_samples)
+                node = ()
+        return Samples(_device_samples(devices), node)
     return sample
