@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 import dflash
+from cli import dflash_eval, dflash_regen, dflash_train
 from cli.app import make_app
 
 app = make_app("dflash", "Train DFlash block-diffusion drafters, safe with threads and torch.compile.")
@@ -25,6 +26,11 @@ def root(
     ] = None,
 ) -> None:
     """dflash: DFlash drafter training. Exit codes: 0 ok, 1 a failed check, 2 bad input or usage."""
+
+
+app.command("train")(dflash_train.train_cmd)
+app.command("eval")(dflash_eval.eval_cmd)
+app.command("regen")(dflash_regen.regen_cmd)
 
 
 def main() -> None:

@@ -13,6 +13,17 @@ from typing import Any, Iterator
 from compilewatch.serialize import to_jsonable
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it; done once, at import (before any threads)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files 0600; a finished file gets the mode a plain open() would have given it, so
+# other users (a serving engine, a teammate reading a lock file) can read what we write.
+FILE_MODE = 0o666 & ~_read_umask()
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str], *, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside `target`; on success it is renamed onto `target`.
@@ -29,6 +40,7 @@ def atomic_path(target: str | os.PathLike[str], *, suffix: str = "") -> Iterator
         if tmp_path.is_file():
             with open(tmp_path, "rb") as fh:
                 os.fsync(fh.fileno())
+            os.chmod(tmp_path, FILE_MODE)
         os.replace(tmp_path, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -1,0 +1,45 @@
+"""`dflash eval CHECKPOINT`: speculative decoding with a trained drafter -> τ and speedup."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from cli import output
+from cli.options import JsonOpt
+from dflash.eval import EvalResult, eval_checkpoint
+
+
+def eval_cmd(
+    checkpoint: Annotated[str, typer.Argument(help="A checkpoint directory, or a run directory (its latest checkpoint).")],
+    target: Annotated[Optional[str], typer.Option("--target", help="Target directory (default: the one it was trained with).")] = None,
+    data: Annotated[Optional[str], typer.Option("--data", help="Chat JSONL whose last user turns are the prompts.")] = None,
+    prompts: Annotated[Optional[int], typer.Option("--prompts", "-n", help="Number of prompts.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", "-d", help="cpu, cuda, cuda:N or N.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Greedy speculative decoding (drafter proposes a block, target verifies) vs plain target decoding.
+
+    Examples:
+      dflash eval runs/tiny-20260101-120000
+      dflash eval runs/q8/checkpoints/step_004000 --data data/test.jsonl -n 64 --json
+    """
+    from cli.dflash_progress import TrainProgress
+
+    with TrainProgress() as progress:
+        progress("phase", {"name": "eval", "prompts": prompts or "the configured"})
+        result = eval_checkpoint(checkpoint, target_path=target, data_path=data, num_prompts=prompts,
+                                 max_new_tokens=max_new_tokens, device=device,
+                                 progress=lambda d, n: progress("eval", {"done": d, "total": n}))
+    output.emit(result, as_json, _render)
+
+
+def _render(r: EvalResult) -> None:
+    o = output.out
+    o.print(f"τ = {r.tau:.2f} accepted tokens per verify round (max {r.max_tau}), {r.rounds} rounds, {r.prompts} prompts")
+    o.print("acceptance lengths: " + ", ".join(f"{k}: {v}" for k, v in r.acceptance_histogram.items()))
+    o.print(f"speedup {r.speedup:.2f}x: {r.spec_tokens_per_s:,.1f} vs {r.plain_tokens_per_s:,.1f} tokens/s (plain greedy)")
+    o.print("outputs match plain greedy decoding" if r.outputs_match
+            else f"[red]outputs differ from plain greedy decoding on {r.mismatched_prompts} prompts[/]")

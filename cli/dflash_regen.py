@@ -1,0 +1,43 @@
+"""`dflash regen INPUT OUTPUT`: regenerate a chat dataset's answers with the target."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli import output
+from cli.options import JsonOpt
+from dflash.config import EMBEDDED_TARGET, TargetConfig
+from dflash.regen import RegenResult, regen_file
+
+
+def regen_cmd(
+    input: Annotated[str, typer.Argument(help="Chat JSONL (messages or ShareGPT conversations).")],
+    out_path: Annotated[str, typer.Argument(metavar="OUTPUT", help="Where to write the regenerated chat JSONL.")],
+    target: Annotated[str, typer.Option("--target", help="Local HF target directory.")] = EMBEDDED_TARGET,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Longest answer.")] = 512,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Conversations generated together.")] = 32,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy (default).")] = 0.0,
+    device: Annotated[str, typer.Option("--device", "-d", help="cpu, cuda, cuda:N, N or auto.")] = "auto",
+    as_json: JsonOpt = False,
+) -> None:
+    """Answer every user turn again with the target (how DFlash training data is made).
+
+    Examples:
+      dflash regen data/sharegpt.jsonl data/regen.jsonl --target /models/Qwen3-8B --device 0
+    """
+    from cli.dflash_progress import TrainProgress
+    from dflash.target import load_target, resolve_device
+
+    tgt = load_target(TargetConfig(path=target), 1, resolve_device(device))
+    with TrainProgress() as progress:
+        progress("phase", {"name": "regenerate", "conversations": "all"})
+        result = regen_file(input, out_path, tgt, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                            temperature=temperature, progress=lambda d, n: progress("regen", {"done": d, "total": n}))
+    output.emit(result, as_json, _render)
+
+
+def _render(r: RegenResult) -> None:
+    output.out.print(f"regenerated {r.turns} answers in {r.conversations} conversations ({r.generated_tokens} tokens, "
+                     f"{output.fmt_seconds(r.seconds)}) -> {r.output}")

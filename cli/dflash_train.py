@@ -1,0 +1,90 @@
+"""`dflash train`: parse, build the config, build the Trainer, train, always close."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from cli import output
+from cli.dflash_progress import TrainProgress
+from cli.options import JsonOpt
+from compilewatch.errors import BadInput
+from compilewatch.serialize import to_jsonable
+from dflash.config import build_config, parse_set, to_dict, to_toml
+from dflash.trainer import Trainer, build_config_for_resume
+
+
+def train_cmd(
+    recipe: Annotated[str, typer.Option("--recipe", help="Named recipe: tiny (embedded default) or qwen3_8b.")] = "tiny",
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="TOML config file (its `recipe` applies first).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set optim.lr=3e-4 (repeatable).")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", help="Local HF target directory (= --set target.path=...).")] = None,
+    data: Annotated[Optional[str], typer.Option("--data", help="Chat JSONL (= --set data.path=...).")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run directory (default runs/<recipe>-<time>).")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", "-d", help="cpu, cuda, cuda:N or N (default auto).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="Stop after N optimizer steps.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its latest checkpoint.")] = False,
+    print_config: Annotated[bool, typer.Option("--print-config", help="Print the resolved config as TOML and exit.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train a DFlash drafter. With no arguments: the embedded tiny target and data, a few minutes on a CPU.
+
+    Examples:
+      dflash train
+      dflash train --recipe qwen3_8b --target /models/Qwen3-8B --data data/regen.jsonl --out runs/q8
+      dflash train --out runs/q8 --resume
+      dflash train --config my.toml --set optim.lr=3e-4 --set train.max_steps=1000
+    """
+    overrides = {}
+    try:
+        overrides.update(parse_set(set_ or []))
+        for key, val in (("target.path", target), ("data.path", data), ("checkpoint.out_dir", out),
+                         ("train.device", device), ("train.max_steps", max_steps)):
+            if val is not None:
+                overrides[key] = val
+        if resume:
+            if out is None:
+                raise BadInput("--resume needs --out RUN_DIR (the run to continue)")
+            cfg = build_config_for_resume(out, overrides)
+        else:
+            cfg = build_config(recipe, config, overrides)
+    except ValueError as e:
+        raise BadInput(f"bad config: {e}", hint="see `dflash train --print-config` for every field") from None
+    if print_config:
+        output.emit(to_dict(cfg), as_json, lambda _: output.out.print(to_toml(cfg), markup=False))
+        return
+    output.err.print(to_toml(cfg), style="dim", markup=False, highlight=False)
+    trainer = None
+    with TrainProgress() as progress:
+        try:
+            trainer = Trainer.from_config(cfg, resume=resume, on_event=progress)
+            for note in trainer.notes:
+                output.err.print(f"[dim]note:[/] {note}")
+            result = trainer.train()
+        finally:
+            if trainer is not None:
+                trainer.close()
+    output.emit({**to_jsonable(result), "config": to_dict(cfg)}, as_json, _render)
+
+
+def _f(x, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _render(r: dict) -> None:
+    last = r["last"] or {}
+    o = output.out
+    o.print(f"trained {r['steps']}/{r['total_steps']} steps in {output.fmt_seconds(r['seconds'])}: mean loss "
+            f"{_f(r['first_epoch_loss'])} (first epoch) -> {_f(r['last_epoch_loss'])} (last epoch), "
+            f"estimated τ {_f(r['last_epoch_tau_estimate'], 2)} (last epoch, training batches)")
+    acc = last.get("accuracy") or []
+    if acc:
+        o.print("per-slot accuracy: " + " ".join(f"{a:.2f}" if a is not None else "-" for a in acc))
+    ev = r.get("eval")
+    if ev:
+        o.print(f"speculative decoding: τ = {ev['tau']:.2f} (max {ev['max_tau']}), speedup {ev['speedup']:.2f}x vs plain "
+                f"decoding, outputs {'match' if ev['outputs_match'] else 'DIFFER'} ({ev['prompts']} prompts)")
+    if r["checkpoints"]:
+        o.print(f"export: {r['checkpoints'][-1]} (config.json + model.safetensors)")
+    o.print(f"run dir: {r['run_dir']} (metrics.jsonl, config.toml)")

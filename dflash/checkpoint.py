@@ -1,0 +1,209 @@
+"""Checkpoints: an HF-style drafter export that serving engines load, plus the exact training state.
+
+Layout of a run directory:
+
+    RUN/config.toml                      the resolved training config (also in every checkpoint)
+    RUN/metrics.jsonl                    one row per logged step
+    RUN/checkpoints/step_000100/
+        config.json                      Qwen3 fields + DFlash fields (SGLang DFLASH / vLLM dflash)
+        model.safetensors                layers.*, fc, hidden_norm, norm (reference names)
+        training_state.pt                fp32 master weights, optimizer, step (for --resume)
+        train_config.toml                the training config
+    RUN/checkpoints/latest               the name of the newest complete checkpoint
+
+A checkpoint directory is written under a temporary name and renamed into place (atomic on POSIX),
+then `latest` is replaced atomically: a crash never leaves a half-written checkpoint behind. An
+existing directory of the same name is moved aside to `<name>.bak-<time>`, never deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compilewatch.errors import BadInput
+from compilewatch.fsutil import FILE_MODE, atomic_write_bytes, atomic_write_json, atomic_write_text
+from dflash.model import DFlashDrafter, DrafterSpec
+
+EXPORT_FILES = ("config.json", "model.safetensors")
+STATE_FILE = "training_state.pt"
+CONFIG_FILE = "train_config.toml"
+
+
+def export_config(spec: DrafterSpec, dtype: torch.dtype) -> dict[str, Any]:
+    """config.json for the exported drafter: a Qwen3 config plus the DFlash fields serving engines read."""
+    import transformers
+
+    sliding = any(t == "sliding_attention" for t in spec.layer_types)
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "intermediate_size": spec.intermediate_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta,
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "layer_types": list(spec.layer_types),
+        "use_sliding_window": sliding,
+        "sliding_window": spec.sliding_window if sliding else None,
+        "max_window_layers": spec.num_hidden_layers,
+        "num_target_layers": spec.num_target_layers,
+        "block_size": spec.block_size,
+        "dflash_config": {"mask_token_id": spec.mask_token_id, "target_layer_ids": list(spec.target_layer_ids)},
+        "dtype": {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}[dtype],
+        "transformers_version": transformers.__version__,
+    }
+
+
+def spec_from_config(cfg: dict[str, Any]) -> DrafterSpec:
+    """Read a DrafterSpec back from an exported config.json."""
+    try:
+        d = cfg["dflash_config"]
+        return DrafterSpec(
+            hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg["num_key_value_heads"],
+            head_dim=cfg["head_dim"], intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
+            rms_norm_eps=cfg["rms_norm_eps"], rope_theta=cfg.get("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta")),
+            max_position_embeddings=cfg["max_position_embeddings"], block_size=cfg["block_size"],
+            num_target_layers=cfg["num_target_layers"], target_layer_ids=tuple(d["target_layer_ids"]),
+            mask_token_id=d["mask_token_id"], layer_types=tuple(cfg["layer_types"]), sliding_window=cfg.get("sliding_window"),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInput(f"config.json is not a DFlash drafter config (missing or bad {e})",
+                       hint="export a checkpoint with `dflash train`; it writes config.json with dflash_config") from None
+
+
+def _stage_dir(final: Path) -> Path:
+    stage = final.parent / f".{final.name}.partial-{os.getpid()}"
+    if stage.exists():
+        shutil.rmtree(stage)  # our own leftover staging dir from this pid, never a user's checkpoint
+    stage.mkdir(parents=True)
+    return stage
+
+
+def _publish(stage: Path, final: Path) -> None:
+    for f in stage.iterdir():  # files written directly (training state) get the same mode as atomic ones
+        os.chmod(f, FILE_MODE)
+    if final.exists():
+        final.rename(final.with_name(f"{final.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}"))
+    os.replace(stage, final)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_export(directory: Path, drafter: DFlashDrafter, dtype: torch.dtype) -> None:
+    """config.json + model.safetensors into an existing directory (each written atomically)."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in drafter.state_dict().items()}
+    atomic_write_bytes(directory / "model.safetensors", save(tensors, metadata={"format": "pt"}))
+    atomic_write_json(directory / "config.json", export_config(drafter.spec, dtype))
+
+
+def save_checkpoint(run_dir: Path, step: int, drafter: DFlashDrafter, export_dtype: torch.dtype,
+                    training_state: dict[str, Any], config_toml: str) -> Path:
+    """Write checkpoints/step_NNNNNN atomically and point `latest` at it; returns its path."""
+    ckdir = Path(run_dir) / "checkpoints"
+    final = ckdir / f"step_{step:06d}"
+    stage = _stage_dir(final)
+    try:
+        write_export(stage, drafter, export_dtype)
+        with open(stage / STATE_FILE, "wb") as fh:
+            torch.save(training_state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        atomic_write_text(stage / CONFIG_FILE, config_toml)
+        _publish(stage, final)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    atomic_write_text(ckdir / "latest", final.name + "\n")
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run directory, or None."""
+    ckdir = Path(run_dir) / "checkpoints"
+    pointer = ckdir / "latest"
+    if pointer.is_file():
+        cand = ckdir / pointer.read_text().strip()
+        if (cand / STATE_FILE).is_file():
+            return cand
+    steps = sorted(p for p in ckdir.glob("step_*") if p.is_dir() and (p / STATE_FILE).is_file()
+                   and ".bak-" not in p.name)
+    return steps[-1] if steps else None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory from a checkpoint path or a run directory (its latest checkpoint)."""
+    p = Path(path).expanduser()
+    if (p / "config.json").is_file() and (p / "model.safetensors").is_file():
+        return p
+    if p.is_dir():
+        latest = latest_checkpoint(p)
+        if latest is not None:
+            return latest
+    raise BadInput(f"{str(p)!r} is not a dflash checkpoint or run directory",
+                   hint="expected a directory with config.json + model.safetensors, or a run directory with checkpoints/")
+
+
+def load_export(path: Path, device: torch.device | str = "cpu") -> DFlashDrafter:
+    """An exported drafter (config.json + model.safetensors) as a DFlashDrafter in fp32."""
+    from safetensors.torch import load_file
+
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise BadInput(f"cannot read {path / 'config.json'}: {e}") from None
+    drafter = DFlashDrafter(spec_from_config(cfg))
+    state = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise BadInput(f"{path / 'model.safetensors'} does not match its config.json",
+                       hint=f"missing: {missing[:4]}, unexpected: {unexpected[:4]}")
+    return drafter.to(device)
+
+
+def load_training_state(path: Path) -> dict[str, Any]:
+    try:
+        return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError) as e:
+        raise BadInput(f"cannot read the training state in {str(path)!r}: {e}") from None
+
+
+def check_compatible(spec: DrafterSpec, target_hidden: int, target_layers: int, layer_ids: tuple[int, ...],
+                     where: str) -> None:
+    """BadInput when a checkpoint's drafter does not fit the target (hidden size, depth, taps)."""
+    problems = []
+    if spec.hidden_size != target_hidden:
+        problems.append(f"hidden size {spec.hidden_size} vs the target's {target_hidden}")
+    if tuple(spec.target_layer_ids) != tuple(layer_ids):
+        problems.append(f"taps {list(spec.target_layer_ids)} vs {list(layer_ids)}")
+    if spec.num_target_layers != target_layers:
+        problems.append(f"trained on a {spec.num_target_layers}-layer target, this one has {target_layers}")
+    if problems:
+        raise BadInput(f"the checkpoint {where} does not match the target: " + "; ".join(problems),
+                       hint="use the target (and target.layer_ids) the drafter was trained with")

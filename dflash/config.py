@@ -1,0 +1,447 @@
+"""One typed config for a dflash run: nested dataclasses, named recipes, TOML in and out.
+
+Every field carries a comment that says what it does and why its default is what it is. Choices are
+`Literal[...]`; `__post_init__` raises `ValueError` naming the field. A run's config comes from a recipe
+(`tiny()` is the embedded default, `qwen3_8b()` the paper's setup), optionally a TOML file, then
+overrides (`--set optim.lr=3e-4`); the resolved config is printed at start and saved with every
+checkpoint, so `load_toml(saved)` rebuilds it exactly.
+
+TOML has no null: `None` is written as the string "none" and read back as None for Optional fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+EMBEDDED_TARGET = "embedded:tiny"  # the tiny Qwen3 target built locally from a config (no download)
+EMBEDDED_DATA = "embedded:tiny-chat"  # the shipped prompts, answered by the target (dflash regen)
+GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}  # loss decay γ per block size (DFlash paper / SpecForge)
+
+
+def _need(cond: bool, name: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{name}: {msg}")
+
+
+@dataclass(kw_only=True, slots=True)
+class TargetConfig:
+    path: str = EMBEDDED_TARGET
+    """A local Hugging Face model directory (never downloaded), or `embedded:tiny`."""
+    layer_ids: tuple[int, ...] | None = None
+    """Target layers whose outputs feed the drafter (`hidden_states[id + 1]`); None = the default formula."""
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """Target weights: auto = bf16 on GPU, fp32 on CPU (CPU bf16 matmuls are slow)."""
+    mask_token: str = "<|MASK|>"
+    """The block's mask token; added to the tokenizer when missing (never reuse pad)."""
+
+    def __post_init__(self) -> None:
+        _need(bool(self.path), "target.path", "must be a model directory or embedded:tiny")
+        if self.layer_ids is not None:
+            _need(len(self.layer_ids) > 0 and all(i >= 0 for i in self.layer_ids), "target.layer_ids",
+                  "must be a non-empty list of layer indices >= 0")
+        _need(bool(self.mask_token), "target.mask_token", "must not be empty")
+
+
+@dataclass(kw_only=True, slots=True)
+class DrafterConfig:
+    num_layers: int = 5
+    """Draft decoder layers (the paper uses 5); also the number of target taps by default."""
+    block_size: int = 16
+    """Tokens per block: the anchor plus block_size-1 masked slots it predicts (paper: 16)."""
+    intermediate_size: int | None = None
+    """SwiGLU width; None = the target's."""
+    num_attention_heads: int | None = None
+    """Query heads; None = the target's."""
+    num_key_value_heads: int | None = None
+    """K/V heads (GQA); None = the target's."""
+    head_dim: int | None = None
+    """Per-head width; None = the target's."""
+    sliding_window: int | None = None
+    """Window (in positions) of the sliding-attention layers; None = no sliding layers."""
+    sliding_layers: tuple[int, ...] = ()
+    """Draft layer indices that use sliding-window attention (causal inside the block, as served)."""
+
+    def __post_init__(self) -> None:
+        _need(self.num_layers >= 1, "drafter.num_layers", "must be >= 1")
+        _need(self.block_size >= 2, "drafter.block_size", "must be >= 2 (an anchor plus at least one prediction)")
+        for name in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim"):
+            v = getattr(self, name)
+            _need(v is None or v >= 1, f"drafter.{name}", "must be >= 1 or none")
+        _need(all(0 <= i < self.num_layers for i in self.sliding_layers), "drafter.sliding_layers",
+              f"indices must be in [0, {self.num_layers})")
+        _need(not self.sliding_layers or (self.sliding_window or 0) >= self.block_size, "drafter.sliding_window",
+              "sliding layers need a window >= block_size")
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    path: str = EMBEDDED_DATA
+    """Chat JSONL (`messages` or ShareGPT `conversations`), or `embedded:tiny-chat`."""
+    regenerate: bool = False
+    """Regenerate assistant turns with the target before training (what `dflash regen` does)."""
+    regen_max_new_tokens: int = 256
+    """Longest regenerated answer."""
+    max_length: int = 3072
+    """Sequences are truncated to this many tokens (paper: 3072)."""
+    num_anchors: int = 512
+    """Blocks per sequence, sampled without replacement from loss-masked positions in [0, S-B]."""
+    batch_size: int = 4
+    """Sequences per micro-batch (on one device)."""
+    buckets: tuple[int, ...] = ()
+    """Padded sequence lengths (few shapes = few recompiles); empty = powers of two up to max_length."""
+
+    def __post_init__(self) -> None:
+        _need(bool(self.path), "data.path", "must be a JSONL file or embedded:tiny-chat")
+        _need(self.max_length >= 2, "data.max_length", "must be >= 2")
+        _need(self.num_anchors >= 1, "data.num_anchors", "must be >= 1")
+        _need(self.batch_size >= 1, "data.batch_size", "must be >= 1")
+        _need(self.regen_max_new_tokens >= 1, "data.regen_max_new_tokens", "must be >= 1")
+        _need(all(b >= 1 for b in self.buckets) and list(self.buckets) == sorted(set(self.buckets)),
+              "data.buckets", "must be increasing positive lengths")
+
+    def bucket_lengths(self) -> tuple[int, ...]:
+        if self.buckets:
+            return tuple(b for b in self.buckets if b < self.max_length) + (self.max_length,)
+        out, b = [], 64
+        while b < self.max_length:
+            out.append(b)
+            b *= 2
+        return (*out, self.max_length)
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    lr: float = 6e-4
+    """Peak learning rate (SpecForge's Qwen3-8B run)."""
+    min_lr_ratio: float = 0.0
+    """Final lr as a fraction of the peak."""
+    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
+    """cosine: warmup then cosine decay; wsd: warmup, stable, linear decay over `decay_ratio`."""
+    warmup_ratio: float = 0.04
+    """Fraction of steps spent warming up linearly (paper: 4%)."""
+    decay_ratio: float = 0.2
+    """wsd only: fraction of steps in the final decay."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    beta1: float = 0.9
+    """AdamW β1."""
+    beta2: float = 0.95
+    """AdamW β2 (0.95: steadier than 0.999 for short, high-lr runs)."""
+    eps: float = 1e-8
+    """AdamW ε."""
+    clip: float = 1.0
+    """Gradient-norm clip (paper: 1.0); 0 disables."""
+
+    def __post_init__(self) -> None:
+        _need(self.lr > 0, "optim.lr", "must be > 0")
+        _need(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
+        _need(0 <= self.warmup_ratio < 1, "optim.warmup_ratio", "must be in [0, 1)")
+        _need(0 < self.decay_ratio <= 1, "optim.decay_ratio", "must be in (0, 1]")
+        _need(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        _need(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1", "betas must be in [0, 1)")
+        _need(self.clip >= 0, "optim.clip", "must be >= 0 (0 disables clipping)")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    epochs: int = 6
+    """Passes over the data (paper: 6); anchors are resampled every epoch."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (also sets the schedule length); None = epochs."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    seed: int = 0
+    """Seeds init, shuffling and anchors: the same seed gives the same losses."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N, N, or auto (first GPU, else CPU)."""
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """Compute dtype: bf16 autocast over fp32 master weights on GPU (auto), fp32 on CPU."""
+    attention: Literal["auto", "flex", "sdpa"] = "auto"
+    """flex = compiled flex_attention (GPU); sdpa = dense mask from the same mask_mod (CPU, fallback)."""
+    gamma: float | None = None
+    """Loss decay γ in w_k = exp(-(k-1)/γ); None = by block size (16: 7, 10: 5, 8: 4)."""
+    compile_layers: bool = False
+    """CUDA: also torch.compile each draft layer (FACTS §6: 141.7 vs 150.9 ms/step at Qwen3-8B shapes,
+    first step +24 s). Attention is compiled (flex) either way."""
+    cpu_threads: int | None = None
+    """torch intra-op threads when training on CPU; None = torch's default. Tiny models want 1: on a
+    busy 2-core machine two spinning OpenMP threads made the tiny run 12x slower (65 s vs 5 s)."""
+
+    def __post_init__(self) -> None:
+        _need(self.cpu_threads is None or self.cpu_threads >= 1, "train.cpu_threads", "must be >= 1 or none")
+        _need(self.epochs >= 1, "train.epochs", "must be >= 1")
+        _need(self.max_steps is None or self.max_steps >= 1, "train.max_steps", "must be >= 1 or none")
+        _need(self.grad_accum >= 1, "train.grad_accum", "must be >= 1")
+        _need(self.gamma is None or self.gamma > 0, "train.gamma", "must be > 0 or none")
+        _need(bool(self.device), "train.device", "must not be empty")
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    out_dir: str | None = None
+    """Run directory; None = runs/<recipe>-<timestamp>."""
+    every: int = 500
+    """Save (export + training state) every N steps; the last step is always saved."""
+
+    def __post_init__(self) -> None:
+        _need(self.every >= 1, "checkpoint.every", "must be >= 1")
+
+
+@dataclass(kw_only=True, slots=True)
+class MetricsConfig:
+    log_every: int = 10
+    """Write a metrics row every N steps (the first and last are always written)."""
+    tensorboard: bool = True
+    """Also write TensorBoard scalars when the tensorboard package is installed."""
+
+    def __post_init__(self) -> None:
+        _need(self.log_every >= 1, "metrics.log_every", "must be >= 1")
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalConfig:
+    at_end: bool = False
+    """Run real speculative decoding after training and report τ and speedup."""
+    num_prompts: int = 16
+    """Prompts: the first user turn of the dataset's last records (held out of training when the
+    dataset has more than twice as many), or held-out embedded prompts."""
+    max_new_tokens: int = 128
+    """Tokens generated per prompt (both plain and speculative decoding)."""
+
+    def __post_init__(self) -> None:
+        _need(self.num_prompts >= 1, "eval.num_prompts", "must be >= 1")
+        _need(self.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    recipe: str = "tiny"
+    """The recipe this config started from (recorded for people; loading applies it first)."""
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        _need(self.recipe in RECIPES, "recipe", f"unknown recipe {self.recipe!r}; known: {', '.join(RECIPES)}")
+        _need(self.train.gamma is not None or self.drafter.block_size in GAMMA_BY_BLOCK, "train.gamma",
+              f"no default γ for block_size {self.drafter.block_size}; set train.gamma")
+        _need(self.data.max_length >= self.drafter.block_size, "data.max_length", "must be >= drafter.block_size")
+        if self.target.layer_ids is not None:
+            _need(len(self.target.layer_ids) >= 1, "target.layer_ids", "must not be empty")
+
+    @property
+    def gamma(self) -> float:
+        return self.train.gamma if self.train.gamma is not None else GAMMA_BY_BLOCK[self.drafter.block_size]
+
+
+# ---------------------------------------------------------------- recipes
+def tiny() -> Config:
+    """The embedded default: a tiny target and data built locally; a few minutes on a 2-core CPU."""
+    return Config(
+        recipe="tiny",
+        target=TargetConfig(path=EMBEDDED_TARGET),
+        drafter=DrafterConfig(num_layers=2, block_size=8),
+        data=DataConfig(path=EMBEDDED_DATA, regenerate=True, regen_max_new_tokens=48, max_length=96,
+                        num_anchors=12, batch_size=8, buckets=(64, 96)),
+        optim=OptimConfig(lr=3e-3, warmup_ratio=0.05, weight_decay=0.0),
+        train=TrainConfig(epochs=6, seed=0, cpu_threads=1),
+        checkpoint=CheckpointConfig(every=100),
+        metrics=MetricsConfig(log_every=5),
+        eval=EvalConfig(at_end=True, num_prompts=8, max_new_tokens=48),
+    )
+
+
+def qwen3_8b() -> Config:
+    """The paper's setup (SpecForge reference run): Qwen3-8B target, 5 draft layers, B=16."""
+    return Config(
+        recipe="qwen3_8b",
+        target=TargetConfig(path="Qwen3-8B"),
+        drafter=DrafterConfig(num_layers=5, block_size=16),
+        # 4 sequences per GPU per step as in the reference, as 4 micro-batches of 1: the loss denominator
+        # is global, so this is exactly the batch-4 gradient with a quarter of the activation memory
+        data=DataConfig(path="data/train.jsonl", max_length=3072, num_anchors=512, batch_size=1,
+                        buckets=(512, 1024, 2048, 3072)),
+        optim=OptimConfig(lr=6e-4, warmup_ratio=0.04, clip=1.0),
+        train=TrainConfig(epochs=6, grad_accum=4),
+        checkpoint=CheckpointConfig(every=1000),
+        metrics=MetricsConfig(log_every=10),
+        eval=EvalConfig(at_end=False),
+    )
+
+
+RECIPES = {"tiny": tiny, "qwen3_8b": qwen3_8b}
+
+
+# ---------------------------------------------------------------- overrides and TOML
+def _sections(cfg: Config) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    """Convert a TOML/CLI value to the annotated type `tp`, or raise ValueError naming the field."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, name)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(errors[0] if errors else f"{name}: bad value {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{name}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name}: expected a list, got {value!r}")
+        return tuple(_coerce(v, args[0], name) for v in value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ValueError(f"{name}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ValueError(f"{name}: expected an integer, got {value!r}")
+        try:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value) if not isinstance(value, str) else int(value.strip())
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: expected an integer, got {value!r}") from None
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: expected a number, got {value!r}") from None
+    if tp is str:
+        return str(value)
+    raise ValueError(f"{name}: unsupported type {tp!r}")
+
+
+def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
+    """Return a new Config with dotted-key overrides applied (`{"optim.lr": "3e-4"}`); validates."""
+    sections = {name: dataclasses.asdict(sec) if dataclasses.is_dataclass(sec) else sec
+                for name, sec in _sections(cfg).items()}
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if len(parts) == 1 and parts[0] == "recipe":
+            sections["recipe"] = str(value)
+            continue
+        if len(parts) != 2 or parts[0] not in sections or not isinstance(sections[parts[0]], dict):
+            raise ValueError(f"{key}: unknown setting; expected section.field with a section among "
+                             f"{', '.join(k for k, v in sections.items() if isinstance(v, dict))}")
+        sec_name, fname = parts
+        sec_cls = type(getattr(cfg, sec_name))
+        hints = typing.get_type_hints(sec_cls)
+        if fname not in hints:
+            raise ValueError(f"{key}: unknown field; {sec_name} has {', '.join(hints)}")
+        sections[sec_name][fname] = _coerce(value, hints[fname], key)
+    built = {}
+    for name, val in sections.items():
+        if isinstance(val, dict):
+            built[name] = type(getattr(cfg, name))(**val)
+        else:
+            built[name] = val
+    return Config(**built)
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    """Parse `--set a.b=value` items into a dict (values stay strings; TOML-ish lists allowed)."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected section.field=value, e.g. optim.lr=3e-4")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _flatten(data: dict[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                flat[f"{k}.{k2}"] = v2
+        else:
+            flat[k] = v
+    return flat
+
+
+def load_toml(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a TOML config: its `recipe` (default tiny) first, then its tables, then `overrides`."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    recipe = str(data.get("recipe", "tiny"))
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe: unknown recipe {recipe!r} in {path}; known: {', '.join(RECIPES)}")
+    flat = _flatten(data)
+    flat.pop("recipe", None)
+    cfg = apply_overrides(RECIPES[recipe](), flat)
+    return apply_overrides(cfg, overrides or {})
+
+
+def build_config(recipe: str = "tiny", toml_path: str | Path | None = None,
+                 overrides: dict[str, Any] | None = None) -> Config:
+    """The one way a run's config is made: recipe or TOML file, then overrides."""
+    if toml_path is not None:
+        return load_toml(toml_path, overrides)
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe: unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
+    return apply_overrides(RECIPES[recipe](), overrides or {})
+
+
+def _toml_value(v: Any) -> str:
+    if v is None:
+        return '"none"'
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{s}"'
+
+
+def to_toml(cfg: Config) -> str:
+    """The full config as TOML (loads back to an equal Config)."""
+    lines = [f"recipe = {_toml_value(cfg.recipe)}"]
+    for name, sec in _sections(cfg).items():
+        if not dataclasses.is_dataclass(sec):
+            continue
+        lines += ["", f"[{name}]"]
+        for f in dataclasses.fields(sec):
+            lines.append(f"{f.name} = {_toml_value(getattr(sec, f.name))}")
+    return "\n".join(lines) + "\n"
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,295 @@
+"""Chat data -> token ids, loss masks, length-bucketed batches and per-epoch anchors.
+
+Input: JSONL, one conversation per line, either `{"messages": [{"role", "content"}, ...]}` or ShareGPT
+`{"conversations": [{"from": "human"|"gpt"|"system", "value"}, ...]}`. Each conversation is rendered
+through the target tokenizer's chat template; the loss mask covers the assistant turns (content plus
+the end-of-turn token), found by rendering each assistant turn's prefix. Sequences are truncated to
+`max_length`; sequences with no anchor position left are dropped (counted in the stats).
+
+Anchors: every epoch, each sequence gets `num_anchors` positions sampled without replacement from its
+loss-masked positions in [0, S-B] (fewer if it has fewer; the rest are padding marked invalid). The
+sampling generator is seeded by (seed, epoch, sample index), so epochs, batches and a resumed run all
+see the same anchors without saving any RNG state.
+
+Batches: shuffled per epoch (seeded), grouped by length within windows, padded on the right to the
+next bucket length (few shapes = few recompiles), incomplete last batch dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from compilewatch.errors import BadInput
+from dflash.config import EMBEDDED_DATA, DataConfig
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
+SORT_WINDOW = 32  # batches per length-sorting window: less padding, still shuffled
+
+
+@dataclass
+class Sample:
+    input_ids: torch.Tensor  # (S,) long
+    loss_mask: torch.Tensor  # (S,) bool: assistant tokens
+
+
+@dataclass
+class DataStats:
+    records: int = 0
+    kept: int = 0
+    truncated: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    tokens: int = 0
+    loss_tokens: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+@dataclass
+class Batch:
+    """One micro-batch: right-padded sequences and their anchors for this epoch."""
+
+    input_ids: torch.Tensor  # (B, S) long, S = bucket length
+    loss_mask: torch.Tensor  # (B, S) bool
+    lengths: torch.Tensor  # (B,) valid lengths
+    anchors: torch.Tensor  # (B, N) long, sorted; padding anchors are 0
+    anchor_valid: torch.Tensor  # (B, N) bool
+
+    def to(self, device) -> Batch:
+        return Batch(**{k: getattr(self, k).to(device, non_blocking=True) for k in self.__dataclass_fields__})
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+# ---------------------------------------------------------------- records
+def normalize_record(rec: Any) -> list[dict[str, str]]:
+    """A record's turns as [{"role", "content"}]; ValueError says what was wrong."""
+    if not isinstance(rec, dict):
+        raise ValueError("a line must be a JSON object")
+    if "messages" in rec:
+        msgs = rec["messages"]
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
+            raise ValueError('"messages" must be a list of {"role", "content"} objects')
+        return [{"role": str(m["role"]), "content": str(m["content"])} for m in msgs]
+    if "conversations" in rec:
+        conv = rec["conversations"]
+        if not isinstance(conv, list) or not all(isinstance(m, dict) and "from" in m and "value" in m for m in conv):
+            raise ValueError('"conversations" must be a list of {"from", "value"} objects')
+        out = []
+        for m in conv:
+            role = SHAREGPT_ROLES.get(str(m["from"]).lower())
+            if role is None:
+                raise ValueError(f"unknown ShareGPT speaker {m['from']!r}")
+            out.append({"role": role, "content": str(m["value"])})
+        return out
+    raise ValueError('expected a "messages" or a "conversations" key')
+
+
+def read_jsonl(path: str | Path) -> tuple[list[list[dict[str, str]]], list[str]]:
+    """All conversations in a JSONL file, plus warnings for the lines that were skipped."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise BadInput(f"dataset {str(p)!r} does not exist",
+                       hint='give a JSONL file with one {"messages": [...]} or {"conversations": [...]} per line')
+    convs, warnings = [], []
+    with open(p, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                convs.append(normalize_record(json.loads(line)))
+            except (json.JSONDecodeError, ValueError) as e:
+                warnings.append(f"{p.name}:{n}: skipped ({e})")
+    return convs, warnings
+
+
+def embedded_prompts(n: int, seed: int) -> list[list[dict[str, str]]]:
+    """Single-turn prompts of random words from the tiny vocabulary (answers come from the target)."""
+    from dflash.target import tiny_words
+
+    words = tiny_words()
+    rng = random.Random(seed)
+    return [[{"role": "user", "content": " ".join(rng.choice(words) for _ in range(rng.randint(6, 20)))}]
+            for _ in range(n)]
+
+
+EMBEDDED_TRAIN = 384  # conversations in the embedded training set
+EMBEDDED_EVAL_SEED = 99991  # held-out embedded prompts come from another seed
+
+
+def load_conversations(cfg: DataConfig) -> tuple[list[list[dict[str, str]]], list[str]]:
+    if cfg.path == EMBEDDED_DATA:
+        return embedded_prompts(EMBEDDED_TRAIN, seed=7), []
+    if cfg.path.startswith("embedded:"):
+        raise BadInput(f"unknown embedded dataset {cfg.path!r}", hint=f"the embedded dataset is {EMBEDDED_DATA}")
+    return read_jsonl(cfg.path)
+
+
+def eval_prompts(cfg: DataConfig, n: int) -> list[list[dict[str, str]]]:
+    """Prompts for `dflash eval`: held-out embedded prompts, or the first user turn of the last n records."""
+    if cfg.path == EMBEDDED_DATA:
+        return embedded_prompts(n, seed=EMBEDDED_EVAL_SEED)
+    convs, _ = read_jsonl(cfg.path)
+    out = []
+    for conv in reversed(convs):
+        turns = []
+        for m in conv:
+            if m["role"] == "assistant":
+                break
+            turns.append(m)
+        if turns and turns[-1]["role"] == "user":
+            out.append(turns)
+        if len(out) == n:
+            break
+    return out
+
+
+# ---------------------------------------------------------------- tokenization
+def render_ids(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def tokenize_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) for one conversation; the mask marks each assistant turn's tokens.
+
+    ValueError when the chat template is not prefix-stable for this conversation."""
+    full = render_ids(tokenizer, messages, add_generation_prompt=False)
+    mask = [0] * len(full)
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        start = len(render_ids(tokenizer, messages[:i], add_generation_prompt=True))
+        upto = render_ids(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        if full[: len(upto)] != upto or start > len(upto):
+            raise ValueError("the chat template renders this conversation's prefix differently")
+        for j in range(start, len(upto)):
+            mask[j] = 1
+    return full, mask
+
+
+def tokenize_all(tokenizer, convs: Iterable[list[dict[str, str]]], cfg: DataConfig, block_size: int,
+                 stats: DataStats) -> list[Sample]:
+    samples = []
+    for conv in convs:
+        stats.records += 1
+        if not any(m["role"] == "assistant" for m in conv):
+            stats.drop("no assistant turn")
+            continue
+        try:
+            ids, mask = tokenize_conversation(tokenizer, conv)
+        except ValueError:
+            stats.drop("chat template not prefix-stable")
+            continue
+        if len(ids) > cfg.max_length:
+            ids, mask = ids[: cfg.max_length], mask[: cfg.max_length]
+            stats.truncated += 1
+        if len(ids) < block_size or not any(mask[: len(ids) - block_size + 1]):
+            stats.drop("no anchor position (too short or no assistant tokens in [0, S-B])")
+            continue
+        samples.append(Sample(torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)))
+        stats.kept += 1
+        stats.tokens += len(ids)
+        stats.loss_tokens += sum(mask)
+    return samples
+
+
+# ---------------------------------------------------------------- anchors and batches
+def _mix(*xs: int) -> int:
+    h = 1469598103934665603
+    for x in xs:
+        h = ((h ^ (x & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) & 0x7FFFFFFFFFFFFFFF
+    return h
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, block_size: int,
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) sorted anchors drawn without replacement from loss-masked positions in [0, S-B], and (N,) valid."""
+    s = loss_mask.shape[0]
+    cand = torch.nonzero(loss_mask[: s - block_size + 1], as_tuple=False).flatten()
+    if cand.numel() > num_anchors:
+        cand = cand[torch.randperm(cand.numel(), generator=generator)[:num_anchors]]
+    cand, _ = torch.sort(cand)
+    anchors = torch.zeros(num_anchors, dtype=torch.long)
+    valid = torch.zeros(num_anchors, dtype=torch.bool)
+    anchors[: cand.numel()] = cand
+    valid[: cand.numel()] = True
+    return anchors, valid
+
+
+def bucket_length(n: int, buckets: tuple[int, ...]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    return buckets[-1]
+
+
+class ChatDataset:
+    """Tokenized samples plus the per-epoch batch plan."""
+
+    def __init__(self, samples: list[Sample], cfg: DataConfig, block_size: int, seed: int, stats: DataStats) -> None:
+        self.samples, self.cfg, self.block_size, self.seed, self.stats = samples, cfg, block_size, seed, stats
+        self.buckets = cfg.bucket_lengths()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def batches_per_epoch(self) -> int:
+        n, bs = len(self.samples), self.cfg.batch_size
+        return max(1, n // bs) if n >= bs else 1
+
+    def epoch_plan(self, epoch: int) -> list[list[int]]:
+        """Sample indices of every batch of `epoch`, deterministic in (seed, epoch)."""
+        g = torch.Generator().manual_seed(_mix(self.seed, epoch, 17))
+        order = torch.randperm(len(self.samples), generator=g).tolist()
+        bs = self.cfg.batch_size
+        window = bs * SORT_WINDOW
+        batches = []
+        for w in range(0, len(order), window):
+            chunk = sorted(order[w: w + window], key=lambda i: -self.samples[i].input_ids.numel())
+            batches += [chunk[i: i + bs] for i in range(0, len(chunk), bs)]
+        if len(self.samples) >= bs:
+            batches = [b for b in batches if len(b) == bs]
+        perm = torch.randperm(len(batches), generator=g).tolist()
+        return [batches[i] for i in perm][: self.batches_per_epoch()]
+
+    def make_batch(self, indices: list[int], epoch: int) -> Batch:
+        items = [self.samples[i] for i in indices]
+        longest = max(s.input_ids.numel() for s in items)
+        seq = bucket_length(longest, self.buckets)
+        n = len(items)
+        ids = torch.zeros(n, seq, dtype=torch.long)
+        lmask = torch.zeros(n, seq, dtype=torch.bool)
+        lengths = torch.zeros(n, dtype=torch.long)
+        anchors = torch.zeros(n, self.cfg.num_anchors, dtype=torch.long)
+        valid = torch.zeros(n, self.cfg.num_anchors, dtype=torch.bool)
+        for r, (i, s) in enumerate(zip(indices, items)):
+            L = s.input_ids.numel()
+            ids[r, :L], lmask[r, :L], lengths[r] = s.input_ids, s.loss_mask, L
+            g = torch.Generator().manual_seed(_mix(self.seed, epoch, i, 31))
+            anchors[r], valid[r] = sample_anchors(s.loss_mask, self.cfg.num_anchors, self.block_size, g)
+        return Batch(input_ids=ids, loss_mask=lmask, lengths=lengths, anchors=anchors, anchor_valid=valid)
+
+
+def build_dataset(convs: list[list[dict[str, str]]], tokenizer, cfg: DataConfig, block_size: int, seed: int,
+                  warnings: list[str] | None = None) -> ChatDataset:
+    """Tokenize conversations; BadInput when nothing usable is left (no checkpoint is written then)."""
+    stats = DataStats(warnings=list(warnings or []))
+    samples = tokenize_all(tokenizer, convs, cfg, block_size, stats)
+    if not samples and cfg.path == EMBEDDED_DATA and not cfg.regenerate:
+        raise BadInput(f"{EMBEDDED_DATA} holds prompts only", hint="set data.regenerate=true so the target answers them")
+    if not samples:
+        why = ", ".join(f"{k}: {v}" for k, v in stats.dropped.items()) or "no records"
+        raise BadInput(f"the dataset {cfg.path!r} has no usable conversation ({stats.records} read; {why})",
+                       hint="each line needs an assistant turn of at least drafter.block_size tokens")
+    return ChatDataset(samples, cfg, block_size, seed, stats)

@@ -1,0 +1,258 @@
+"""`dflash eval`: real speculative decoding with a trained drafter -> τ and speedup vs plain decoding.
+
+The loop follows the reference (z-lab `dflash_generate`, greedy, batch 1):
+1. Prefill the target on the prompt with `output_hidden_states`; its taps are the drafter's context;
+   the target's argmax is the first new token.
+2. Each round the block is `[last token, MASK × (B-1)]` at positions `start .. start+B-1`; the drafter
+   fills slots 1..B-1 in one forward (its context K/V are cached and grow by the accepted tokens).
+3. The target verifies the whole block in one forward; accepted = the longest prefix of draft tokens
+   equal to the target's argmax at the previous position; the round appends those plus the target's
+   bonus token, so its acceptance length is accepted + 1 (at most B).
+4. The target's KV cache is cropped to the accepted length; the accepted positions' taps extend the
+   drafter's context.
+τ = mean acceptance length per round. Greedy speculative decoding produces exactly the tokens of
+greedy plain decoding, which this module checks (`outputs_match`). Speedup = plain / speculative
+wall time for the same prompts and token budget.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from dflash.mask import build_masks
+from dflash.model import ContextCache, DFlashDrafter
+
+
+class Proposer(Protocol):
+    """Drafts tokens for one block. `tokens`: the sequence so far, ending with the block's anchor;
+    `new_ctx`: target taps (1, n, k·H) of the positions accepted since the last call."""
+
+    def reset(self) -> None: ...
+    def propose(self, tokens: list[int], new_ctx: torch.Tensor, block_len: int) -> list[int]: ...
+
+
+class DrafterProposer:
+    """A DFlashDrafter drafting through the target's frozen embedding and LM head."""
+
+    def __init__(self, drafter: DFlashDrafter, target) -> None:
+        self.drafter, self.target = drafter, target
+        self.cache = ContextCache(drafter.spec.num_hidden_layers)
+        self.ctx_len = 0
+
+    def reset(self) -> None:
+        self.cache = ContextCache(self.drafter.spec.num_hidden_layers)
+        self.ctx_len = 0
+
+    @torch.no_grad()
+    def propose(self, tokens: list[int], new_ctx: torch.Tensor, block_len: int) -> list[int]:
+        spec, dev = self.drafter.spec, self.target.device
+        start = len(tokens) - 1  # the anchor's position
+        block = torch.full((1, block_len), spec.mask_token_id, dtype=torch.long, device=dev)
+        block[0, 0] = tokens[-1]
+        n_new = new_ctx.shape[1]
+        ctx_pos = torch.arange(self.ctx_len, self.ctx_len + n_new, device=dev)[None]  # (1, n)
+        self.ctx_len += n_new
+        block_pos = torch.arange(start, start + block_len, device=dev)[None]  # (1, block_len)
+        masks = None
+        if "sliding_attention" in spec.layer_types:
+            anchors = torch.tensor([[start]], device=dev)
+            masks = build_masks(anchors, self.ctx_len, block_len, "sdpa", spec.sliding_window, need_sliding=True)
+        param = next(self.drafter.parameters())
+        h = self.drafter(self.target.embed(block).to(param.dtype), new_ctx.to(param.dtype), block_pos, ctx_pos,
+                         masks=masks, cache=self.cache)  # (1, block_len, H)
+        logits = self.target.head(h[:, 1:].to(self.target.dtype))  # (1, block_len-1, V)
+        return logits.argmax(-1)[0].tolist()
+
+
+@functools.cache
+def _cache_kw(model_cls: type) -> str:
+    """transformers 5.2x renamed `past_key_values` to `cache`; use whichever this version takes."""
+    return "cache" if "cache" in inspect.signature(model_cls.forward).parameters else "past_key_values"
+
+
+def _with_cache(target, cache) -> dict:
+    return {_cache_kw(type(target.model)): cache, "use_cache": True}
+
+
+def _crop(cache, length: int) -> None:
+    remove = cache.get_seq_length() - length
+    if remove > 0:
+        cache.crop(-remove)  # "remove this many": works across transformers versions
+
+
+@dataclass(frozen=True)
+class Generation:
+    tokens: list[int]  # new tokens only
+    acceptance: list[int]  # per verify round (empty for plain decoding)
+    seconds: float
+
+
+@torch.no_grad()
+def plain_generate(target, prompt: list[int], max_new_tokens: int) -> Generation:
+    """Greedy decoding with the target alone, one token per forward (the baseline)."""
+    from transformers import DynamicCache
+
+    dev, eos = target.device, set(target.eos_ids)
+    t0 = time.perf_counter()
+    cache = DynamicCache(config=target.config)
+    out = target.model(input_ids=torch.tensor([prompt], device=dev), **_with_cache(target, cache), logits_to_keep=1)
+    tok = int(out.logits[0, -1].argmax())
+    new = [tok]
+    while len(new) < max_new_tokens and tok not in eos:
+        out = target.model(input_ids=torch.tensor([[tok]], device=dev), **_with_cache(target, cache))
+        tok = int(out.logits[0, -1].argmax())
+        new.append(tok)
+    _sync(dev)
+    return Generation(tokens=new, acceptance=[], seconds=time.perf_counter() - t0)
+
+
+@torch.no_grad()
+def speculative_generate(proposer: Proposer, target, prompt: list[int], max_new_tokens: int,
+                         block_size: int) -> Generation:
+    """Greedy speculative decoding per the reference loop (module docstring)."""
+    from transformers import DynamicCache
+
+    dev, eos = target.device, set(target.eos_ids)
+    t0 = time.perf_counter()
+    proposer.reset()
+    cache = DynamicCache(config=target.config)
+    out = target.model(input_ids=torch.tensor([prompt], device=dev), **_with_cache(target, cache),
+                       output_hidden_states=True, logits_to_keep=1)
+    tokens = list(prompt) + [int(out.logits[0, -1].argmax())]
+    new_ctx = torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)  # (1, P, k·H)
+    max_len = len(prompt) + max_new_tokens
+    acceptance: list[int] = []
+    start = len(prompt)  # position of the block's anchor (the newest token, not yet seen by the target)
+    while len(tokens) < max_len and tokens[-1] not in eos:
+        vs = min(block_size, max_len - start)
+        block = [tokens[-1]]
+        if vs > 1:
+            block += proposer.propose(tokens, new_ctx, vs)
+        out = target.model(input_ids=torch.tensor([block], device=dev), **_with_cache(target, cache),
+                           position_ids=torch.arange(start, start + vs, device=dev)[None], output_hidden_states=True)
+        posterior = out.logits[0].argmax(-1).tolist()  # target's next token after each block position
+        accepted = 0
+        while accepted < vs - 1 and block[accepted + 1] == posterior[accepted]:
+            accepted += 1
+        produced = block[1: accepted + 1] + [posterior[accepted]]
+        for i, t in enumerate(produced):  # stop at the first EOS
+            if t in eos:
+                produced = produced[: i + 1]
+                break
+        produced = produced[: max_len - len(tokens)]
+        tokens += produced
+        acceptance.append(len(produced))
+        _crop(cache, start + accepted + 1)  # keep the anchor and the accepted drafts
+        new_ctx = torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)[:, : accepted + 1]
+        start += accepted + 1
+    _sync(dev)
+    return Generation(tokens=tokens[len(prompt):], acceptance=acceptance, seconds=time.perf_counter() - t0)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    prompts: int
+    rounds: int
+    tau: float  # mean acceptance length per verify round, bonus token included
+    max_tau: int  # block_size: every draft accepted plus the bonus
+    acceptance_histogram: dict[int, int]
+    generated_tokens: int
+    plain_seconds: float
+    spec_seconds: float
+    speedup: float  # plain / speculative wall time
+    plain_tokens_per_s: float
+    spec_tokens_per_s: float
+    outputs_match: bool  # speculative == plain greedy output for every prompt
+    mismatched_prompts: int
+
+
+def evaluate(proposer: Proposer, target, prompts: list[list[int]], max_new_tokens: int, block_size: int,
+             progress: Callable[[int, int], None] | None = None) -> EvalResult:
+    """Run plain and speculative greedy decoding on every prompt; compare and time them."""
+    if prompts:  # warm both paths once (allocator, first-call overheads) outside the timing
+        plain_generate(target, prompts[0], 2)
+        speculative_generate(proposer, target, prompts[0], 2, block_size)
+    acc: list[int] = []
+    plain_s = spec_s = 0.0
+    n_tokens, mismatches = 0, 0
+    for i, p in enumerate(prompts):
+        plain = plain_generate(target, p, max_new_tokens)
+        spec = speculative_generate(proposer, target, p, max_new_tokens, block_size)
+        plain_s += plain.seconds
+        spec_s += spec.seconds
+        acc += spec.acceptance
+        n_tokens += len(spec.tokens)
+        mismatches += spec.tokens != plain.tokens
+        if progress:
+            progress(i + 1, len(prompts))
+    hist: dict[int, int] = {}
+    for a in acc:
+        hist[a] = hist.get(a, 0) + 1
+    return EvalResult(
+        prompts=len(prompts), rounds=len(acc), tau=statistics.fmean(acc) if acc else float("nan"),
+        max_tau=block_size, acceptance_histogram=dict(sorted(hist.items())), generated_tokens=n_tokens,
+        plain_seconds=plain_s, spec_seconds=spec_s, speedup=plain_s / spec_s if spec_s else float("nan"),
+        plain_tokens_per_s=n_tokens / plain_s if plain_s else float("nan"),
+        spec_tokens_per_s=n_tokens / spec_s if spec_s else float("nan"),
+        outputs_match=mismatches == 0, mismatched_prompts=mismatches,
+    )
+
+
+def prompt_ids(tokenizer, convs: list[list[dict[str, str]]]) -> list[list[int]]:
+    from dflash.data import render_ids
+
+    return [render_ids(tokenizer, c, add_generation_prompt=True) for c in convs]
+
+
+def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str | None = None,
+                    num_prompts: int | None = None, max_new_tokens: int | None = None, device: str | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> EvalResult:
+    """Load a checkpoint (or a run's latest), its target and prompts, and evaluate it."""
+    from compilewatch.errors import BadInput
+    from dflash.checkpoint import CONFIG_FILE, check_compatible, load_export, resolve_checkpoint
+    from dflash.config import apply_overrides, load_toml
+    from dflash.data import eval_prompts
+    from dflash.target import load_target, resolve_device
+
+    ck = resolve_checkpoint(path)
+    overrides = {}
+    if target_path:
+        overrides["target.path"] = target_path
+    if data_path:
+        overrides["data.path"] = data_path
+    cfg_file = ck / CONFIG_FILE
+    if cfg_file.is_file():
+        cfg = load_toml(cfg_file, overrides)
+    elif target_path:
+        from dflash.config import tiny
+
+        cfg = apply_overrides(tiny(), overrides)
+    else:
+        raise BadInput(f"{str(ck)!r} has no {CONFIG_FILE}; say which target it drafts for", hint="pass --target DIR")
+    dev = resolve_device(device or cfg.train.device)
+    if dev.type == "cpu" and cfg.train.cpu_threads:
+        torch.set_num_threads(cfg.train.cpu_threads)
+    drafter = load_export(ck)
+    target = load_target(cfg.target, drafter.spec.num_hidden_layers, dev)
+    if cfg.target.layer_ids is None:  # the checkpoint's taps are authoritative
+        target.layer_ids = tuple(drafter.spec.target_layer_ids)
+    check_compatible(drafter.spec, target.hidden_size, target.num_layers, target.layer_ids, str(ck))
+    drafter = drafter.to(dev, target.dtype).eval()
+    convs = eval_prompts(cfg.data, num_prompts or cfg.eval.num_prompts)
+    if not convs:
+        raise BadInput(f"no prompts found in {cfg.data.path!r}", hint="pass --data with chat JSONL holding user turns")
+    prompts = prompt_ids(target.tokenizer, convs)
+    return evaluate(DrafterProposer(drafter, target), target, prompts, max_new_tokens or cfg.eval.max_new_tokens,
+                    drafter.spec.block_size, progress=progress)

@@ -1,0 +1,100 @@
+"""Blocks, labels and the DFlash loss.
+
+- A block is `[anchor token, MASK × (B-1)]` at positions `anchor .. anchor+B-1`.
+- **Same-position labels**: slot k is trained to predict the token at `anchor + k` (no shift).
+- Slot 0 (the anchor) is not trained: its logits are never computed.
+- Loss = `Σ w·CE / Σ w` with `w_k = exp(-(k-1)/γ)` for k ≥ 1, times the loss mask (assistant tokens,
+  valid blocks, positions inside the sequence). Early slots weigh more: a wrong token ends acceptance.
+- The denominator `Σ w` is a property of the data, not of the model, so it can be computed for a whole
+  global batch before any forward: micro-batches (accumulation) and replicas (a multi-device engine
+  summing gradients) then give exactly the gradient of the global-batch loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def loss_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
+    """(B,) weights: 0 for slot 0, exp(-(k-1)/γ) for slot k ≥ 1."""
+    k = torch.arange(block_size, dtype=torch.float32, device=device)
+    w = torch.exp(-(k - 1) / gamma)
+    w[0] = 0.0
+    return w
+
+
+@dataclass(frozen=True, slots=True)
+class Blocks:
+    """One micro-batch's blocks. N anchors per sequence, B slots per block."""
+
+    ids: torch.Tensor  # (batch, N*B) block token ids: [anchor, MASK, ...] per block
+    pos: torch.Tensor  # (batch, N*B) positions anchor + k
+    labels: torch.Tensor  # (batch, N, B) the token at anchor + k (slot 0: the anchor itself)
+    label_mask: torch.Tensor  # (batch, N, B) float: loss-masked, valid block, inside the sequence; slot 0 = 0
+
+
+def make_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor,
+                anchors: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, mask_token_id: int) -> Blocks:
+    """Build blocks for anchors (batch, N) over sequences (batch, S) with valid `lengths` (batch,)."""
+    batch, n = anchors.shape
+    seq = input_ids.shape[1]
+    offs = torch.arange(block_size, device=anchors.device)
+    pos = anchors[:, :, None] + offs  # (batch, N, B)
+    inside = pos < lengths[:, None, None]
+    idx = pos.clamp(max=seq - 1)
+    labels = torch.gather(input_ids, 1, idx.view(batch, -1)).view(batch, n, block_size)  # (batch, N, B)
+    lmask = torch.gather(loss_mask, 1, idx.view(batch, -1)).view(batch, n, block_size).bool()
+    label_mask = (lmask & inside & anchor_valid[:, :, None]).float()
+    label_mask[:, :, 0] = 0.0  # the anchor slot is given, not predicted
+    ids = torch.full_like(labels, mask_token_id)
+    ids[:, :, 0] = labels[:, :, 0]  # (batch, N, B): [anchor, MASK × (B-1)]
+    return Blocks(ids=ids.view(batch, n * block_size), pos=pos.view(batch, n * block_size),
+                  labels=labels, label_mask=label_mask)
+
+
+def weight_sum(blocks: Blocks, weights: torch.Tensor) -> torch.Tensor:
+    """Σ w over trained slots: the loss denominator contributed by these blocks (data only)."""
+    return (blocks.label_mask * weights).sum()
+
+
+@dataclass(frozen=True, slots=True)
+class LossOutput:
+    loss: torch.Tensor  # Σ w·CE / denominator: backward on this (sums to the global-batch loss)
+    weighted_ce: torch.Tensor  # Σ w·CE (detached)
+    weight: torch.Tensor  # Σ w (detached)
+    correct: torch.Tensor  # (B,) argmax == label counts per slot (detached)
+    count: torch.Tensor  # (B,) trained labels per slot
+    accepted: torch.Tensor  # Σ over blocks of the leading run of correct slots 1.. (detached)
+    full_blocks: torch.Tensor  # blocks counted in `accepted`: all B-1 slots trainable
+
+
+def draft_loss(hidden: torch.Tensor, head, blocks: Blocks, weights: torch.Tensor,
+               denominator: torch.Tensor | float) -> LossOutput:
+    """hidden (batch, N*B, H) from the drafter; head: the target's LM head (frozen)."""
+    batch, n, bsz = blocks.labels.shape
+    h = hidden.view(batch, n, bsz, -1)[:, :, 1:]  # (batch, N, B-1, H): slot 0 is never read out
+    logits = head(h).float()  # (batch, N, B-1, V)
+    labels = blocks.labels[:, :, 1:]
+    lmask = blocks.label_mask[:, :, 1:]
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    w = (lmask * weights[1:]).reshape(-1)
+    wce = (ce * w).sum()
+    with torch.no_grad():
+        correct = (logits.argmax(-1) == labels) & lmask.bool()  # (batch, N, B-1)
+        full = lmask.bool().all(-1)  # blocks whose every slot is trainable
+        run = correct.long().cumprod(-1).sum(-1)  # leading correct slots per block
+        zero = torch.zeros(1, device=hidden.device)
+        out_correct = torch.cat([zero, correct.sum((0, 1)).float()])
+        out_count = torch.cat([zero, lmask.sum((0, 1))])
+    return LossOutput(loss=wce / denominator, weighted_ce=wce.detach(), weight=w.sum().detach(),
+                      correct=out_correct, count=out_count, accepted=(run * full).sum().float(),
+                      full_blocks=full.sum().float())
+
+
+def estimated_tau(accepted: float, full_blocks: float) -> float:
+    """Acceptance length expected from training accuracy: 1 (the bonus) + mean leading correct run."""
+    return 1.0 + accepted / full_blocks if full_blocks > 0 else math.nan

@@ -1,0 +1,224 @@
+"""The DFlash drafter: a few Qwen3 decoder layers that denoise a block of masked tokens in one pass.
+
+Design choices (FACTS.md §6, z-lab/dflash `dflash/model.py`):
+- **KV injection.** The target's hidden states at the tapped layers are concatenated and fused,
+  `fc: Linear(k·H → H, bias=False)` then `hidden_norm` (RMSNorm), into one context shared by every
+  draft layer. Each layer projects that context with its *own* k_proj/v_proj and prepends it to the
+  block's keys/values: K = cat(k_proj(ctx), k_proj(block)). Queries come from the block tokens only.
+- **QK-norm and RoPE** as in Qwen3; context keys sit at their sequence positions, block tokens at
+  `anchor + k`, so relative positions match what the target saw.
+- **Strict context.** During training, block j sees context positions `< anchor_j` (strictly) and its
+  own block bidirectionally (dflash/mask.py). At inference the context is exactly the accepted tokens
+  whose target hidden states exist, i.e. the positions before the anchor.
+- **Same-position labels.** Block slot k predicts the token at `anchor + k` (no shift); slot 0 holds
+  the anchor and is not trained (dflash/loss.py).
+- **No own embedding or LM head.** The block is embedded with the target's frozen embedding and
+  read out with the target's frozen LM head after this model's final `norm`.
+- **Optional sliding-window layers** (`layer_types`), causal inside the block, as serving engines run them.
+
+Parameter names are the reference format that SGLang / vLLM map: `layers.{i}.self_attn.{q,k,v,o}_proj`,
+`layers.{i}.self_attn.{q,k}_norm`, `layers.{i}.mlp.{gate,up,down}_proj`,
+`layers.{i}.{input,post_attention}_layernorm`, `norm`, `fc`, `hidden_norm`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash import mask as masks
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class DrafterSpec:
+    """The drafter's shape; mirrors the exported config.json (a Qwen3 config plus DFlash fields)."""
+
+    hidden_size: int  # = the target's hidden size (the context and the target's head need it)
+    num_hidden_layers: int  # draft layers (paper: 5)
+    num_attention_heads: int  # query heads (default: the target's)
+    num_key_value_heads: int  # K/V heads, GQA (default: the target's)
+    head_dim: int  # per-head width (default: the target's)
+    intermediate_size: int  # SwiGLU width (default: the target's)
+    vocab_size: int  # the target's vocabulary (embedding rows)
+    rms_norm_eps: float = 1e-6  # Qwen3's default
+    rope_theta: float = 1_000_000.0  # Qwen3's default; copied from the target
+    max_position_embeddings: int = 40960  # Qwen3-8B's
+    block_size: int = 16  # anchor + 15 predictions (paper)
+    num_target_layers: int = 36  # the target's depth (exported for serving engines)
+    target_layer_ids: tuple[int, ...] = (1, 9, 17, 25, 33)  # taps: hidden_states[id + 1]
+    mask_token_id: int = 0  # the tokenizer's <|MASK|>
+    layer_types: tuple[str, ...] = field(default=())  # per layer: full_attention | sliding_attention
+    sliding_window: int | None = None  # window of sliding_attention layers
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", ("full_attention",) * self.num_hidden_layers)
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError("layer_types: need one entry per draft layer")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads: must be a multiple of num_key_value_heads")
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32 (Qwen3RMSNorm)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * self.weight.float()).to(dtype)  # stays in the input dtype under autocast
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
+    """fp32 cos/sin for integer positions (..., T) -> (..., T, head_dim), HF's half-rotation layout."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # (..., T, head_dim/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (..., T, head_dim)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, heads, T, D); cos/sin: (B, T, D)."""
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # (B, 1, T, D)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+    """Masked attention with GQA. `mask` is a flex BlockMask, a dense bool (B, 1, Q, KV), or None (all)."""
+    if masks.is_block_mask(mask):
+        with torch.autocast(q.device.type, enabled=False):  # q, k, v already share the compute dtype
+            return masks.flex_attention_fn(q.device)(q, k, v, block_mask=mask, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+class Attention(nn.Module):
+    """Q from the block; K/V = [this layer's projection of the fused context | the block]."""
+
+    def __init__(self, spec: DrafterSpec) -> None:
+        super().__init__()
+        h, nh, nkv, d = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+        self.nh, self.nkv, self.d = nh, nkv, d
+        self.q_proj = nn.Linear(h, nh * d, bias=False)
+        self.k_proj = nn.Linear(h, nkv * d, bias=False)
+        self.v_proj = nn.Linear(h, nkv * d, bias=False)
+        self.o_proj = nn.Linear(nh * d, h, bias=False)
+        self.q_norm = RMSNorm(d, spec.rms_norm_eps)
+        self.k_norm = RMSNorm(d, spec.rms_norm_eps)
+
+    def context_kv(self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """K/V of the fused context (B, S, H) -> two (B, nkv, S, D); cacheable at inference."""
+        b, s, _ = ctx.shape
+        k = self.k_norm(self.k_proj(ctx).view(b, s, self.nkv, self.d)).transpose(1, 2)  # (B, nkv, S, D)
+        v = self.v_proj(ctx).view(b, s, self.nkv, self.d).transpose(1, 2)  # (B, nkv, S, D)
+        return apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
+                cos: torch.Tensor, sin: torch.Tensor, mask) -> torch.Tensor:
+        b, t, _ = x.shape  # (B, Q, H): the blocks, N*block_size tokens per row
+        q = self.q_norm(self.q_proj(x).view(b, t, self.nh, self.d)).transpose(1, 2)  # (B, nh, Q, D)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.nkv, self.d)).transpose(1, 2)  # (B, nkv, Q, D)
+        v = self.v_proj(x).view(b, t, self.nkv, self.d).transpose(1, 2)  # (B, nkv, Q, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k = torch.cat([ctx_k, k], dim=2)  # (B, nkv, S+Q, D)
+        v = torch.cat([ctx_v, v], dim=2)  # (B, nkv, S+Q, D)
+        out = attend(q, k, v, mask)  # (B, nh, Q, D)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.nh * self.d))  # (B, Q, H)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, spec: DrafterSpec) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Qwen3 decoder layer whose attention also reads the injected context."""
+
+    def __init__(self, spec: DrafterSpec, index: int) -> None:
+        super().__init__()
+        self.sliding = spec.layer_types[index] == "sliding_attention"
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.self_attn = Attention(spec)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = MLP(spec)
+
+    def forward(self, x, ctx_k, ctx_v, cos, sin, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class ContextCache:
+    """Inference-time per-layer context K/V; grows by the accepted tokens' taps each round."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+
+    def extend(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k[i] = k if self.k[i] is None else torch.cat([self.k[i], k], dim=2)
+        self.v[i] = v if self.v[i] is None else torch.cat([self.v[i], v], dim=2)
+        return self.k[i], self.v[i]
+
+
+class DFlashDrafter(nn.Module):
+    """Fused target context + block embeddings -> final-normed hidden states of the block."""
+
+    def __init__(self, spec: DrafterSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        k = len(spec.target_layer_ids)
+        self.fc = nn.Linear(k * spec.hidden_size, spec.hidden_size, bias=False)  # fuse k taps
+        self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_hidden_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
+        """Normal(0, std) linears, ones for norms (Qwen3's init), from an explicit generator."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                with torch.no_grad():
+                    m.weight.copy_(torch.randn(m.weight.shape, generator=generator) * std)
+            elif isinstance(m, RMSNorm):
+                nn.init.ones_(m.weight)
+
+    def forward(self, block_embeds: torch.Tensor, target_hidden: torch.Tensor, block_pos: torch.Tensor,
+                ctx_pos: torch.Tensor, masks=None, cache: ContextCache | None = None) -> torch.Tensor:
+        """block_embeds (B, Q, H); target_hidden (B, S, k·H) taps; block_pos (B, Q) and ctx_pos (B, S)
+        positions; masks: per layer kind {"full": m, "sliding": m} (or None = see everything).
+        With `cache`, target_hidden holds only the new context positions; returns (B, Q, H)."""
+        spec = self.spec
+        ctx = self.hidden_norm(self.fc(target_hidden))  # (B, S, H): fused context
+        cos_q, sin_q = rope_cos_sin(block_pos, spec.head_dim, spec.rope_theta)  # (B, Q, D)
+        cos_c, sin_c = rope_cos_sin(ctx_pos, spec.head_dim, spec.rope_theta)  # (B, S, D)
+        x = block_embeds
+        for i, layer in enumerate(self.layers):
+            ctx_k, ctx_v = layer.self_attn.context_kv(ctx, cos_c, sin_c)  # (B, nkv, S, D) each
+            if cache is not None:
+                ctx_k, ctx_v = cache.extend(i, ctx_k, ctx_v)
+            mask = None if masks is None else masks["sliding" if layer.sliding else "full"]
+            x = layer(x, ctx_k, ctx_v, cos_q, sin_q, mask)
+        return self.norm(x)  # (B, Q, H); the target's LM head reads this
+
+
+def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """Taps spread over the target: `round(1 + i*(L-4)/(n-1))`; one draft layer taps `L // 2`."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    span = num_target_layers - 4
+    return tuple(int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers))

@@ -1,0 +1,214 @@
+"""The frozen target LLM: loading (local directory only), hidden-state taps, the embedded tiny target.
+
+- A real target is any Hugging Face causal LM in a local directory, loaded with transformers
+  (`local_files_only=True`: nothing is ever downloaded), frozen, in bf16 on GPU.
+- Taps: `hidden_states[layer_id + 1]` (entry 0 is the embedding output) for the configured ids, or
+  the default formula (dflash.model.default_layer_ids), concatenated on the last dim.
+- The mask token `<|MASK|>` is added to the tokenizer when missing (never reuse pad) and the caller is
+  told; embedding rows are only resized when the new id does not fit (Qwen3's table has spare rows).
+- `embedded:tiny` builds a small Qwen3 from a config with a fixed seed and a local word-level tokenizer
+  with a chat template, so the whole pipeline runs offline on a CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compilewatch.errors import BadInput
+from dflash.config import EMBEDDED_TARGET, TargetConfig
+from dflash.model import default_layer_ids
+
+TINY_SEED = 1234  # the embedded target's weights depend on this alone
+TINY_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]"]
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass
+class Target:
+    """A loaded, frozen target and what the drafter needs from it."""
+
+    model: nn.Module
+    tokenizer: object  # a transformers tokenizer with a chat template
+    layer_ids: tuple[int, ...]
+    mask_token_id: int
+    device: torch.device
+    dtype: torch.dtype
+    source: str  # the directory, or embedded:tiny
+    notes: list[str] = field(default_factory=list)  # things the user should be told (mask token added, ...)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().weight.shape[0])
+
+    @property
+    def embed(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    @property
+    def head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    @property
+    def eos_ids(self) -> list[int]:
+        ids = self.config.eos_token_id
+        ids = [ids] if isinstance(ids, int) else list(ids or [])
+        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+        if tok_eos is not None and tok_eos not in ids:
+            ids.append(tok_eos)
+        return ids
+
+    @torch.no_grad()
+    def taps(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, S) right-padded ids -> (B, S, k·H) concatenated taps. Padding sits after the valid
+        tokens, so causal attention keeps it out of every valid position; no attention mask needed."""
+        try:  # logits_to_keep=1: skip the (S × vocab) logits nobody reads
+            out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        except TypeError:  # a model class without logits_to_keep
+            out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+        return torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+
+
+def resolve_device(spec: str) -> torch.device:
+    """`auto` -> cuda:0 when a GPU is visible, else cpu; anything else through compilewatch.devices."""
+    from compilewatch.devices import parse_device
+
+    if spec == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    return torch.device(parse_device(spec))
+
+
+def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
+    if spec == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[spec]
+
+
+# ---------------------------------------------------------------- the embedded tiny target
+def tiny_words(n: int = 300) -> list[str]:
+    """A fixed vocabulary of pronounceable words (consonant-vowel syllables)."""
+    cons, vows = "bdfgklmnprstvz", "aeiou"
+    syll = [c + v for c in cons for v in vows]  # 70 syllables
+    words = list(syll)
+    for a in syll:
+        for b in syll:
+            if len(words) >= n:
+                return words
+            words.append(a + b)
+    return words[:n]
+
+
+def build_tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(TINY_SPECIAL + ["user", "assistant", "system"] + tiny_words())}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    return tok
+
+
+def tiny_target_config(vocab_size: int, **overrides):
+    from transformers import Qwen3Config
+
+    padded = (vocab_size + 63) // 64 * 64  # spare rows, like Qwen3's table (the mask token fits)
+    fields = dict(
+        vocab_size=padded, hidden_size=64, intermediate_size=192, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+        rope_theta=10000.0, tie_word_embeddings=False, initializer_range=0.02,
+        eos_token_id=2, pad_token_id=0, bos_token_id=None,
+    )
+    return Qwen3Config(**{**fields, **overrides})
+
+
+def build_tiny_target():
+    """(model, tokenizer): a 6-layer, 64-wide Qwen3 with fixed-seed random weights; no download."""
+    from transformers import Qwen3ForCausalLM
+
+    tok = build_tiny_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        model = Qwen3ForCausalLM(tiny_target_config(len(tok)))
+    return model, tok
+
+
+# ---------------------------------------------------------------- loading
+def _load_dir(path: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not path.is_dir():
+        raise BadInput(f"target directory {str(path)!r} does not exist",
+                       hint="pass a local Hugging Face model directory (target.path); nothing is downloaded")
+    if not (path / "config.json").is_file():
+        raise BadInput(f"{str(path)!r} has no config.json: not a Hugging Face model directory",
+                       hint="point target.path at the folder holding config.json, tokenizer and weights")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise BadInput(f"could not load the target from {str(path)!r}: {e}") from None
+    return model, tok
+
+
+def ensure_mask_token(model: nn.Module, tokenizer, mask_token: str) -> tuple[int, list[str]]:
+    """The mask token's id, adding the token (and embedding rows if needed) when missing."""
+    notes: list[str] = []
+    vocab = tokenizer.get_vocab()
+    if mask_token not in vocab:
+        tokenizer.add_tokens([mask_token], special_tokens=True)
+        notes.append(f"added {mask_token} to the tokenizer (id {tokenizer.convert_tokens_to_ids(mask_token)})")
+    mid = int(tokenizer.convert_tokens_to_ids(mask_token))
+    rows = model.get_input_embeddings().weight.shape[0]
+    if mid >= rows:
+        model.resize_token_embeddings(len(tokenizer))
+        notes.append(f"resized the target's embeddings {rows} -> {len(tokenizer)} rows for {mask_token}")
+    return mid, notes
+
+
+def load_target(cfg: TargetConfig, num_draft_layers: int, device: torch.device,
+                dtype_spec: str | None = None) -> Target:
+    """Load (or build) the target, freeze it, choose the taps, make sure the mask token exists."""
+    dtype = resolve_dtype(dtype_spec or cfg.dtype, device)
+    if cfg.path == EMBEDDED_TARGET:
+        model, tok = build_tiny_target()
+        model = model.to(dtype)
+    elif cfg.path.startswith("embedded:"):
+        raise BadInput(f"unknown embedded target {cfg.path!r}", hint=f"the embedded target is {EMBEDDED_TARGET}")
+    else:
+        model, tok = _load_dir(Path(cfg.path).expanduser(), dtype)
+    if getattr(tok, "chat_template", None) is None:
+        raise BadInput(f"the target tokenizer at {cfg.path!r} has no chat template",
+                       hint="DFlash data is rendered through the target's chat template; add one to tokenizer_config.json")
+    num_layers = int(model.config.num_hidden_layers)
+    layer_ids = tuple(cfg.layer_ids) if cfg.layer_ids is not None else default_layer_ids(num_layers, num_draft_layers)
+    bad = [i for i in layer_ids if not 0 <= i < num_layers]
+    if bad:
+        raise BadInput(f"target.layer_ids {list(layer_ids)}: {bad} out of range for a {num_layers}-layer target",
+                       hint=f"use ids in [0, {num_layers - 1}] or leave target.layer_ids unset for the default")
+    mask_id, notes = ensure_mask_token(model, tok, cfg.mask_token)
+    model.requires_grad_(False)
+    model.eval()
+    model.to(device)
+    return Target(model=model, tokenizer=tok, layer_ids=layer_ids, mask_token_id=mask_id, device=device,
+                  dtype=dtype, source=cfg.path, notes=notes)

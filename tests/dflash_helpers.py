@@ -1,0 +1,84 @@
+"""Shared pieces for the dflash tests: a small regenerated chat file, a local HF target dir, configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash.config import Config, apply_overrides, tiny
+
+SMALL_CONVS = 64  # conversations in the shared test dataset
+
+
+@pytest.fixture(scope="session")
+def tiny_target():
+    """The embedded tiny target on CPU (built once per session), run with one torch thread like the
+    tiny recipe (train.cpu_threads=1): two spinning threads on a busy 2-core machine are ~10x slower."""
+    from dflash.target import load_target
+
+    cfg = tiny()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_target(cfg.target, cfg.drafter.num_layers, torch.device("cpu"))
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def chat_file(tmp_path_factory, tiny_target) -> Path:
+    """64 embedded prompts answered by the tiny target (what `dflash regen` makes), as chat JSONL."""
+    from dflash.data import embedded_prompts
+    from dflash.regen import regenerate, write_jsonl
+
+    convs, _ = regenerate(embedded_prompts(SMALL_CONVS, seed=7), tiny_target, max_new_tokens=40, batch_size=64)
+    path = tmp_path_factory.mktemp("data") / "chat.jsonl"
+    write_jsonl(convs, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def local_target_dir(tmp_path_factory) -> Path:
+    """A Hugging Face model directory (hidden 32, 4 layers) with the tiny tokenizer: a 'real' local target."""
+    from transformers import Qwen3ForCausalLM
+
+    from dflash.target import build_tiny_tokenizer, tiny_target_config
+
+    tok = build_tiny_tokenizer()
+    cfg = tiny_target_config(len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4, head_dim=8)
+    torch.manual_seed(5)
+    model = Qwen3ForCausalLM(cfg)
+    path = tmp_path_factory.mktemp("target") / "qwen3-mini"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def small_config(out_dir: Path, data: Path, **overrides) -> Config:
+    """tiny() on the shared data file: few steps, no regeneration, no end-of-run eval."""
+    base = {
+        "data.path": str(data), "data.regenerate": False, "train.max_steps": 6, "checkpoint.every": 3,
+        "checkpoint.out_dir": str(out_dir), "metrics.log_every": 1, "metrics.tensorboard": False,
+        "eval.at_end": False,
+    }
+    return apply_overrides(tiny(), {**base, **overrides})
+
+
+def record_losses():
+    """An on_event callback that records (step, loss), and the list it fills."""
+    losses: list[tuple[int, float]] = []
+
+    def on_event(kind, data):
+        if kind == "step":
+            losses.append((data["metrics"].step, data["metrics"].loss))
+
+    return on_event, losses
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+__all__ = ["tiny_target", "chat_file", "local_target_dir", "small_config", "record_losses", "write_jsonl"]

@@ -1,0 +1,40 @@
+"""benchmarks/dflash_step.py runs on CPU with --small and writes its JSON and Markdown (no timing asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "dflash_step.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("dflash_step", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_small_benchmark_writes_results(tmp_path):
+    bench = load()
+    assert bench.main(["--small", "--out", str(tmp_path), "--iters", "1", "--warmup", "1"]) == 0
+    data = json.loads((tmp_path / "dflash_step.json").read_text())
+    by_mode = {r["mode"]: r for r in data["results"]}
+    assert set(by_mode) == set(bench.MODES)
+    assert by_mode["sdpa-dense"]["status"] == "ok" and by_mode["sdpa-dense"]["tflop_per_step"] > 0
+    assert by_mode["flex-compiled"]["status"] == ("ok" if torch.cuda.is_available() else "skipped")
+    assert "| sdpa-dense |" in (tmp_path / "dflash_step.md").read_text()
+
+
+def test_flops_at_qwen3_8b_shapes_match_facts():
+    """≈73 TFLOP per fwd+bwd step at the FACTS §6 shapes (5 layers, B=16, 512 anchors, 3072, 151936 vocab)."""
+    bench = load()
+    s = bench.Shape()
+    g = torch.Generator().manual_seed(0)
+    anchors = torch.sort(torch.randperm(s.seq - s.block + 1, generator=g)[: s.anchors])[0][None]
+    assert 68 < bench.step_flops(s, anchors) / 1e12 < 76

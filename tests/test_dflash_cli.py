@@ -1,0 +1,100 @@
+"""The dflash CLI: --json schemas and the command list frozen, bad input exits 2 and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli.dflash_main import app
+from tests.dflash_helpers import chat_file, local_target_dir, tiny_target, write_jsonl  # noqa: F401 (fixtures)
+from tests.helpers import invoke, invoke_json
+
+COMMON = ["--set", "data.regenerate=false", "--set", "metrics.tensorboard=false", "--set", "checkpoint.every=100",
+          "--set", "metrics.log_every=1"]
+TRAIN_KEYS = {"run_dir", "steps", "total_steps", "first_loss", "last_loss", "first_epoch_loss", "last_epoch_loss",
+              "last_epoch_tau_estimate", "last", "checkpoints", "seconds", "eval", "notes", "config"}
+STEP_KEYS = {"step", "epoch", "loss", "lr", "grad_norm", "accuracy", "tau_estimate", "tokens", "blocks", "seconds",
+             "tokens_per_s", "time_split", "memory_bytes"}
+EVAL_KEYS = {"prompts", "rounds", "tau", "max_tau", "acceptance_histogram", "generated_tokens", "plain_seconds",
+             "spec_seconds", "speedup", "plain_tokens_per_s", "spec_tokens_per_s", "outputs_match", "mismatched_prompts"}
+
+
+def test_command_list_is_frozen():
+    names = {c.name or c.callback.__name__ for c in app.registered_commands}
+    assert names == {"train", "eval", "regen"}
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, chat_file):
+    out = tmp_path_factory.mktemp("cli") / "run"
+    data = invoke_json(app, ["train", "--out", str(out), "--data", str(chat_file), "--max-steps", "3", *COMMON,
+                             "--set", "eval.num_prompts=2", "--set", "eval.max_new_tokens=9"])
+    return out, data
+
+
+def test_train_json_schema(trained_run):
+    out, data = trained_run
+    assert set(data) == TRAIN_KEYS and set(data["last"]) == STEP_KEYS and set(data["eval"]) == EVAL_KEYS
+    assert data["steps"] == 3 and len(data["last"]["accuracy"]) == 7  # slots 1..B-1 for B=8
+    assert set(data["last"]["time_split"]) == {"data", "target", "drafter", "optim"}
+    assert data["eval"]["outputs_match"] is True and data["eval"]["prompts"] == 2
+    assert data["config"]["drafter"]["block_size"] == 8
+    assert (out / "checkpoints" / "step_000003" / "config.json").is_file()
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "step" in r and "event" not in r] == [1, 2, 3]
+    assert any(n.startswith("added <|MASK|>") for n in data["notes"])  # the tiny tokenizer has no mask token
+
+
+def test_eval_json(trained_run):
+    out, _ = trained_run
+    data = invoke_json(app, ["eval", str(out), "-n", "1", "--max-new-tokens", "9"])
+    assert set(data) == EVAL_KEYS and data["outputs_match"] is True and data["prompts"] == 1
+    assert 1.0 <= data["tau"] <= data["max_tau"] == 8
+
+
+def test_regen_json(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"conversations": [{"from": "human", "value": "ba be"},
+                                                                 {"from": "gpt", "value": "old answer"}]}])
+    data = invoke_json(app, ["regen", str(src), str(tmp_path / "out.jsonl"), "--max-new-tokens", "5", "--device", "cpu"])
+    assert data["conversations"] == 1 and data["turns"] == 1
+    row = json.loads((tmp_path / "out.jsonl").read_text())
+    assert row["messages"][0] == {"role": "user", "content": "ba be"}
+    assert row["messages"][1]["role"] == "assistant" and row["messages"][1]["content"] != "old answer"
+
+
+def test_print_config_json():
+    data = invoke_json(app, ["train", "--recipe", "qwen3_8b", "--print-config", "--set", "optim.lr=1e-4"])
+    assert data["recipe"] == "qwen3_8b" and data["optim"]["lr"] == 1e-4 and data["drafter"]["num_layers"] == 5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "/nonexistent/model"], "does not exist"),
+    (["--device", "tpu"], "unknown device"),
+    (["--device", "cuda:7"], "not visible"),
+    (["--set", "optim.lr=-1"], "optim.lr"),
+    (["--set", "nope.x=1"], "nope.x"),
+    (["--set", "train.attention=flex"], "flex"),
+    (["--resume"], "--resume"),
+])
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, chat_file, args, message):
+    out = tmp_path / "run"
+    r = invoke(app, ["train", "--out", str(out), "--data", str(chat_file), *COMMON, *args])
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()  # no run dir, no partial checkpoint
+
+
+def test_empty_dataset_exits_2(tmp_path):
+    data = write_jsonl(tmp_path / "empty.jsonl", [{"messages": [{"role": "user", "content": "ba"}]}])
+    out = tmp_path / "run"
+    r = invoke(app, ["train", "--out", str(out), "--data", str(data), *COMMON])
+    assert r.exit_code == 2 and "no usable conversation" in r.stderr and not out.exists()
+
+
+def test_eval_refuses_a_mismatched_target(trained_run, local_target_dir):
+    out, _ = trained_run
+    r = invoke(app, ["eval", str(out), "--target", str(local_target_dir)])
+    assert r.exit_code == 2 and "does not match the target" in r.stderr and "hidden size 64" in r.stderr
+    r = invoke(app, ["eval", str(out.parent / "missing")])
+    assert r.exit_code == 2 and "not a dflash checkpoint" in r.stderr

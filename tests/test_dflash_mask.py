@@ -1,0 +1,110 @@
+"""dflash.mask: the mask_mod against a loop reference, flex BlockMask == dense mask, flex vs SDPA forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compilewatch.errors import BadInput
+from dflash.mask import build_masks, dense_mask, detect_backend, make_mask_mod
+
+# eager flex on CPU is the unfused reference path; its "use torch.compile" advice is expected here
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def reference_mask(anchors, ctx_len, bs, window=None):
+    """Plain loops over FACTS §6: block j sees context kv < anchor_j and its own block, nothing else."""
+    b, n = anchors.shape
+    q_len, kv_len = n * bs, ctx_len + n * bs
+    rows = []
+    for bi in range(b):
+        anc = anchors[bi].tolist()
+        for q in range(q_len):
+            j, k = divmod(q, bs)
+            a = anc[j]
+            row = []
+            for kv in range(kv_len):
+                if kv < ctx_len:
+                    ok = kv < a and (window is None or (a + k) - kv < window)
+                else:
+                    jj, kk = divmod(kv - ctx_len, bs)
+                    ok = jj == j and (window is None or kk <= k)
+                row.append(ok)
+            rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool).view(b, 1, q_len, kv_len)
+
+
+ANCHORS = torch.tensor([[0, 3, 9, 17], [2, 5, 6, 20]])
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_dense_mask_equals_loop_reference(window):
+    mod = make_mask_mod(ANCHORS, 24, 4, window)
+    got = dense_mask(mod, 2, 16, 24 + 16, "cpu")
+    assert torch.equal(got, reference_mask(ANCHORS, 24, 4, window))
+    # strictness: the anchor's own context position is never visible to its block
+    for bi in range(2):
+        for j, a in enumerate(ANCHORS[bi].tolist()):
+            if a < 24:
+                assert not got[bi, 0, j * 4: (j + 1) * 4, a].any()
+
+
+def test_dense_mask_equals_torch_create_mask():
+    """Our broadcasting evaluation agrees with flex's own vmap-based dense mask of the same mask_mod."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    mod = make_mask_mod(ANCHORS, 24, 4)
+    assert torch.equal(dense_mask(mod, 2, 16, 40, "cpu"), create_mask(mod, 2, 1, 16, 40, device="cpu"))
+
+
+def test_flex_block_mask_equals_dense_reference():
+    """The BlockMask create_block_mask builds covers exactly the dense mask (checked through its mask_mod
+    on every partial block and its full/empty block bookkeeping, via to_dense and attention)."""
+    bs, ctx = 8, 200
+    anchors = torch.tensor([[0, 40, 100, 150, 160, 190, 60, 10] * 4])  # 32 blocks -> Q_LEN 256 (two 128-blocks)
+    anchors, _ = torch.sort(anchors)
+    m = build_masks(anchors, ctx, bs, "flex")["full"]
+    dense = reference_mask(anchors, ctx, bs)
+    # block level: a (q-block, kv-block) tile is present iff the dense mask has any True in it
+    tiles = m.to_dense()[0, 0].bool()
+    qb, kb = m.BLOCK_SIZE
+    q_len, kv_len = dense.shape[-2:]
+    for i in range(tiles.shape[0]):
+        for k in range(tiles.shape[1]):
+            any_true = dense[0, 0, i * qb:(i + 1) * qb, k * kb:(k + 1) * kb].any().item()
+            assert bool(tiles[i, k]) == any_true, (i, k)
+    # element level: flex attention with the BlockMask == SDPA with the dense reference
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, q_len, 16)
+    k, v = torch.randn(1, 2, kv_len, 16), torch.randn(1, 2, kv_len, 16)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch.testing.assert_close(flex_attention(q, k, v, block_mask=m),
+                               torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense),
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_flex_and_sdpa_drafter_forward_agree_on_cpu():
+    """The fast path (flex BlockMask) and the fallback (dense SDPA) give the same drafter forward."""
+    from tests.test_dflash_model import make_drafter
+
+    torch.manual_seed(3)
+    d = make_drafter()
+    anchors = torch.tensor([[1, 4, 9, 12], [0, 2, 7, 15]])
+    seq, bs = 20, 4
+    ctx, blocks = torch.randn(2, seq, 64), torch.randn(2, 16, 32)
+    pos = (anchors[:, :, None] + torch.arange(bs)).view(2, 16)
+    ctx_pos = torch.arange(seq).expand(2, seq)
+    with torch.no_grad():  # flex has no backward on CPU (FACTS §2): compare forwards
+        out_flex = d(blocks, ctx, pos, ctx_pos, masks=build_masks(anchors, seq, bs, "flex"))
+        out_sdpa = d(blocks, ctx, pos, ctx_pos, masks=build_masks(anchors, seq, bs, "sdpa"))
+    torch.testing.assert_close(out_flex, out_sdpa, atol=1e-5, rtol=1e-4)
+
+
+def test_backend_detection_once_with_override():
+    assert detect_backend("cpu") == "sdpa"  # flex has no backward on CPU
+    assert detect_backend("cpu", "sdpa") == "sdpa"
+    with pytest.raises(BadInput, match="flex"):
+        detect_backend("cpu", "flex")
+    with pytest.raises(BadInput):
+        detect_backend("cpu", "fast")

@@ -1,0 +1,132 @@
+"""dflash.model: taps formula, reference parameter names, KV injection, strict context."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash.mask import build_masks
+from dflash.model import DFlashDrafter, DrafterSpec, default_layer_ids
+
+
+def small_spec(**kw) -> DrafterSpec:
+    base = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                intermediate_size=48, vocab_size=50, rope_theta=10000.0, block_size=4, num_target_layers=6,
+                target_layer_ids=(1, 3), mask_token_id=49)
+    return DrafterSpec(**{**base, **kw})
+
+
+def make_drafter(seed=0, **kw) -> DFlashDrafter:
+    d = DFlashDrafter(small_spec(**kw))
+    d.init_weights(torch.Generator().manual_seed(seed), std=0.2)
+    return d.eval()
+
+
+@pytest.mark.parametrize("layers, draft, expected", [
+    (36, 5, (1, 9, 17, 25, 33)),  # Qwen3-8B (FACTS §6)
+    (36, 1, (18,)),  # one draft layer: L // 2
+    (6, 2, (1, 3)),  # the embedded tiny target
+    (28, 3, (1, 13, 25)),
+    (40, 4, (1, 13, 25, 37)),
+])
+def test_default_taps(layers, draft, expected):
+    assert default_layer_ids(layers, draft) == expected
+
+
+def test_parameter_names_are_the_reference_format():
+    names = set(make_drafter().state_dict())
+    expected = {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    for i in range(2):
+        expected |= {f"layers.{i}.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")}
+        expected |= {f"layers.{i}.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
+        expected |= {f"layers.{i}.{p}.weight" for p in ("input_layernorm", "post_attention_layernorm")}
+    assert names == expected  # no embedding, no LM head: the target's are used, frozen
+    d = make_drafter()
+    assert d.fc.weight.shape == (32, 2 * 32) and d.fc.bias is None  # Linear(k·H -> H, bias=False)
+
+
+def run(d, anchors, ctx, blocks, seq, masks=None):
+    b, n = anchors.shape
+    bs = d.spec.block_size
+    pos = (anchors[:, :, None] + torch.arange(bs)).view(b, n * bs)
+    ctx_pos = torch.arange(seq).expand(b, seq)
+    if masks is None:
+        masks = build_masks(anchors, seq, bs, "sdpa")
+    return d(blocks, ctx, pos, ctx_pos, masks=masks)
+
+
+def test_strict_context_and_block_isolation():
+    """Block j's output depends on context positions < anchor_j only, and on no other block."""
+    torch.manual_seed(0)
+    d = make_drafter()
+    seq, bs = 20, 4
+    anchors = torch.tensor([[5, 12]])
+    ctx = torch.randn(1, seq, 64)
+    blocks = torch.randn(1, 2 * bs, 32)
+    ref = run(d, anchors, ctx, blocks, seq)
+    ctx2 = ctx.clone()
+    ctx2[:, 5] += 10.0  # the anchor position of block 0: must not be visible to block 0 (strict)
+    out = run(d, anchors, ctx2, blocks, seq)
+    torch.testing.assert_close(out[:, :bs], ref[:, :bs])
+    assert not torch.allclose(out[:, bs:], ref[:, bs:])  # block 1 (anchor 12) sees position 5
+    blocks2 = blocks.clone()
+    blocks2[:, bs:] += 1.0  # change block 1's tokens: block 0 is unaffected
+    torch.testing.assert_close(run(d, anchors, ctx, blocks2, seq)[:, :bs], ref[:, :bs])
+    ctx3 = ctx.clone()
+    ctx3[:, 4] += 10.0  # the position before anchor 0 is visible
+    assert not torch.allclose(run(d, anchors, ctx3, blocks, seq)[:, :bs], ref[:, :bs])
+
+
+def test_block_is_bidirectional_in_full_layers_and_causal_in_sliding_layers():
+    torch.manual_seed(1)
+    seq, bs = 12, 4
+    anchors = torch.tensor([[6]])
+    ctx, blocks = torch.randn(1, seq, 64), torch.randn(1, bs, 32)
+    blocks2 = blocks.clone()
+    blocks2[:, 3] += 1.0  # change the last slot
+    full = make_drafter()
+    assert not torch.allclose(run(full, anchors, ctx, blocks, seq)[:, 0], run(full, anchors, ctx, blocks2, seq)[:, 0])
+    sl = make_drafter(layer_types=("sliding_attention", "sliding_attention"), sliding_window=4)
+    masks = build_masks(anchors, seq, bs, "sdpa", sliding_window=4, need_sliding=True)
+    a = run(sl, anchors, ctx, blocks, seq, masks)
+    b = run(sl, anchors, ctx, blocks2, seq, masks)
+    torch.testing.assert_close(a[:, :3], b[:, :3])  # causal: earlier slots do not see slot 3
+    ctx2 = ctx.clone()
+    ctx2[:, 1] += 10.0  # outside the window of slot 0 (6 - 1 >= 4)
+    torch.testing.assert_close(run(sl, anchors, ctx2, blocks, seq, masks)[:, 0], a[:, 0])
+
+
+def test_context_cache_matches_full_context():
+    """Inference: feeding the context in pieces through the cache gives the same block output."""
+    from dflash.model import ContextCache
+
+    torch.manual_seed(2)
+    d = make_drafter()
+    ctx, blocks = torch.randn(1, 10, 64), torch.randn(1, 4, 32)
+    pos = torch.arange(10, 14)[None]
+    ref = d(blocks, ctx, pos, torch.arange(10)[None])
+    cache = ContextCache(2)
+    d(blocks, ctx[:, :6], torch.arange(6, 10)[None], torch.arange(6)[None], cache=cache)
+    out = d(blocks, ctx[:, 6:], pos, torch.arange(6, 10)[None], cache=cache)
+    torch.testing.assert_close(out, ref)
+
+
+def test_drafter_compiles_as_one_graph():
+    """fullgraph=True: no graph break anywhere in the drafter (what `torch.compile` of layers relies on)."""
+    import torch._dynamo
+
+    torch.manual_seed(4)
+    d = make_drafter()
+    anchors, seq = torch.tensor([[3, 9]]), 16
+    ctx, blocks = torch.randn(1, seq, 64), torch.randn(1, 8, 32)
+    pos = (anchors[:, :, None] + torch.arange(4)).view(1, 8)
+    masks = build_masks(anchors, seq, 4, "sdpa")
+    ref = d(blocks, ctx, pos, torch.arange(seq)[None], masks=masks)
+    torch._dynamo.reset()
+    compiled = torch.compile(d, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(blocks, ctx, pos, torch.arange(seq)[None], masks=masks), ref)
+    with torch.no_grad():  # the flex path too (forward only: no flex backward on CPU)
+        flex_masks = build_masks(anchors, seq, 4, "flex")
+        torch.testing.assert_close(compiled(blocks, ctx, pos, torch.arange(seq)[None], masks=flex_masks), ref,
+                                   atol=1e-5, rtol=1e-4)
+    torch._dynamo.reset()

@@ -1,0 +1,166 @@
+"""dflash.trainer + dflash.checkpoint: export format, resume exactness, atomic checkpoints, schedules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from compilewatch.errors import BadInput
+from dflash import checkpoint as ckpt
+from dflash.config import OptimConfig
+from dflash.trainer import Trainer, lr_at
+from tests.dflash_helpers import chat_file, local_target_dir, record_losses, small_config, tiny_target  # noqa: F401
+
+
+class Killed(Exception):
+    """Stands in for SIGKILL: raised from inside the loop, after a step, before its checkpoint."""
+
+
+def test_kill_and_resume_gives_the_same_losses(tmp_path, chat_file):
+    on_a, full = record_losses()
+    a = Trainer.from_config(small_config(tmp_path / "a", chat_file), on_event=on_a)
+    try:
+        a.train()
+    finally:
+        a.close()
+    assert [s for s, _ in full] == [1, 2, 3, 4, 5, 6]
+
+    seen = []
+
+    def killer(kind, data):
+        if kind == "step":
+            seen.append((data["metrics"].step, data["metrics"].loss))
+            if data["metrics"].step == 5:  # steps 4 and 5 are lost; the checkpoint at 3 survives
+                raise Killed
+
+    b = Trainer.from_config(small_config(tmp_path / "b", chat_file), on_event=killer)
+    with pytest.raises(Killed):
+        b.train()
+    b.close()
+    assert ckpt.latest_checkpoint(tmp_path / "b").name == "step_000003"
+    on_c, resumed = record_losses()
+    c = Trainer.from_config(small_config(tmp_path / "b", chat_file), resume=True, on_event=on_c)
+    assert c.step == 3
+    try:
+        c.train()
+    finally:
+        c.close()
+    assert seen[:5] == full[:5]
+    assert resumed == full[3:]  # bit-identical: same data order, anchors, weights and optimizer state
+    assert ckpt.latest_checkpoint(tmp_path / "b").name == "step_000006"
+
+
+def test_export_config_and_safetensors_names(tmp_path, chat_file):
+    from safetensors import safe_open
+
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{"train.max_steps": 1}))
+    try:
+        t.train()
+    finally:
+        t.close()
+    ck = ckpt.latest_checkpoint(tmp_path)
+    assert {p.name for p in ck.iterdir()} == {"config.json", "model.safetensors", "training_state.pt", "train_config.toml"}
+    cfg = json.loads((ck / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["block_size"] == 8 and cfg["num_target_layers"] == 6 and cfg["num_hidden_layers"] == 2
+    assert cfg["dflash_config"] == {"mask_token_id": t.target.mask_token_id, "target_layer_ids": [1, 3]}
+    assert cfg["tie_word_embeddings"] is False and cfg["layer_types"] == ["full_attention"] * 2
+    assert cfg["sliding_window"] is None and cfg["attention_bias"] is False
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                "rms_norm_eps", "rope_theta", "vocab_size", "max_position_embeddings"):
+        assert key in cfg, key
+    with safe_open(str(ck / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert names == set(t.drafter.state_dict())
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.1.self_attn.q_norm.weight",
+            "layers.0.mlp.gate_proj.weight", "layers.0.input_layernorm.weight"} <= names
+    assert not any("embed" in n or "lm_head" in n for n in names)
+    loaded = ckpt.load_export(ck)
+    for k, v in t.drafter.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k], v)
+
+
+def test_checkpoint_write_is_atomic(tmp_path, chat_file, monkeypatch):
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{"train.max_steps": 1}))
+    boom = RuntimeError("disk full")
+
+    def fail(*a, **k):
+        raise boom
+
+    monkeypatch.setattr(ckpt, "atomic_write_text", fail)  # fails after the weights were written
+    with pytest.raises(RuntimeError):
+        t.train()
+    t.close()
+    ckdir = tmp_path / "checkpoints"
+    assert list(ckdir.iterdir()) == []  # no step dir, no staging dir, no `latest`
+    assert ckpt.latest_checkpoint(tmp_path) is None
+
+
+def test_existing_run_needs_resume_and_mismatched_checkpoint_is_refused(tmp_path, chat_file):
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{"train.max_steps": 1}))
+    t.train()
+    t.close()
+    with pytest.raises(BadInput, match="already holds checkpoints"):
+        Trainer.from_config(small_config(tmp_path, chat_file))
+    with pytest.raises(BadInput, match="does not match the target"):  # other taps than the checkpoint's
+        Trainer.from_config(small_config(tmp_path, chat_file, **{"target.layer_ids": "[2, 4]"}), resume=True)
+    with pytest.raises(BadInput, match="differs"):
+        Trainer.from_config(small_config(tmp_path, chat_file, **{"drafter.intermediate_size": "32"}), resume=True)
+    with pytest.raises(BadInput, match="no checkpoint"):
+        Trainer.from_config(small_config(tmp_path / "empty", chat_file), resume=True)
+
+
+def test_train_on_a_local_hf_target_dir(tmp_path, chat_file, local_target_dir):
+    """A transformers model directory (hidden 32, 4 layers) works as a target: taps and export follow it."""
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{"target.path": str(local_target_dir), "train.max_steps": 2}))
+    try:
+        r = t.train()
+    finally:
+        t.close()
+    assert r.steps == 2 and t.drafter.spec.hidden_size == 32
+    cfg = json.loads((ckpt.latest_checkpoint(tmp_path) / "config.json").read_text())
+    assert cfg["hidden_size"] == 32 and cfg["num_target_layers"] == 4
+    assert cfg["dflash_config"]["target_layer_ids"] == [1, 1]  # round(1 + i*(4-4)/1): the formula, even when degenerate
+
+
+def test_lr_schedules():
+    cos = OptimConfig(lr=1.0, warmup_ratio=0.1, min_lr_ratio=0.1)
+    lrs = [lr_at(s, 100, cos) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear warmup over 10 steps
+    assert lrs[-1] == pytest.approx(0.1) and all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    wsd = OptimConfig(lr=1.0, schedule="wsd", warmup_ratio=0.1, decay_ratio=0.2)
+    w = [lr_at(s, 100, wsd) for s in range(100)]
+    assert w[10:80] == [1.0] * 70 and w[-1] == pytest.approx(0.0) and w[85] < 1.0
+
+
+def test_split_global_batch_gives_the_same_step(tmp_path, chat_file):
+    """A global batch split into micro-batches (accumulation, or replicas summing gradients) takes the
+    same optimizer step as the whole batch at once: the loss denominator is global."""
+    from dflash.data import Batch
+
+    cfg = small_config(tmp_path / "x", chat_file, **{"data.batch_size": 8})
+    a = Trainer.from_config(cfg)
+    b = Trainer.from_config(small_config(tmp_path / "y", chat_file, **{"data.batch_size": 8}))
+    whole = a.micro_batches(0)[0]
+    halves = [Batch(**{k: getattr(whole, k)[sl] for k in whole.__dataclass_fields__}) for sl in (slice(0, 3), slice(3, 8))]
+    ma, mb = a.train_step([whole]), b.train_step(halves)
+    assert ma.loss == pytest.approx(mb.loss, rel=1e-6) and ma.tokens == mb.tokens
+    for (n, p), (_, q) in zip(a.drafter.named_parameters(), b.drafter.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
+    a.close()
+    b.close()
+
+
+def test_prewarm_runs_every_bucket_without_updating(tmp_path, chat_file):
+    t = Trainer.from_config(small_config(tmp_path, chat_file))
+    before = {k: v.clone() for k, v in t.drafter.state_dict().items()}
+    seen = []
+    original = t.forward_backward
+    t.forward_backward = lambda b, d, timer=None: (seen.append(b.input_ids.shape[1]), original(b, d, timer))[1]
+    t.prewarm()
+    t.close()
+    assert seen == list(t.dataset.buckets) and all(p.grad is None for p in t.drafter.parameters())
+    for k, v in t.drafter.state_dict().items():
+        assert torch.equal(v, before[k])
