@@ -1,0 +1,222 @@
+"""DFlash on the multi-device engine: target workers compute taps, drafter replicas train on them.
+
+`train_multi(trainer, target_devices, drafter_devices)` runs the same training as `Trainer.train()`
+(same data order, anchors, schedule, loss, checkpoints), spread over threads:
+- the target workers (one per target device, each with its own copy of the frozen target) turn
+  micro-batch `i` into `{"batch", "taps"}`;
+- drafter replica 0 is the trainer itself (its drafter, optimizer, run directory); replicas 1..
+  are copies on their devices with the target's frozen embedding and LM head only;
+- the global batch of a step is `replicas x grad_accum` micro-batches, the next ones of the
+  epoch plan — exactly what a single-device trainer with `grad_accum = replicas x grad_accum` sees.
+  Each replica backpropagates its micro-batch's Σ w·CE; the engine sums gradients and divides by
+  the global batch's Σ w, the single-device loss (dflash.loss) to the last term.
+
+Metrics rows (metrics.jsonl) carry the engine's split too: time waiting for targets vs computing.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from dflash.engine import Engine, EngineConfig, EngineReport, Program, Replica, StepRecord
+from dflash.trainer import Trainer, TrainResult, lr_at
+
+
+class EmbedHead(nn.Module):
+    """What a drafter device needs of the target: its frozen embedding and LM head, nothing else."""
+
+    def __init__(self, target_model: nn.Module, device: torch.device) -> None:
+        super().__init__()
+        embed, head = copy.deepcopy((target_model.get_input_embeddings(), target_model.get_output_embeddings()))
+        self.embed, self.head = embed.to(device), head.to(device)  # deepcopy of the pair keeps tied weights tied
+        self.config = target_model.config
+        self.requires_grad_(False)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.head
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a drafter device holds no target body: taps come from the target workers")
+
+
+@dataclasses.dataclass
+class Plan:
+    """Global micro-batch index -> (epoch, sample indices), from the dataset's per-epoch plan."""
+
+    trainer: Trainer
+    per_step: int  # micro-batches per optimizer step (replicas x grad_accum)
+
+    def __post_init__(self) -> None:
+        self.steps_per_epoch = max(1, self.trainer.dataset.batches_per_epoch() // self.per_step)
+        self._lock = threading.Lock()
+        self._plans: dict[int, list[list[int]]] = {}
+
+    def batch(self, index: int):
+        epoch, within = divmod(index, self.steps_per_epoch * self.per_step)
+        with self._lock:
+            plan = self._plans.get(epoch)
+            if plan is None:
+                plan = self._plans[epoch] = self.trainer.dataset.epoch_plan(epoch)
+                for old in [e for e in self._plans if e < epoch - 1]:
+                    del self._plans[old]
+        return self.trainer.dataset.make_batch(plan[within], epoch)
+
+
+def _target_on(trainer: Trainer, device: torch.device):
+    if device == trainer.target.device:
+        return trainer.target
+    from dflash.target import load_target
+
+    target = load_target(trainer.cfg.target, trainer.cfg.drafter.num_layers, device)
+    if target.mask_token_id != trainer.target.mask_token_id or target.layer_ids != trainer.target.layer_ids:
+        raise RuntimeError(f"the target loaded on {device} differs from the trainer's (mask token or taps)")
+    return target
+
+
+def dflash_program(trainer: Trainer, drafter_devices: Sequence[str]) -> tuple[Program, Plan]:
+    cfg = trainer.cfg
+    R = len(drafter_devices)
+    plan = Plan(trainer, R * cfg.train.grad_accum)
+    total = cfg.train.max_steps or cfg.train.epochs * plan.steps_per_epoch
+    one: dict[torch.device, torch.Tensor] = {}
+
+    def make_producer(device: str) -> Callable[[int], Any]:
+        target = _target_on(trainer, torch.device(device))
+
+        def produce(index: int) -> dict[str, Any]:
+            batch = plan.batch(index).to(target.device)
+            return {"batch": batch, "taps": target.taps(batch.input_ids)}  # taps (B, S, k·H)
+        return produce
+
+    def make_replica(index: int, device: str) -> Replica:
+        dev = torch.device(device)
+        if index == 0:
+            if dev != trainer.device:
+                raise RuntimeError(f"replica 0 must run on the trainer's device {trainer.device}, not {device}")
+            tr = trainer
+        else:
+            side = trainer.target if dev == trainer.target.device else dataclasses.replace(
+                trainer.target, model=EmbedHead(trainer.target.model, dev), device=dev)
+            drafter = copy.deepcopy(trainer.drafter).to(dev)
+            tr = Trainer(cfg, side, trainer.dataset, drafter, trainer.run_dir, notes=[])
+            tr.optimizer.load_state_dict(trainer.optimizer.state_dict())  # resume: the same AdamW state
+            tr.step = trainer.step
+        tr.total_steps, tr.steps_per_epoch = total, plan.steps_per_epoch
+        one[dev] = torch.tensor(1.0, device=dev)
+        return Replica(index, device, tr.drafter, tr.optimizer, {"trainer": tr, "outs": []})
+
+    def forward_backward(rep: Replica, item: dict[str, Any]) -> tuple[float, float]:
+        tr: Trainer = rep.state["trainer"]
+        out = tr.forward_backward(item["batch"], one[tr.device], taps=item["taps"])  # loss = Σ w·CE
+        rep.state["outs"].append((out, int(item["batch"].anchor_valid.sum())))
+        w = float(out.weight)
+        return (float(out.weighted_ce) / w if w > 0 else 0.0), w
+
+    def optimizer_step(rep: Replica, step: int) -> None:
+        rep.state["trainer"].optimizer_step(step)
+
+    def warm(rep: Replica) -> None:
+        tr: Trainer = rep.state["trainer"]
+        k_h = len(trainer.target.layer_ids) * trainer.target.hidden_size
+        for b in tr.warm_batches():  # one per bucket length: every shape training will use
+            taps = torch.zeros(*b.input_ids.shape, k_h, dtype=trainer.target.dtype, device=tr.device)
+            tr.forward_backward(b, one[tr.device], taps=taps)
+        rep.state["outs"].clear()
+
+    def save(rep: Replica, steps_done: int) -> str:
+        tr: Trainer = rep.state["trainer"]
+        tr.step = steps_done
+        return str(tr.save())
+
+    return Program(make_producer=make_producer, make_replica=make_replica, forward_backward=forward_backward,
+                   optimizer_step=optimizer_step, warm=warm, save=save,
+                   tokens=lambda item: item["batch"].tokens), plan
+
+
+def _metrics(trainer: Trainer, replicas: list[Replica], rec: StepRecord, plan: Plan):
+    """A StepMetrics row for the step the engine just committed (called inside the step barrier)."""
+    from dflash.loss import estimated_tau
+    from dflash.metrics import StepMetrics, memory_bytes
+
+    outs = [o for r in replicas for o, _ in r.state["outs"]]
+    blocks = sum(b for r in replicas for _, b in r.state["outs"])
+    for r in replicas:
+        r.state["outs"] = []
+    correct = sum(o.correct.cpu() for o in outs)
+    count = sum(o.count.cpu() for o in outs)
+    acc = tuple(float(c / n) if n > 0 else float("nan") for c, n in zip(correct[1:], count[1:]))
+    grads = [p.grad for p in replicas[0].model.parameters() if p.grad is not None]
+    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+    tokens = rec.tokens or 0
+    return StepMetrics(
+        step=rec.step + 1, epoch=rec.step // plan.steps_per_epoch, loss=rec.loss,
+        lr=lr_at(rec.step, trainer.total_steps, trainer.cfg.optim), grad_norm=norm, accuracy=acc,
+        tau_estimate=estimated_tau(sum(float(o.accepted) for o in outs), sum(float(o.full_blocks) for o in outs)),
+        tokens=tokens, blocks=blocks, seconds=rec.wall_s, tokens_per_s=tokens / rec.wall_s if rec.wall_s > 0 else 0.0,
+        time_split={"wait_targets_max": round(max(rec.wait_s), 6), "compute_max": round(max(rec.compute_s), 6),
+                    "reduce": round(rec.reduce_s, 6)},
+        memory_bytes=memory_bytes(trainer.device))
+
+
+def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices: Sequence[str], *,
+                stall_after: float = 300.0, prewarm: bool = True, guard: bool = True, watch: bool = True,
+                queue_depth: int = 2) -> tuple[TrainResult, EngineReport]:
+    """Train with the engine; same outputs as Trainer.train() (run dir, metrics, checkpoints, eval)."""
+    from compilewatch.fsutil import atomic_write_text
+    from dflash.config import to_toml
+    from dflash.metrics import MetricsWriter
+
+    cfg = trainer.cfg
+    program, plan = dflash_program(trainer, drafter_devices)
+    total = cfg.train.max_steps or cfg.train.epochs * plan.steps_per_epoch
+    t0 = time.perf_counter()
+    trainer.run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(trainer.run_dir / "config.toml", to_toml(cfg))
+    writer = trainer._writer = MetricsWriter(trainer.run_dir, tensorboard=cfg.metrics.tensorboard)
+    start = {"step": trainer.step, "total_steps": total, "backend": trainer.backend, "device": str(trainer.device),
+             "data": trainer.dataset.stats, "run_dir": str(trainer.run_dir), "target_devices": list(target_devices),
+             "drafter_devices": list(drafter_devices)}
+    writer.write_event("start", {**start, "notes": trainer.notes})
+    trainer.on_event("start", start)
+    trainer.drafter.train()
+    first_last: list[Any] = [None, None]
+    holder: dict[str, Engine] = {}
+
+    def on_step(rec: StepRecord) -> None:
+        m = _metrics(trainer, holder["engine"].replicas, rec, plan)
+        first_last[0] = first_last[0] or m
+        first_last[1] = m
+        if m.step % cfg.metrics.log_every == 0 or m.step == 1 or m.step == total:
+            writer.write(m)
+        trainer.on_event("step", {"metrics": m, "total_steps": total})
+
+    ecfg = EngineConfig(target_devices=tuple(target_devices), drafter_devices=tuple(drafter_devices), steps=total,
+                        start_step=trainer.step, grad_accum=cfg.train.grad_accum, queue_depth=queue_depth,
+                        stall_after=stall_after, prewarm=prewarm, guard=guard, watch=watch,
+                        save_every=cfg.checkpoint.every,
+                        watch_report=str(trainer.run_dir / "watch.jsonl") if watch else None)
+    holder["engine"] = Engine(program, ecfg, on_step=on_step)
+    report = holder["engine"].run()
+    trainer.step = report.steps_done
+    writer.write_event("engine", {"report": report})
+    result_eval = None
+    if report.ok and cfg.eval.at_end and trainer.eval_convs:
+        result_eval = trainer.evaluate()
+        writer.write_event("eval", {"result": result_eval})
+    first, last = first_last
+    result = TrainResult(run_dir=str(trainer.run_dir), steps=trainer.step, total_steps=total,
+                         first_loss=first.loss if first else math.nan, last_loss=last.loss if last else math.nan,
+                         last=last, checkpoints=trainer.checkpoints, seconds=time.perf_counter() - t0,
+                         eval=result_eval, notes=trainer.notes)
+    return result, report

@@ -1,0 +1,87 @@
+"""DFlash on the engine (CPU "devices"): the same training as the single-device trainer, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("dflash.trainer")
+
+from dflash.config import apply_overrides, tiny  # noqa: E402
+from dflash.program import train_multi  # noqa: E402
+from dflash.trainer import Trainer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def chat_file(tmp_path_factory):
+    """24 conversations written from the tiny tokenizer's words (no regeneration: fast)."""
+    from dflash.target import tiny_words
+
+    words = tiny_words()
+    rng = random.Random(3)
+    path = tmp_path_factory.mktemp("engine-data") / "chat.jsonl"
+    with open(path, "w") as fh:
+        for _ in range(24):
+            q = " ".join(rng.choice(words) for _ in range(rng.randint(4, 10)))
+            a = " ".join(rng.choice(words) for _ in range(rng.randint(20, 60)))
+            fh.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
+    return path
+
+
+def config(out, data, **kw):
+    base = {"data.path": str(data), "data.regenerate": False, "data.batch_size": 2, "train.max_steps": 3,
+            "checkpoint.every": 2, "checkpoint.out_dir": str(out), "metrics.log_every": 1,
+            "metrics.tensorboard": False, "eval.at_end": False, "train.device": "cpu"}
+    return apply_overrides(tiny(), {**base, **kw})
+
+
+def test_engine_training_equals_the_single_device_trainer_with_the_same_global_batch(tmp_path, chat_file):
+    single = Trainer.from_config(config(tmp_path / "single", chat_file, **{"train.grad_accum": 2}))
+    losses_single = []
+    single.on_event = lambda kind, d: losses_single.append(d["metrics"].loss) if kind == "step" else None
+    single.train()
+    single.close()
+
+    multi = Trainer.from_config(config(tmp_path / "multi", chat_file))
+    losses_multi = []
+    multi.on_event = lambda kind, d: losses_multi.append(d["metrics"].loss) if kind == "step" else None
+    result, report = train_multi(multi, ["cpu", "cpu"], ["cpu", "cpu"], stall_after=120)
+    multi.close()
+    assert report.ok, report.verdicts
+    assert report.max_param_diff == 0.0 and report.prewarm.ok
+    assert result.steps == 3 and len(losses_multi) == 3
+    assert losses_multi == pytest.approx(losses_single, rel=1e-4)
+    for a, b in zip(single.drafter.parameters(), multi.drafter.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)  # AdamW (lr 3e-3) amplifies float-order noise
+    assert [p.rsplit("/", 1)[-1] for p in result.checkpoints] == [p.rsplit("/", 1)[-1] for p in single.checkpoints]
+    rows = [json.loads(x) for x in (tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
+
+
+def test_dflash_train_cli_with_target_and_drafter_devices(tmp_path, chat_file):
+    from cli.dflash_main import app
+    from tests.helpers import invoke_json
+
+    out = tmp_path / "run"
+    data = invoke_json(app, ["train", "--target-devices", "cpu,cpu", "--drafter-devices", "cpu,cpu,cpu",
+                             "--out", str(out), "--data", str(chat_file), "--max-steps", "2",
+                             "--set", "data.regenerate=false", "--set", "data.batch_size=2", "--set", "eval.at_end=false",
+                             "--set", "metrics.tensorboard=false"])
+    eng = data["engine"]
+    assert eng["outcome"] == "ok" and eng["steps_done"] == 2 and eng["max_param_diff"] == 0.0
+    assert eng["target_devices"] == ["cpu", "cpu"] and len(eng["drafter_devices"]) == 3
+    assert eng["prewarm"]["ok"] and eng["guard"] != "off"
+    assert data["steps"] == 2 and data["checkpoints"]
+
+
+def test_dflash_train_cli_rejects_half_an_engine_and_unknown_devices(tmp_path):
+    from cli.dflash_main import app
+    from tests.helpers import invoke
+
+    r = invoke(app, ["train", "--target-devices", "cpu"])
+    assert r.exit_code == 2 and "go together" in r.stderr
+    r = invoke(app, ["train", "--target-devices", "cpu", "--drafter-devices", "tpu:0"])
+    assert r.exit_code == 2 and "--drafter-devices" in r.stderr
