@@ -212,8 +212,12 @@ def _miss_reasons(cb, frame) -> tuple[list[str], bool]:
         entries = _debug_get_cache_entry_list(frame.f_code)
         if not entries:
             return [], False
-        return list(get_and_maybe_log_recompilation_reasons(entries, frame, innermost_backend(cb),
-                                                            skip_logging=True)), True
+        backend = innermost_backend(cb)
+        try:  # torch >= 2.12 takes the list of cache entries
+            reasons = get_and_maybe_log_recompilation_reasons(entries, frame, backend, skip_logging=True)
+        except AttributeError:  # torch <= 2.11 takes the head entry and walks `.next` itself
+            reasons = get_and_maybe_log_recompilation_reasons(entries[0], frame, backend, skip_logging=True)
+        return list(reasons), True
     except Exception as e:  # noqa: BLE001 - the reasons are a courtesy; the block itself must happen
         return [f"(guard reasons unavailable: {type(e).__name__}: {e})"], True
 

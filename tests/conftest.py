@@ -15,7 +15,8 @@ import pytest
 _ENV_ALLOW = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTEST_CURRENT_TEST", "COLUMNS", "NO_COLOR",
               "TORCHINDUCTOR_COMPILE_THREADS", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
               "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCH_LOGS",
-              "CUDA_MODULE_LOADING"}  # torch sets CUDA_MODULE_LOADING=LAZY when CUDA initializes
+              # torch sets these itself when CUDA / triton initialize (seen on the H200, torch 2.11)
+              "CUDA_MODULE_LOADING", "TRITON_PTXAS_PATH"}
 
 
 @pytest.fixture(autouse=True)
