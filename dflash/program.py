@@ -121,7 +121,9 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str]) -> tuple[Pr
             side = trainer.target if dev == trainer.target.device else dataclasses.replace(
                 trainer.target, model=EmbedHead(trainer.target.model, dev), device=dev)
             tr = Trainer(cfg, side, trainer.dataset, _drafter_copy(trainer, dev), trainer.run_dir, notes=[])
-            tr.optimizer.load_state_dict(trainer.optimizer.state_dict())  # resume: the same AdamW state
+            # resume: the same AdamW state, copied (load_state_dict keeps tensors that need no dtype/device
+            # change by reference: replicas on one device would share moments and step counts)
+            tr.optimizer.load_state_dict(copy.deepcopy(trainer.optimizer.state_dict()))
             tr.step = trainer.step
         tr.total_steps, tr.steps_per_epoch = total, plan.steps_per_epoch
         one[dev] = torch.tensor(1.0, device=dev)
@@ -188,8 +190,9 @@ def _metrics(trainer: Trainer, replicas: list[Replica], rec: StepRecord, plan: P
 
 def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices: Sequence[str], *,
                 stall_after: float = 300.0, prewarm: bool = True, guard: bool = True, watch: bool = True,
-                queue_depth: int = 2) -> tuple[TrainResult, EngineReport]:
-    """Train with the engine; same outputs as Trainer.train() (run dir, metrics, checkpoints, eval)."""
+                queue_depth: int = 2, until: int | None = None) -> tuple[TrainResult, EngineReport]:
+    """Train with the engine; same outputs as Trainer.train() (run dir, metrics, checkpoints, eval).
+    `until`: stop after that step (the schedule still spans the whole run), like Trainer.train(until)."""
     from compilewatch.fsutil import atomic_write_text
     from dflash.config import to_toml
     from dflash.metrics import MetricsWriter
@@ -223,7 +226,8 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
             writer.write(m)
         trainer.on_event("step", {"metrics": m, "total_steps": total})
 
-    ecfg = EngineConfig(target_devices=tuple(target_devices), drafter_devices=tuple(drafter_devices), steps=total,
+    stop = min(total, until) if until is not None else total
+    ecfg = EngineConfig(target_devices=tuple(target_devices), drafter_devices=tuple(drafter_devices), steps=stop,
                         start_step=trainer.step, grad_accum=cfg.train.grad_accum, queue_depth=queue_depth,
                         stall_after=stall_after, prewarm=prewarm, guard=guard, watch=watch,
                         save_every=cfg.checkpoint.every,
