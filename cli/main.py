@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 import compilewatch
+from cli import cache as cache_cli
 from cli import env as env_cli
 from cli import doctor as doctor_cli
 from cli import gpus as gpus_cli
@@ -41,6 +42,7 @@ def root(
 
 
 app.command("probe")(probe_cli.probe_cmd)
+app.add_typer(cache_cli.app, name="cache")
 app.command("lock")(env_cli.lock_cmd)
 app.command("diff-env")(env_cli.diff_env_cmd)
 app.command("warm")(warm_cli.warm_cmd)

@@ -246,6 +246,7 @@ def _torch_facts(notes: list[str]) -> tuple[TorchBuild | None, InductorInfo | No
         notes.append(f"torch is not importable here ({e}): no torch, system key or cache facts")
         return None, None
     cache_dir = str(torchinfo.inductor_cache_dir())
+    cache = _cache_summary(cache_dir)  # before the system key: importing torch._dynamo creates the dir
     try:
         triton_dir: str | None = str(torchinfo.triton_cache_dir(0))
     except Exception as e:  # noqa: BLE001 - a fact we could not get is a note, not a crash
@@ -256,28 +257,30 @@ def _torch_facts(notes: list[str]) -> tuple[TorchBuild | None, InductorInfo | No
     except Exception as e:  # noqa: BLE001
         key = None
         notes.append(f"inductor system key unavailable: {type(e).__name__}: {e}")
-    return build, InductorInfo(cache_dir=cache_dir, triton_cache_dir=triton_dir, system_key=key,
-                               cache=_cache_summary(cache_dir))
+    return build, InductorInfo(cache_dir=cache_dir, triton_cache_dir=triton_dir, system_key=key, cache=cache)
 
 
 def _cache_summary(cache_dir: str) -> CacheSummary:
-    """What the inductor cache dir holds, summarized.
+    """What the inductor cache dir holds: files, bytes and the cache module's content fingerprint.
 
-    The one seam to the cache module: today a plain walk (files and bytes); the cache module's content
-    fingerprint replaces it at merge, keeping `CacheSummary`'s fields (and filling `fingerprint`).
+    A dir that is not an inductor cache (compilewatch.cache refuses it) is only counted.
     """
+    from compilewatch.cache import fingerprint as cache_fingerprint
+    from compilewatch.cache import layout as cache_layout
+    from compilewatch.errors import BadInput
+
     root = Path(cache_dir)
     if not root.is_dir():
         return CacheSummary(dir=cache_dir, exists=False, files=0, bytes=0)
-    files = size = 0
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            try:
-                size += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:  # a file removed while we walk: skip it
-                continue
-            files += 1
-    return CacheSummary(dir=cache_dir, exists=True, files=files, bytes=size)
+    try:
+        fp = cache_fingerprint.fingerprint(root)
+        return CacheSummary(dir=cache_dir, exists=True, files=fp.files, bytes=fp.bytes, fingerprint=fp.content_hash)
+    except BadInput:  # not an inductor cache: count it
+        pass
+    except Exception:  # noqa: BLE001 - e.g. torch's system key failing: counts are still a fact
+        pass
+    w = cache_layout.walk(root)
+    return CacheSummary(dir=cache_dir, exists=True, files=len(w.files), bytes=sum(f.size for f in w.files))
 
 
 def _gpu_facts(notes: list[str]) -> tuple[DriverInfo | None, tuple[GpuInfo, ...]]:

@@ -66,18 +66,35 @@ def inductor_cache_dir() -> Path:
 
     Unlike torch's own `cache_dir()`, this has no side effects: it neither creates the directory
     nor sets TORCHINDUCTOR_CACHE_DIR in the environment (a diagnostic must not change what it reads).
+    Importing `torch._inductor` would: torch 2.13 calls `cache_dir()` while importing `torch._dynamo`
+    (`_dynamo/package.py`). So torch's `default_cache_dir()` is loaded from its file without running
+    the package init.
     """
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if env:
-        return Path(env)
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    return Path(os.path.abspath(env or _torch_default_cache_dir()))
 
-    return Path(default_cache_dir())
+
+@functools.lru_cache(maxsize=1)
+def _torch_default_cache_dir() -> str:
+    import importlib.util
+    import sys
+
+    mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if mod is None:
+        torch = torch_module()
+        path = os.path.join(os.path.dirname(torch.__file__), "_inductor", "runtime", "cache_dir_utils.py")
+        spec = importlib.util.spec_from_file_location("_compilewatch_cache_dir_utils", path)
+        if spec is None or spec.loader is None:  # pragma: no cover - a torch without the file
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+            return default_cache_dir()
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    return str(mod.default_cache_dir())
 
 
 def triton_cache_dir(device_index: int = 0) -> Path:
-    """TRITON_CACHE_DIR if set, else `<inductor dir>/triton/<device index>` (torch's rule), with no
-    side effects (torch's own helper creates the inductor dir)."""
+    """TRITON_CACHE_DIR if set, else `<inductor dir>/triton/<device index>` (torch's own rule)."""
     env = os.environ.get("TRITON_CACHE_DIR")
     if env:
         return Path(env)

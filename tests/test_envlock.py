@@ -56,14 +56,19 @@ def test_cpu_flags_from_cpuinfo_text():
     assert cpu.isa_flags == ("amx_bf16", "amx_tile", "avx2", "avx512f", "fma")
 
 
-def test_cache_summary_walks_the_dir(tmp_path):
+def test_cache_summary_fingerprints_the_dir(tmp_path):
     assert envlock._cache_summary(str(tmp_path / "none")) == envlock.CacheSummary(
         dir=str(tmp_path / "none"), exists=False, files=0, bytes=0)
     (tmp_path / "fxgraph" / "ab").mkdir(parents=True)
     (tmp_path / "fxgraph" / "ab" / "entry").write_bytes(b"x" * 100)
     (tmp_path / "c1.py").write_bytes(b"y" * 20)
     s = envlock._cache_summary(str(tmp_path))
-    assert (s.exists, s.files, s.bytes, s.fingerprint) == (True, 2, 120, None)
+    assert (s.exists, s.files, s.bytes) == (True, 2, 120)
+    assert s.fingerprint and s.fingerprint.startswith("xxh3-128:")
+    (tmp_path / "notes.txt").write_text("a dir that is not an inductor cache is only counted")
+    (tmp_path / "src").mkdir()
+    s = envlock._cache_summary(str(tmp_path))
+    assert (s.exists, s.files, s.fingerprint) == (True, 3, None)
 
 
 def test_no_nvidia_driver_is_a_note_not_an_error(monkeypatch):

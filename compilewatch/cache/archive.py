@@ -1,0 +1,688 @@
+"""Portable cache archives: `save` a cache to one compressed tar, `load` it back, atomically.
+
+Archive layout (a tar stream, compressed by suffix: `.tar.zst` zstd, `.tar.gz`/`.tgz` gzip, `.tar`
+none; zstd needs Python >= 3.14's `compression.zstd` or the `zstandard` package):
+
+1. `compilewatch-archive.json`: header read first: system key + system info, torch version and build
+   hash, an environment summary, the source path, the compression.
+2. `cache/<relative path>`: every file of the cache (mtimes kept; the stat-index sidecar and
+   writers' temp files left out).
+3. `mega_cache.bin` (when torch offers it): the fxgraph and aotautograd entries in torch's own
+   Mega-Cache format (`torch.compiler.save_cache_artifacts`), which a training process can preload
+   with `torch.compiler.load_cache_artifacts` (`load_mega_cache`) wherever its cache dir is.
+4. `manifest.json`: the fingerprint of what was written (each file's size and xxh3-128), last,
+   because it describes the bytes actually read (a training job may add entries meanwhile).
+
+Atomic both ways. `save` writes into a temp file beside ARCHIVE and renames it at the end; any
+exception (Ctrl-C included) removes the temp file. `load` checks the header (system key, torch
+version: refuses on mismatch unless `force`), extracts into a temp dir beside the cache dir,
+checks every file against the manifest, points triton's absolute kernel paths at the new location
+(`relocate`), then swaps with two renames under the cache lock: the existing cache becomes
+`<cache>.backup-<timestamp>` (never deleted), the extracted dir becomes the cache. A failure before
+the swap removes the temp dir and leaves the cache as it was.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+import xxhash
+
+from compilewatch.cache import fingerprint as fp_mod
+from compilewatch.cache import layout, stamps
+from compilewatch.cache.relocate import rebase_triton_paths
+from compilewatch.cache.fingerprint import FileEntry, Fingerprint
+from compilewatch.cache.lock import cache_lock
+from compilewatch.errors import BadInput, CompilewatchError
+from compilewatch.fsutil import atomic_path
+from compilewatch.serialize import to_jsonable
+
+FORMAT = 1
+HEADER = "compilewatch-archive.json"
+MANIFEST = "manifest.json"
+MEGA = "mega_cache.bin"
+PREFIX = "cache/"
+SUFFIXES = {".tar.zst": "zstd", ".tzst": "zstd", ".tar.gz": "gzip", ".tgz": "gzip", ".tar": "none"}
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_COPY = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveHeader:
+    format: int
+    created_at: str
+    source_path: str
+    system_key: str
+    system_info: dict[str, Any]
+    torch_version: str
+    torch_hash: str | None
+    compression: str
+    env: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SaveResult:
+    archive: str
+    source: str
+    files: int
+    bytes: int  # uncompressed bytes of cache files
+    archive_bytes: int
+    content_hash: str
+    compression: str
+    mega_cache: dict[str, int] | None  # artifact type -> count, None when torch offered none
+    duration_s: float
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    source: str  # archive file or directory loaded
+    path: str  # the cache dir now holding it
+    backup: str | None  # where the previous cache went (None: there was none)
+    files: int
+    bytes: int
+    content_hash: str
+    archive_system_key: str
+    system_key: str
+    mismatches: tuple[str, ...]  # compatibility problems accepted with force
+    forced: bool
+    paths_rewritten: int  # triton .json files pointed at the new path (relocate.rebase_triton_paths)
+    duration_s: float
+    warnings: tuple[str, ...]
+
+
+# --- compression ----------------------------------------------------------------------------------
+def compression_for(archive: Path) -> str:
+    name = archive.name.lower()
+    for suffix, comp in SUFFIXES.items():
+        if name.endswith(suffix):
+            return comp
+    raise BadInput(f"unknown archive type {archive.name!r}",
+                   hint="name it *.tar.zst (zstd), *.tar.gz / *.tgz (gzip) or *.tar (uncompressed)")
+
+
+def _zstd_module():
+    try:
+        from compression import zstd  # type: ignore[import-not-found]  # Python >= 3.14
+
+        return "stdlib", zstd
+    except ImportError:
+        pass
+    try:
+        import zstandard  # type: ignore[import-not-found]
+
+        return "zstandard", zstandard
+    except ImportError:
+        return None, None
+
+
+def _compressed_writer(raw: BinaryIO, comp: str, level: int | None) -> BinaryIO:
+    if comp == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=level or 3, mtime=0)  # type: ignore[return-value]
+    if comp == "zstd":
+        kind, mod = _zstd_module()
+        if kind == "stdlib":
+            return mod.ZstdFile(raw, "w", level=level or 3)
+        if kind == "zstandard":
+            return mod.ZstdCompressor(level=level or 3, threads=-1).stream_writer(raw, closefd=False)
+        raise BadInput("zstd archives need Python >= 3.14 or the zstandard package",
+                       hint="name the archive *.tar.gz for gzip, or `pip install zstandard`")
+    return raw
+
+
+def _compressed_reader(raw: BinaryIO, source: Path) -> BinaryIO:
+    magic = raw.read(4)
+    raw.seek(0)
+    if magic[:2] == _GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if magic == _ZSTD_MAGIC:
+        kind, mod = _zstd_module()
+        if kind == "stdlib":
+            return mod.ZstdFile(raw, "r")
+        if kind == "zstandard":
+            return mod.ZstdDecompressor().stream_reader(raw, closefd=False)
+        raise BadInput(f"{source} is zstd-compressed; reading it needs Python >= 3.14 or the zstandard package")
+    return raw
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (Linux), else the usual 0o022."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+# --- environment ----------------------------------------------------------------------------------
+def env_summary() -> dict[str, Any]:
+    """Facts that decide whether the archive's entries can hit elsewhere (and help a human tell)."""
+    from importlib import metadata
+
+    import compilewatch
+    from compilewatch import torchinfo
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    prefixes = ("TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE_", "TORCHDYNAMO_", "CUDA_VISIBLE_DEVICES")
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "hostname": socket.gethostname(),
+        "torch": to_jsonable(torchinfo.torch_build()),
+        "triton": version("triton") or version("pytorch-triton"),
+        "compilewatch": compilewatch.__version__,
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)},
+    }
+
+
+# --- save -----------------------------------------------------------------------------------------
+def _tarinfo(name: str, size: int, mtime: float) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode, ti.type = size, mtime, 0o644, tarfile.REGTYPE
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    return ti
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    tar.addfile(_tarinfo(name, len(data), time.time()), io.BytesIO(data))
+
+
+class _HashingReader:
+    """A file object that hashes what tarfile reads from it."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh, self.h, self.n = fh, xxhash.xxh3_128(), 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.fh.read(size)
+        self.h.update(data)
+        self.n += len(data)
+        return data
+
+
+def _add_file(tar: tarfile.TarFile, root: Path, f: layout.FileStat) -> FileEntry | None:
+    """Add one cache file; returns what was written (None: it vanished).
+
+    Everything comes from one open descriptor: torch and triton replace cache files by rename, so an
+    open file is a consistent snapshot and the tar header's size always matches the bytes.
+    """
+    try:
+        fd = os.open(root / f.rel, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if stamps.needs_content(f.rel):
+            data = fh.read()
+            tar.addfile(_tarinfo(PREFIX + f.rel, len(data), st.st_mtime), io.BytesIO(data))
+            stamp = stamps.stamp_of(f.rel, data)
+            return FileEntry(f.rel, len(data), st.st_mtime_ns, xxhash.xxh3_128_hexdigest(data),
+                             stamp.system_key, stamp.torch_hash)
+        reader = _HashingReader(fh)
+        tar.addfile(_tarinfo(PREFIX + f.rel, st.st_size, st.st_mtime), reader)  # type: ignore[arg-type]
+        stamp = stamps.stamp_of(f.rel, None)
+        return FileEntry(f.rel, reader.n, st.st_mtime_ns, reader.h.hexdigest(), stamp.system_key, stamp.torch_hash)
+
+
+def mega_cache_from_dir(root: Path, entries: list[FileEntry]) -> tuple[bytes, dict[str, int]] | None:
+    """The fxgraph and aotautograd entries of `root` in torch's Mega-Cache format, or None.
+
+    Uses torch's CacheArtifactManager (torch >= 2.7) in a fresh recording context, so artifacts this
+    process compiled itself are neither included nor disturbed.
+    """
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+
+        import torch._functorch._aot_autograd.autograd_cache  # noqa: F401 - registers "aot_autograd"
+        import torch._inductor.codecache  # noqa: F401 - registers "inductor"
+    except ImportError:
+        return None
+    if not hasattr(CacheArtifactManager, "with_fresh_cache"):
+        return None
+    counts: dict[str, int] = {}
+    with CacheArtifactManager.with_fresh_cache():
+        for e in entries:
+            parts = e.rel.split("/")
+            if parts[0] == "fxgraph" and len(parts) == 4:
+                kind, key = "inductor", parts[2]
+            elif parts[0] == "aotautograd" and len(parts) == 3:
+                kind, key = "aot_autograd", parts[1]
+            else:
+                continue
+            try:
+                content = (root / e.rel).read_bytes()
+            except OSError:
+                continue
+            CacheArtifactManager.record_artifact(kind, key, content)
+            counts[kind] = counts.get(kind, 0) + 1
+        if not counts:
+            return None
+        result = CacheArtifactManager.serialize()
+    if result is None:
+        return None
+    return result[0], counts
+
+
+def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = None, *,
+         mega: bool = True, level: int | None = None, overwrite: bool = False) -> SaveResult:
+    """Write the cache at `path` (default: torch's) to `archive`, atomically. See the module docstring."""
+    from compilewatch import torchinfo
+
+    t0 = time.perf_counter()
+    archive = Path(os.path.abspath(os.path.expanduser(archive)))
+    comp = compression_for(archive)
+    if comp == "zstd" and _zstd_module()[0] is None:
+        _compressed_writer(io.BytesIO(), comp, level)  # raises the BadInput with the hint
+    if archive.exists() and not overwrite:
+        raise BadInput(f"{archive} already exists", hint="pass --overwrite to replace it, or choose another name")
+    if archive.is_dir():
+        raise BadInput(f"{archive} is a directory", hint="give the archive's file name, e.g. cache.tar.gz")
+    loc = layout.resolve_existing(path)
+    root = loc.path
+    if root == archive or root in archive.parents:
+        raise BadInput(f"the archive {archive} would be written inside the cache it archives",
+                       hint="write it somewhere outside the cache dir")
+    torch = torchinfo.torch_module()
+    header = ArchiveHeader(
+        format=FORMAT, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        source_path=str(root), system_key=torchinfo.system_key(), system_info=torchinfo.system_info(),
+        torch_version=str(torch.__version__), torch_hash=stamps.current_torch_hash(), compression=comp,
+        env=env_summary(),
+    )
+    warnings: list[str] = []
+    if not loc.triton_inside:
+        warnings.append(f"the triton cache {loc.triton_dir} (TRITON_CACHE_DIR) is outside the inductor dir "
+                        "and is not in the archive; inductor re-emits kernels bundled in FX-graph entries")
+    with cache_lock(root, shared=True):
+        w = layout.walk(root)
+        warnings.extend(w.warnings)
+        written: list[FileEntry] = []
+        mega_counts = None
+        with atomic_path(archive) as tmp:
+            with open(tmp, "wb") as raw:
+                stream = _compressed_writer(raw, comp, level)
+                try:
+                    with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                        _add_bytes(tar, HEADER, json.dumps(to_jsonable(header), indent=2).encode())
+                        for f in w.files:
+                            entry = _add_file(tar, root, f)
+                            if entry is None:
+                                warnings.append(f"{f.rel} vanished while saving (left out)")
+                            else:
+                                written.append(entry)
+                        if mega:
+                            try:
+                                built = mega_cache_from_dir(root, written)
+                            except Exception as e:  # noqa: BLE001 - torch internals: the archive is still whole
+                                built = None
+                                warnings.append(f"Mega-Cache left out: {type(e).__name__}: {e}"[:300])
+                            if built is not None:
+                                _add_bytes(tar, MEGA, built[0])
+                                mega_counts = built[1]
+                        manifest = _manifest(root, written, header)
+                        _add_bytes(tar, MANIFEST, json.dumps(to_jsonable(manifest)).encode())
+                finally:
+                    if stream is not raw:
+                        stream.close()
+    os.chmod(archive, 0o666 & ~_umask())  # mkstemp made it 0600; an archive is meant to be shared
+    return SaveResult(
+        archive=str(archive), source=str(root), files=manifest.files, bytes=manifest.bytes,
+        archive_bytes=archive.stat().st_size, content_hash=manifest.content_hash, compression=comp,
+        mega_cache=mega_counts, duration_s=time.perf_counter() - t0, warnings=tuple(warnings),
+    )
+
+
+def _manifest(root: Path, written: list[FileEntry], header: ArchiveHeader) -> Fingerprint:
+    from collections import Counter
+
+    per_sub = fp_mod.group(written)
+    content_hash, subs = fp_mod.merkle(per_sub)
+    stamped = [e for e in written if stamps.needs_content(e.rel) or e.rel.startswith("cache/")]
+    return Fingerprint(
+        path=str(root), files=len(written), bytes=sum(e.size for e in written), content_hash=content_hash,
+        subcaches=subs, system_key=header.system_key, torch_version=header.torch_version,
+        entry_system_keys=dict(Counter(e.system_key or "unknown" for e in stamped)),
+        entry_torch_hashes=dict(Counter(e.torch_hash or "unknown" for e in stamped if not e.rel.startswith("cache/"))),
+        foreign_entries=sum(1 for e in stamped if e.system_key and e.system_key != header.system_key),
+        created_at=header.created_at, duration_s=0.0, hashed=len(written), reused=0, in_flight=0, warnings=(),
+        entries=tuple(sorted(written, key=lambda e: e.rel)),
+    )
+
+
+# --- read -----------------------------------------------------------------------------------------
+class _Reader:
+    """Sequential access to an archive's members, with every failure turned into BadInput."""
+
+    def __init__(self, archive: Path) -> None:
+        if not archive.exists():
+            raise BadInput(f"archive {archive} does not exist")
+        if not archive.is_file():
+            raise BadInput(f"{archive} is not a file")
+        self.archive = archive
+        self.raw = open(archive, "rb")
+        try:
+            self.stream = _compressed_reader(self.raw, archive)
+            self.tar = tarfile.open(fileobj=self.stream, mode="r|")
+        except (tarfile.TarError, OSError, EOFError, ValueError) as e:
+            self.close()
+            raise self.corrupt(e) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def corrupt(self, e: BaseException | str) -> BadInput:
+        why = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
+        return BadInput(f"{self.archive} is not a readable compilewatch cache archive ({why})",
+                        hint="it may be truncated or corrupt; nothing was changed")
+
+    def members(self):
+        try:
+            for m in self.tar:
+                yield m
+        except (tarfile.TarError, OSError, EOFError, ValueError) as e:
+            raise self.corrupt(e) from None
+
+    def read(self, m: tarfile.TarInfo) -> bytes:
+        try:
+            fh = self.tar.extractfile(m)
+            return fh.read() if fh else b""
+        except (tarfile.TarError, OSError, EOFError, ValueError) as e:
+            raise self.corrupt(e) from None
+
+    def close(self) -> None:
+        for obj in (getattr(self, "tar", None), getattr(self, "stream", None), self.raw):
+            try:
+                if obj is not None:
+                    obj.close()
+            except Exception:  # noqa: BLE001 - closing a corrupt stream may raise again
+                pass
+
+    def __enter__(self) -> "_Reader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _parse_header(reader: _Reader, data: bytes) -> ArchiveHeader:
+    try:
+        d = json.loads(data)
+        if d.get("format") != FORMAT:
+            raise reader.corrupt(f"unsupported archive format {d.get('format')!r}, expected {FORMAT}")
+        return ArchiveHeader(**{k: d[k] for k in ArchiveHeader.__dataclass_fields__})
+    except BadInput:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise reader.corrupt(f"bad header: {type(e).__name__}: {e}") from None
+
+
+def read_header(archive: str | os.PathLike[str]) -> ArchiveHeader:
+    """The header of `archive` (reads only the first member)."""
+    with _Reader(Path(archive)) as r:
+        for m in r.members():
+            if m.name != HEADER:
+                break
+            return _parse_header(r, r.read(m))
+    raise BadInput(f"{archive} is not a compilewatch cache archive (no {HEADER} first)",
+                   hint="make archives with `compilewatch cache save`")
+
+
+def read_manifest(archive: str | os.PathLike[str]) -> Fingerprint:
+    """The manifest (fingerprint with every file) of `archive`; reads the whole stream."""
+    read_header(archive)  # a clear error for files that are not archives
+    with _Reader(Path(archive)) as r:
+        for m in r.members():
+            if m.name == MANIFEST:
+                return fp_mod.from_json(json.loads(r.read(m)), source=f"{archive}:{MANIFEST}")
+    raise BadInput(f"{archive} has no {MANIFEST}: it was cut short", hint="save it again")
+
+
+def describe_system(info: dict[str, Any] | None) -> str:
+    """'NVIDIA H200, CUDA 13.0' from a `CacheBase.get_system()` dict; 'no GPU' for the CPU-only key."""
+    if not info or not info.get("device"):
+        return "no GPU"
+    version = info.get("version") or {}
+    rt = f"CUDA {version['cuda']}" if version.get("cuda") else f"HIP {version['hip']}" if version.get("hip") else ""
+    return ", ".join(x for x in (str(info["device"].get("name")), rt) if x)
+
+
+def compatibility(archive_key: str, archive_torch: str, entry_keys: dict[str, int] | None = None,
+                  entry_torch: dict[str, int] | None = None,
+                  archive_info: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """Why an archive or backup from (system key, torch version) would not hit here; () if it would."""
+    from compilewatch import torchinfo
+
+    torch = torchinfo.torch_module()
+    here_key, here_torch = torchinfo.system_key(), str(torch.__version__)
+    problems = []
+    if archive_key != here_key:
+        there = f" ({describe_system(archive_info)})" if archive_info is not None else ""
+        problems.append(f"system key differs: archive {archive_key[:16]}…{there}, this machine {here_key[:16]}… "
+                        f"({describe_system(torchinfo.system_info())}): GPU model, CUDA version or triton "
+                        "differ, so every entry would miss")
+    if archive_torch != here_torch:
+        problems.append(f"torch version differs: archive {archive_torch}, this machine {here_torch} "
+                        "(the FX-graph key hashes torch's version and source: every entry would miss)")
+    if entry_keys:
+        stamped = {k: n for k, n in entry_keys.items() if k != "unknown"}
+        if stamped and here_key not in stamped:
+            problems.append(f"no entry was built for this machine's system key ({sum(stamped.values())} stamped "
+                            "entries, all for other keys)")
+    here_hash = stamps.current_torch_hash()
+    if entry_torch and here_hash:
+        stamped = {k: n for k, n in entry_torch.items() if k != "unknown"}
+        if stamped and here_hash not in stamped:
+            problems.append(f"no entry was built by this torch build ({sum(stamped.values())} stamped entries, "
+                            "all from other torch versions or sources)")
+    return tuple(problems)
+
+
+def load_mega_cache(archive: str | os.PathLike[str]) -> dict[str, int] | None:
+    """Preload `archive`'s Mega-Cache into *this process* (torch.compiler.load_cache_artifacts).
+
+    For trainers whose cache dir differs from the one saved: torch writes the entries into the current
+    TORCHINDUCTOR_CACHE_DIR. Returns artifact counts, or None when the archive has no Mega-Cache.
+    """
+    import torch
+
+    with _Reader(Path(archive)) as r:
+        for m in r.members():
+            if m.name == MEGA:
+                info = torch.compiler.load_cache_artifacts(r.read(m))
+                if info is None:
+                    return None
+                return {k: len(v) for k, v in info.artifacts.items()}
+    return None
+
+
+# --- load -----------------------------------------------------------------------------------------
+def _safe_rel(name: str) -> str | None:
+    if not name.startswith(PREFIX):
+        return None
+    rel = name[len(PREFIX):]
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or parts[0] == layout.SIDECAR:
+        return None
+    return rel
+
+
+def _extract(reader: _Reader, dest: Path) -> tuple[dict[str, tuple[int, str]], Fingerprint | None]:
+    """Extract cache files into `dest`; returns rel -> (size, xxh3) of what was written, and the manifest."""
+    got: dict[str, tuple[int, str]] = {}
+    manifest = None
+    for m in reader.members():
+        if m.name in (HEADER, MEGA):
+            continue
+        if m.name == MANIFEST:
+            manifest = fp_mod.from_json(json.loads(reader.read(m)), source=f"{reader.archive}:{MANIFEST}")
+            continue
+        rel = _safe_rel(m.name)
+        if rel is None or not m.isreg():
+            raise reader.corrupt(f"unexpected member {m.name!r} (only regular files under {PREFIX} are allowed)")
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        h = xxhash.xxh3_128()
+        n = 0
+        try:
+            src = reader.tar.extractfile(m)
+            with open(target, "wb") as out:
+                while src is not None:
+                    chunk = src.read(_COPY)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    out.write(chunk)
+                    n += len(chunk)
+        except (tarfile.TarError, EOFError, ValueError) as e:
+            raise reader.corrupt(e) from None
+        os.utime(target, (m.mtime, m.mtime))
+        got[rel] = (n, h.hexdigest())
+    return got, manifest
+
+
+def _check_extracted(reader: _Reader, got: dict[str, tuple[int, str]], manifest: Fingerprint | None) -> None:
+    if manifest is None or manifest.entries is None:
+        raise reader.corrupt(f"no {MANIFEST} at the end: the archive was cut short")
+    want = {e.rel: (e.size, e.hash) for e in manifest.entries}
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    bad = sorted(rel for rel in set(want) & set(got) if want[rel] != got[rel])
+    if missing or extra or bad:
+        sample = (missing + extra + bad)[:3]
+        raise reader.corrupt(f"{len(missing)} missing, {len(extra)} unexpected, {len(bad)} damaged files "
+                             f"(e.g. {', '.join(sample)})")
+
+
+def _swap_in(new: Path, target: Path) -> Path | None:
+    """Rename `new` onto `target`, moving an existing non-empty `target` to a timestamped backup first."""
+    backup = None
+    if target.exists():
+        if target.is_dir() and not os.listdir(target):
+            target.rmdir()
+        else:
+            backup = layout.timestamped_sibling(target, "backup")
+            os.rename(target, backup)
+    try:
+        os.rename(new, target)
+    except BaseException as e:
+        if backup is not None:
+            try:
+                os.rename(backup, target)
+            except OSError:  # something recreated the dir between the two renames (a running job)
+                raise CompilewatchError(
+                    f"{target} was recreated by another process while it was being replaced; the previous "
+                    f"cache is safe at {backup}",
+                    hint=f"stop the process writing the cache, then `compilewatch cache load {backup} --dir {target}`",
+                ) from e
+        raise
+    return backup
+
+
+def _check_target(target: Path) -> None:
+    if target.exists() and not target.is_dir():
+        raise BadInput(f"{target} exists and is not a directory; nothing was changed")
+    if target.is_dir() and not layout.looks_like_cache(target):
+        raise BadInput(f"{target} exists and does not look like an inductor cache; refusing to replace it",
+                       hint="pass --dir pointing at the cache dir (see `compilewatch cache where`)")
+
+
+def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = None, *,
+         force: bool = False) -> LoadResult:
+    """Load an archive (or restore a backup dir) into the cache dir `path` (default: torch's).
+
+    Refuses (BadInput) when the archive was made for another system key or torch version unless
+    `force`. The previous cache, if any, is moved to `<cache>.backup-<timestamp>`.
+    """
+    from compilewatch import torchinfo
+
+    t0 = time.perf_counter()
+    source = Path(os.path.abspath(os.path.expanduser(source)))
+    if source.is_dir():
+        return _restore_dir(source, path, force, t0)
+    loc = layout.locate(path)
+    target = loc.path
+    _check_target(target)
+    header = read_header(source)
+    problems = compatibility(header.system_key, header.torch_version, archive_info=header.system_info)
+    if problems and not force:
+        raise BadInput(f"{source} was saved for another system: " + "; ".join(problems),
+                       hint="pass --force to load it anyway (the entries will not hit on this machine); nothing was changed")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.load-", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp made it 0700; it becomes the cache dir
+    try:
+        with _Reader(source) as r:
+            got, manifest = _extract(r, tmp)
+            _check_extracted(r, got, manifest)
+        assert manifest is not None
+        rewritten = rebase_triton_paths(tmp, target)
+        with cache_lock(target):
+            backup = _swap_in(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return LoadResult(
+        source=str(source), path=str(target), backup=str(backup) if backup else None, files=manifest.files,
+        bytes=manifest.bytes, content_hash=manifest.content_hash, archive_system_key=header.system_key,
+        system_key=torchinfo.system_key(), mismatches=problems, forced=bool(problems), paths_rewritten=rewritten,
+        duration_s=time.perf_counter() - t0, warnings=(),
+    )
+
+
+def _restore_dir(source: Path, path: str | os.PathLike[str] | None, force: bool, t0: float) -> LoadResult:
+    """Restore a backup (or any cache) dir by renaming it into place (it must be on the same filesystem)."""
+    from compilewatch import torchinfo
+
+    loc = layout.locate(path)
+    target = loc.path
+    if source == target:
+        raise BadInput(f"{source} is already the cache dir")
+    if target in source.parents or source in target.parents:
+        raise BadInput(f"{source} and the cache dir {target} are nested; nothing was changed",
+                       hint="restore a backup that sits beside the cache dir (where `cache clear` puts it)")
+    if not layout.looks_like_cache(source):
+        raise BadInput(f"{source} does not look like an inductor cache; nothing was changed")
+    _check_target(target)
+    fp = fp_mod.fingerprint(source)
+    problems = compatibility(fp.system_key, fp.torch_version, fp.entry_system_keys, fp.entry_torch_hashes)
+    if problems and not force:
+        raise BadInput(f"{source} holds entries for another system: " + "; ".join(problems),
+                       hint="pass --force to restore it anyway; nothing was changed")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if os.stat(source).st_dev != os.stat(target.parent).st_dev:
+        raise BadInput(f"{source} is on another filesystem than {target}: it cannot be renamed into place",
+                       hint=f"save it with `compilewatch cache save X.tar.gz --dir {source}` and load that")
+    with cache_lock(target):
+        backup = _swap_in(source, target)
+        rewritten = rebase_triton_paths(target, target)
+    return LoadResult(
+        source=str(source), path=str(target), backup=str(backup) if backup else None, files=fp.files,
+        bytes=fp.bytes, content_hash=fp.content_hash, archive_system_key=fp.system_key,
+        system_key=torchinfo.system_key(), mismatches=problems, forced=bool(problems), paths_rewritten=rewritten,
+        duration_s=time.perf_counter() - t0, warnings=fp.warnings,
+    )

@@ -1,0 +1,296 @@
+"""Day-to-day cache management: clear (backup first), prune (least recently used first), ls, du, diff.
+
+Nothing here deletes without being told twice: `clear` renames the cache dir to
+`<cache>.backup-<timestamp>` and says how to restore it; `prune` moves entries to
+`<cache>.pruned-<timestamp>/`; only `backup=False` / `delete=True` together with `yes=True` delete,
+and even then the dir is renamed away first, so a half-deleted cache never sits at the live path.
+
+An *entry* is what torch treats as one thing (`layout.entry_of`): an fxgraph or aotautograd key
+folder, a triton kernel folder, the files of one generated module. Recency is the newest of the
+entry files' mtime and atime (atime moves only where the filesystem records it: relatime updates it
+at most daily, noatime never; then prune is "least recently written first").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from compilewatch.cache import archive as archive_mod
+from compilewatch.cache import fingerprint as fp_mod
+from compilewatch.cache import layout
+from compilewatch.cache.fingerprint import Fingerprint
+from compilewatch.cache.lock import cache_lock
+from compilewatch.errors import BadInput
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'500MB' -> bytes. K/M/G/T (with optional B or iB) are powers of 1024, like `du -h` prints them."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise BadInput(f"not a size: {text!r}", hint="write e.g. 500MB, 1.5G, 200M or a number of bytes")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    subcache: str
+    name: str  # relative path of the entry (a folder, a file, or a generated module's stem)
+    files: int
+    bytes: int
+    mtime_ns: int  # newest file mtime
+    last_used_ns: int  # newest of mtime and atime
+
+
+def _entries(files: tuple[layout.FileStat, ...]) -> list[Entry]:
+    acc: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for f in files:
+        a = acc[layout.entry_of(f.rel)]
+        a[0] += 1
+        a[1] += f.size
+        a[2] = max(a[2], f.mtime_ns)
+        a[3] = max(a[3], f.mtime_ns, f.atime_ns)
+    return [Entry(sub, name, *v) for (sub, name), v in acc.items()]
+
+
+def _entry_paths(root: Path, e: Entry, files: tuple[layout.FileStat, ...]) -> list[str]:
+    """The files and folders that make up entry `e` (what prune moves)."""
+    if (root / e.name).exists():
+        return [e.name]
+    return [f.rel for f in files if layout.entry_of(f.rel) == (e.subcache, e.name)]
+
+
+# --- ls / du --------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Listing:
+    path: str
+    entries: tuple[Entry, ...]
+    total_entries: int
+    total_files: int
+    total_bytes: int
+
+
+def ls(path: str | os.PathLike[str] | None = None, *, subcache: str | None = None,
+       sort: Literal["size", "recent", "name"] = "size", limit: int | None = None) -> Listing:
+    """Entries of the cache, largest (or most recently used, or by name) first."""
+    if subcache is not None and subcache not in layout.SUBCACHES:
+        raise BadInput(f"unknown sub-cache {subcache!r}", hint="one of: " + ", ".join(layout.SUBCACHES))
+    if sort not in ("size", "recent", "name"):
+        raise BadInput(f"unknown sort {sort!r}", hint="one of: size, recent, name")
+    if limit is not None and limit < 0:
+        raise BadInput(f"--limit must be >= 0, got {limit}")
+    loc = layout.resolve_existing(path)
+    w = layout.walk(loc.path)
+    entries = [e for e in _entries(w.files) if subcache is None or e.subcache == subcache]
+    key = {"size": lambda e: (-e.bytes, e.name), "recent": lambda e: (-e.last_used_ns, e.name),
+           "name": lambda e: e.name}[sort]
+    entries.sort(key=key)
+    return Listing(str(loc.path), tuple(entries[:limit] if limit else entries), len(entries),
+                   sum(e.files for e in entries), sum(e.bytes for e in entries))
+
+
+@dataclass(frozen=True, slots=True)
+class SubCacheUsage:
+    name: str
+    entries: int
+    files: int
+    bytes: int
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    path: str
+    files: int
+    bytes: int
+    in_flight: int
+    subcaches: tuple[SubCacheUsage, ...]
+    largest: tuple[Entry, ...]
+
+
+def du(path: str | os.PathLike[str] | None = None, *, top: int = 10) -> Usage:
+    """Bytes per sub-cache and the `top` largest entries."""
+    if top < 0:
+        raise BadInput(f"--top must be >= 0, got {top}")
+    loc = layout.resolve_existing(path)
+    w = layout.walk(loc.path)
+    entries = _entries(w.files)
+    per: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for e in entries:
+        per[e.subcache][0] += 1
+        per[e.subcache][1] += e.files
+        per[e.subcache][2] += e.bytes
+    subs = tuple(sorted((SubCacheUsage(n, *v, layout.SUBCACHES[n]) for n, v in per.items()), key=lambda s: -s.bytes))
+    largest = tuple(sorted(entries, key=lambda e: (-e.bytes, e.name))[:top])
+    return Usage(str(loc.path), len(w.files), sum(f.size for f in w.files), len(w.in_flight), subs, largest)
+
+
+# --- clear ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ClearResult:
+    path: str
+    files: int
+    bytes: int
+    backup: str | None  # where the cache went (None only when deleted)
+    deleted: bool
+    restore_command: str | None
+
+
+def restore_command(backup: Path, cache_dir: Path) -> str:
+    return f"compilewatch cache load {backup} --dir {cache_dir}"
+
+
+def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, yes: bool = False) -> ClearResult:
+    """Move the cache to `<cache>.backup-<timestamp>` (default) or, with backup=False and yes=True, delete it."""
+    if not backup and not yes:
+        raise BadInput("--no-backup deletes the cache for good and needs --yes to confirm; nothing was changed",
+                       hint="drop --no-backup to keep a backup you can restore")
+    loc = layout.resolve_existing(path)
+    root = loc.path
+    with cache_lock(root):
+        w = layout.walk(root)
+        nfiles, nbytes = len(w.files), sum(f.size for f in w.files)
+        if backup:
+            dest = layout.timestamped_sibling(root, "backup")
+            os.rename(root, dest)
+            return ClearResult(str(root), nfiles, nbytes, str(dest), False, restore_command(dest, root))
+        doomed = layout.timestamped_sibling(root, "deleting")
+        os.rename(root, doomed)  # off the live path first: torch never sees a half-deleted cache
+    shutil.rmtree(doomed)
+    return ClearResult(str(root), nfiles, nbytes, None, True, None)
+
+
+# --- prune ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    path: str
+    max_bytes: int
+    bytes_before: int
+    bytes_after: int
+    removed: tuple[Entry, ...]  # least recently used first
+    moved_to: str | None  # where the removed entries went (None: dry run or deleted)
+    deleted: bool
+    dry_run: bool
+
+
+def prune(max_size: int | str, path: str | os.PathLike[str] | None = None, *, dry_run: bool = False,
+          delete: bool = False, yes: bool = False) -> PruneResult:
+    """Remove least recently used entries until the cache holds at most `max_size` bytes.
+
+    Removed entries move to `<cache>.pruned-<timestamp>/` unless `delete` (which needs `yes`).
+    """
+    max_bytes = parse_size(max_size) if isinstance(max_size, str) else int(max_size)
+    if max_bytes < 0:
+        raise BadInput(f"--max-size must be >= 0, got {max_size}")
+    if delete and not yes and not dry_run:
+        raise BadInput("--delete removes entries for good and needs --yes to confirm; nothing was changed")
+    loc = layout.resolve_existing(path)
+    root = loc.path
+    with cache_lock(root):
+        w = layout.walk(root)
+        before = sum(f.size for f in w.files)
+        candidates = sorted((e for e in _entries(w.files) if e.subcache != "locks"),
+                            key=lambda e: (e.last_used_ns, e.name))
+        removed: list[Entry] = []
+        total = before
+        for e in candidates:
+            if total <= max_bytes:
+                break
+            removed.append(e)
+            total -= e.bytes
+        moved_to = None
+        if removed and not dry_run:
+            rels = [p for e in removed for p in _entry_paths(root, e, w.files)]
+            dest = layout.timestamped_sibling(root, "deleting" if delete else "pruned")
+            layout.move_aside(root, rels, dest)
+            if delete:
+                shutil.rmtree(dest)
+            else:
+                moved_to = str(dest)
+    return PruneResult(str(root), max_bytes, before, total, tuple(removed), moved_to, delete and not dry_run, dry_run)
+
+
+# --- diff -----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SubCacheDiff:
+    name: str
+    files_a: int
+    files_b: int
+    bytes_a: int
+    bytes_b: int
+    same: bool
+    added: tuple[str, ...]  # files only in B
+    removed: tuple[str, ...]  # files only in A
+    changed: tuple[str, ...]  # in both, different content
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDiff:
+    a: str
+    b: str
+    same: bool
+    content_hash_a: str
+    content_hash_b: str
+    system_key_a: str
+    system_key_b: str
+    torch_version_a: str
+    torch_version_b: str
+    per_file: bool  # False when a side is a fingerprint without file entries (counts and hashes only)
+    subcaches: tuple[SubCacheDiff, ...]
+
+
+def load_side(x: str | os.PathLike[str]) -> Fingerprint:
+    """A fingerprint (with files when available) from a cache dir, an archive or a fingerprint JSON."""
+    p = Path(os.path.expanduser(x))
+    if p.is_dir():
+        return fp_mod.fingerprint(p, files=True)
+    if not p.exists():
+        raise BadInput(f"{p} does not exist", hint="give a cache dir, an archive or a fingerprint JSON file")
+    with open(p, "rb") as fh:
+        head = fh.read(1)
+    if head in (b"{", b"["):
+        try:
+            data = json.loads(p.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadInput(f"{p} is not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise BadInput(f"{p} is not a compilewatch fingerprint (a JSON object was expected)")
+        return fp_mod.from_json(data, source=str(p))
+    return archive_mod.read_manifest(p)
+
+
+def diff(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> CacheDiff:
+    """What changed from A to B, per sub-cache. A and B: cache dirs, archives or fingerprint JSON files."""
+    fa, fb = load_side(a), load_side(b)
+    per_file = fa.entries is not None and fb.entries is not None
+    names = sorted({s.name for s in fa.subcaches} | {s.name for s in fb.subcaches})
+    subs = []
+    for name in names:
+        sa, sb = fa.subcache(name), fb.subcache(name)
+        same = sa is not None and sb is not None and sa.content_hash == sb.content_hash
+        added: tuple[str, ...] = ()
+        removed: tuple[str, ...] = ()
+        changed: tuple[str, ...] = ()
+        if per_file and not same:
+            ea = {e.rel: e.hash for e in fa.entries or () if layout.subcache_of(e.rel) == name}
+            eb = {e.rel: e.hash for e in fb.entries or () if layout.subcache_of(e.rel) == name}
+            added = tuple(sorted(set(eb) - set(ea)))
+            removed = tuple(sorted(set(ea) - set(eb)))
+            changed = tuple(sorted(r for r in set(ea) & set(eb) if ea[r] != eb[r]))
+        subs.append(SubCacheDiff(name, sa.files if sa else 0, sb.files if sb else 0, sa.bytes if sa else 0,
+                                 sb.bytes if sb else 0, same, added, removed, changed))
+    return CacheDiff(
+        a=str(a), b=str(b), same=fa.content_hash == fb.content_hash, content_hash_a=fa.content_hash,
+        content_hash_b=fb.content_hash, system_key_a=fa.system_key, system_key_b=fb.system_key,
+        torch_version_a=fa.torch_version, torch_version_b=fb.torch_version, per_file=per_file,
+        subcaches=tuple(subs),
+    )

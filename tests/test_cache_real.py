@@ -1,0 +1,103 @@
+"""The cache commands on a real inductor cache, made once per session by CPU inductor in a subprocess.
+
+The subprocess keeps dynamo state and TORCHINDUCTOR_CACHE_DIR out of the test process; it compiles
+one tiny function forward + backward (2 FX graphs, 1 AOTAutograd entry, C++ kernels).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compilewatch import torchinfo
+from compilewatch.cache import archive, fingerprint as fp_mod, layout, stamps, verify as verify_mod
+
+SCRIPT = '''
+import json
+import torch
+from torch._dynamo.utils import counters
+
+
+def f(x, y):
+    return (x.sin() + y.cos()).relu().sum(dim=-1)
+
+
+x = torch.randn(8, 16, requires_grad=True)
+y = torch.randn(8, 16)
+torch.compile(f)(x, y).sum().backward()
+print(json.dumps({k: dict(counters[k]) for k in ("inductor", "aot_autograd")}))
+'''
+
+
+def compile_into(cache_dir: Path, script_dir: Path) -> dict:
+    script = script_dir / "compile_one.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def real_cache(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("real-cache")
+    counts = compile_into(base / "inductor", base)
+    assert counts["inductor"].get("fxgraph_cache_miss", 0) >= 1
+    return base / "inductor"
+
+
+@pytest.fixture
+def cache_copy(real_cache, tmp_path) -> Path:
+    dst = tmp_path / "cache"
+    shutil.copytree(real_cache, dst, ignore=shutil.ignore_patterns(layout.SIDECAR))
+    return dst
+
+
+def test_real_cache_layout_and_fingerprint(cache_copy):
+    fp = fp_mod.fingerprint(cache_copy, files=True)
+    subs = {s.name: s for s in fp.subcaches}
+    assert subs["fxgraph"].files == 2 and subs["aotautograd"].files == 1
+    assert subs["codegen"].files >= 2 and any(e.rel.endswith(".so") for e in fp.entries)
+    # every FX-graph / AOTAutograd entry says it was built for this machine's system key
+    assert fp.entry_system_keys == {torchinfo.system_key(): 3}
+    assert fp.entry_torch_hashes == {stamps.current_torch_hash(): 3}
+
+
+def test_real_cache_verifies_clean(cache_copy):
+    r = verify_mod.verify(cache_copy)
+    assert r.ok and r.findings == (), r.findings
+    assert r.checked["fxgraph"] == 2 and r.deep
+
+
+def test_real_cache_dangling_and_truncated_entries(cache_copy):
+    shutil.rmtree(cache_copy / "fxgraph")
+    r = verify_mod.verify(cache_copy)
+    assert r.counts == {"dangling": 1}, r.findings
+    so = next(cache_copy.rglob("*.so"))
+    so.write_bytes(so.read_bytes()[: so.stat().st_size // 2])
+    assert verify_mod.verify(cache_copy).counts == {"dangling": 1, "truncated": 1}
+
+
+def test_saved_and_loaded_cache_hits_in_a_new_process(cache_copy, tmp_path):
+    res = archive.save(tmp_path / "warm.tar.gz", cache_copy)
+    assert res.mega_cache == {"inductor": 2, "aot_autograd": 1}
+    loaded = archive.load(tmp_path / "warm.tar.gz", tmp_path / "elsewhere")
+    assert loaded.content_hash == fp_mod.fingerprint(cache_copy).content_hash
+    counts = compile_into(tmp_path / "elsewhere", tmp_path)
+    assert counts["aot_autograd"].get("autograd_cache_hit") == 1, counts
+    assert counts["inductor"].get("fxgraph_cache_miss", 0) == 0, counts
+
+
+def test_mega_cache_preloads_into_this_process_cache_dir(cache_copy, tmp_path):
+    archive.save(tmp_path / "warm.tar", cache_copy)
+    target = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])  # the test's own tmp dir (conftest)
+    counts = archive.load_mega_cache(tmp_path / "warm.tar")
+    assert counts == {"inductor": 2, "aot_autograd": 1}
+    assert len(list(target.glob("fxgraph/*/*/*"))) == 2 and len(list(target.glob("aotautograd/*/*"))) == 1
