@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from cli import output
+from cli.dflash_engine import (DrafterDevicesOpt, NoGuardOpt, NoPrewarmOpt, StallOpt, TargetDevicesOpt, engine_devices,
+                               finish, render_engine)
 from cli.dflash_progress import TrainProgress
 from cli.options import JsonOpt
 from compilewatch.errors import BadInput
@@ -26,6 +28,11 @@ def train_cmd(
     max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="Stop after N optimizer steps.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its latest checkpoint.")] = False,
     print_config: Annotated[bool, typer.Option("--print-config", help="Print the resolved config as TOML and exit.")] = False,
+    target_devices: TargetDevicesOpt = None,
+    drafter_devices: DrafterDevicesOpt = None,
+    no_prewarm: NoPrewarmOpt = False,
+    no_guard: NoGuardOpt = False,
+    stall_after: StallOpt = 300.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Train a DFlash drafter. With no arguments: the embedded tiny target and data, a few minutes on a CPU.
@@ -35,8 +42,15 @@ def train_cmd(
       dflash train --recipe qwen3_8b --target /models/Qwen3-8B --data data/regen.jsonl --out runs/q8
       dflash train --out runs/q8 --resume
       dflash train --config my.toml --set optim.lr=3e-4 --set train.max_steps=1000
+      dflash train --recipe qwen3_8b --target /models/Qwen3-8B --target-devices 0,1,2,3,4 --drafter-devices 5,6,7
     """
     overrides = {}
+    devices = engine_devices(target_devices, drafter_devices)
+    if devices is not None:
+        if device is not None:
+            raise BadInput("--device does not go with --drafter-devices",
+                           hint="the trainer (replica 0) runs on the first drafter device; drop --device")
+        device = devices[1][0]
     try:
         overrides.update(parse_set(set_ or []))
         for key, val in (("target.path", target), ("data.path", data), ("checkpoint.out_dir", out),
@@ -61,11 +75,24 @@ def train_cmd(
             trainer = Trainer.from_config(cfg, resume=resume, on_event=progress)
             for note in trainer.notes:
                 output.err.print(f"[dim]note:[/] {note}")
-            result = trainer.train()
+            if devices is None:
+                result, report = trainer.train(), None
+            else:
+                from dflash.program import train_multi
+
+                result, report = train_multi(trainer, *devices, stall_after=stall_after, prewarm=not no_prewarm,
+                                             guard=not no_guard)
         finally:
             if trainer is not None:
                 trainer.close()
-    output.emit({**to_jsonable(result), "config": to_dict(cfg)}, as_json, _render)
+    data = {**to_jsonable(result), "config": to_dict(cfg)}
+    if report is not None:
+        data["engine"] = to_jsonable(report)
+    output.emit(data, as_json, _render)
+    if report is not None:
+        if not as_json:
+            render_engine(report)
+        finish(report)
 
 
 def _f(x, digits: int = 3) -> str:

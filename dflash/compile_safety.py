@@ -62,15 +62,20 @@ def prewarm_replicas(replicas: Sequence[Any], warm: Callable[[Any], None], *,
 
 @contextlib.contextmanager
 def _room_for_every_replica(n: int) -> Iterator[None]:
-    """Dynamo keeps at most `recompile_limit` (default 8) variants per function, then silently runs
-    it eagerly. Guards include the device, so shapes x devices can exceed 8 (4 buckets x 3 drafter
-    devices = 12): raise the limit while prewarm compiles (in this thread). Later lookups in worker
-    threads do not check the limit."""
+    """Dynamo keeps at most `recompile_limit` (default 8) variants per code object, then silently
+    runs it eagerly. Guards include the device, and every compiled wrapper (per replica, per compiled
+    layer: they share `nn.Module._call_impl`) adds its own: shapes x devices x wrappers passes 8
+    quickly (4 buckets x 3 replicas = 12). Raise the limits while prewarm compiles, in this thread;
+    later cache lookups in worker threads do not check them."""
     import torch._dynamo.config as dc
 
-    name = "recompile_limit" if hasattr(dc, "recompile_limit") else "cache_size_limit"
-    current = getattr(dc, name)
-    with dc.patch(**{name: max(current, 8 * n)}):
+    names = [("recompile_limit", "cache_size_limit", 64), ("accumulated_recompile_limit", "accumulated_cache_size_limit", 256)]
+    patch = {}
+    for new_name, old_name, per_replica in names:
+        name = new_name if hasattr(dc, new_name) else old_name
+        if hasattr(dc, name):
+            patch[name] = max(getattr(dc, name), per_replica * n)
+    with dc.patch(**patch):
         yield
 
 

@@ -513,6 +513,12 @@ class Engine:
             diff = None  # a thread is stuck inside torch: parameters may be mid-update, and the device may not answer
         else:
             diff = _replicas.max_parameter_difference([r.model for r in self.replicas]) if len(self.replicas) > 1 else 0.0
+            if diff and outcome == "ok":  # a bug, not noise: every replica should hold the same bits
+                outcome = "failed"
+                self._failure = self._failure or Failure(
+                    "engine", ",".join(cfg.drafter_devices),
+                    f"RuntimeError: replicas diverged: max parameter difference {diff:g} after {self._committed} steps",
+                    "(found by comparing the replicas' parameters after the run; set verify_every=1 to find the step)")
         report = EngineReport(
             outcome=outcome, target_devices=cfg.target_devices, drafter_devices=cfg.drafter_devices,
             start_step=cfg.start_step, steps_done=self._committed, wall_s=wall, setup_s=setup_s, prewarm=pre,

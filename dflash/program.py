@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from dflash.engine import Engine, EngineConfig, EngineReport, Program, Replica, StepRecord
-from dflash.trainer import Trainer, TrainResult, lr_at
+from dflash.model import DFlashDrafter
+from dflash.trainer import Trainer, TrainResult, _mean, drafter_loss, lr_at
 
 
 class EmbedHead(nn.Module):
@@ -73,6 +74,17 @@ class Plan:
         return self.trainer.dataset.make_batch(plan[within], epoch)
 
 
+def _drafter_copy(trainer: Trainer, device: torch.device) -> DFlashDrafter:
+    """A fresh drafter on `device` with the trainer's weights (not a deepcopy: compiled layers must
+    get their own compiled wrappers, or they would keep calling the original's parameters)."""
+    drafter = DFlashDrafter(trainer.drafter.spec).to(device)
+    drafter.load_state_dict(trainer.drafter.state_dict())
+    if trainer.cfg.train.compile_layers and device.type == "cuda":
+        for layer in drafter.layers:
+            layer.compile(dynamic=False)
+    return drafter
+
+
 def _target_on(trainer: Trainer, device: torch.device):
     if device == trainer.target.device:
         return trainer.target
@@ -108,17 +120,24 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str]) -> tuple[Pr
         else:
             side = trainer.target if dev == trainer.target.device else dataclasses.replace(
                 trainer.target, model=EmbedHead(trainer.target.model, dev), device=dev)
-            drafter = copy.deepcopy(trainer.drafter).to(dev)
-            tr = Trainer(cfg, side, trainer.dataset, drafter, trainer.run_dir, notes=[])
-            tr.optimizer.load_state_dict(trainer.optimizer.state_dict())  # resume: the same AdamW state
+            tr = Trainer(cfg, side, trainer.dataset, _drafter_copy(trainer, dev), trainer.run_dir, notes=[])
+            # resume: the same AdamW state, copied (load_state_dict keeps tensors that need no dtype/device
+            # change by reference: replicas on one device would share moments and step counts)
+            tr.optimizer.load_state_dict(copy.deepcopy(trainer.optimizer.state_dict()))
             tr.step = trainer.step
         tr.total_steps, tr.steps_per_epoch = total, plan.steps_per_epoch
         one[dev] = torch.tensor(1.0, device=dev)
         return Replica(index, device, tr.drafter, tr.optimizer, {"trainer": tr, "outs": []})
 
+    def loss(tr: Trainer, batch, taps: torch.Tensor):
+        return drafter_loss(tr.drafter, tr.target.embed, tr.target.head, taps, batch,
+                            mask_token_id=tr.target.mask_token_id, weights=tr.weights, denominator=one[tr.device],
+                            backend=tr.backend, compute_dtype=tr.compute_dtype)  # loss = Σ w·CE (denominator 1)
+
     def forward_backward(rep: Replica, item: dict[str, Any]) -> tuple[float, float]:
         tr: Trainer = rep.state["trainer"]
-        out = tr.forward_backward(item["batch"], one[tr.device], taps=item["taps"])  # loss = Σ w·CE
+        out = loss(tr, item["batch"], item["taps"])
+        out.loss.backward()
         rep.state["outs"].append((out, int(item["batch"].anchor_valid.sum())))
         w = float(out.weight)
         return (float(out.weighted_ce) / w if w > 0 else 0.0), w
@@ -130,9 +149,9 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str]) -> tuple[Pr
         tr: Trainer = rep.state["trainer"]
         k_h = len(trainer.target.layer_ids) * trainer.target.hidden_size
         for b in tr.warm_batches():  # one per bucket length: every shape training will use
-            taps = torch.zeros(*b.input_ids.shape, k_h, dtype=trainer.target.dtype, device=tr.device)
-            tr.forward_backward(b, one[tr.device], taps=taps)
-        rep.state["outs"].clear()
+            b = b.to(tr.device)
+            taps = torch.zeros(*b.input_ids.shape, k_h, dtype=trainer.target.dtype, device=tr.device)  # as produced
+            loss(tr, b, taps).loss.backward()
 
     def save(rep: Replica, steps_done: int) -> str:
         tr: Trainer = rep.state["trainer"]
@@ -171,8 +190,9 @@ def _metrics(trainer: Trainer, replicas: list[Replica], rec: StepRecord, plan: P
 
 def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices: Sequence[str], *,
                 stall_after: float = 300.0, prewarm: bool = True, guard: bool = True, watch: bool = True,
-                queue_depth: int = 2) -> tuple[TrainResult, EngineReport]:
-    """Train with the engine; same outputs as Trainer.train() (run dir, metrics, checkpoints, eval)."""
+                queue_depth: int = 2, until: int | None = None) -> tuple[TrainResult, EngineReport]:
+    """Train with the engine; same outputs as Trainer.train() (run dir, metrics, checkpoints, eval).
+    `until`: stop after that step (the schedule still spans the whole run), like Trainer.train(until)."""
     from compilewatch.fsutil import atomic_write_text
     from dflash.config import to_toml
     from dflash.metrics import MetricsWriter
@@ -190,18 +210,24 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
     writer.write_event("start", {**start, "notes": trainer.notes})
     trainer.on_event("start", start)
     trainer.drafter.train()
+    history: list[Any] = []  # the first and the latest epoch's worth of StepMetrics
     first_last: list[Any] = [None, None]
     holder: dict[str, Engine] = {}
+    window = plan.steps_per_epoch
 
     def on_step(rec: StepRecord) -> None:
         m = _metrics(trainer, holder["engine"].replicas, rec, plan)
         first_last[0] = first_last[0] or m
         first_last[1] = m
+        history.append(m)
+        if len(history) > 2 * window:
+            del history[window:-window]
         if m.step % cfg.metrics.log_every == 0 or m.step == 1 or m.step == total:
             writer.write(m)
         trainer.on_event("step", {"metrics": m, "total_steps": total})
 
-    ecfg = EngineConfig(target_devices=tuple(target_devices), drafter_devices=tuple(drafter_devices), steps=total,
+    stop = min(total, until) if until is not None else total
+    ecfg = EngineConfig(target_devices=tuple(target_devices), drafter_devices=tuple(drafter_devices), steps=stop,
                         start_step=trainer.step, grad_accum=cfg.train.grad_accum, queue_depth=queue_depth,
                         stall_after=stall_after, prewarm=prewarm, guard=guard, watch=watch,
                         save_every=cfg.checkpoint.every,
@@ -211,12 +237,15 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
     trainer.step = report.steps_done
     writer.write_event("engine", {"report": report})
     result_eval = None
-    if report.ok and cfg.eval.at_end and trainer.eval_convs:
+    if report.ok and cfg.eval.at_end and trainer.eval_convs and trainer.step == total:
         result_eval = trainer.evaluate()
         writer.write_event("eval", {"result": result_eval})
     first, last = first_last
     result = TrainResult(run_dir=str(trainer.run_dir), steps=trainer.step, total_steps=total,
                          first_loss=first.loss if first else math.nan, last_loss=last.loss if last else math.nan,
+                         first_epoch_loss=_mean(m.loss for m in history[:window]),
+                         last_epoch_loss=_mean(m.loss for m in history[-window:]),
+                         last_epoch_tau_estimate=_mean(m.tau_estimate for m in history[-window:]),
                          last=last, checkpoints=trainer.checkpoints, seconds=time.perf_counter() - t0,
                          eval=result_eval, notes=trainer.notes)
     return result, report

@@ -304,6 +304,14 @@ class Trainer:
 
     def prewarm(self) -> None:
         """Run one forward+backward per bucket length (no update) so every compiled shape exists."""
+        for b in self.warm_batches():
+            self.forward_backward(b, torch.tensor(1.0, device=self.device))
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def warm_batches(self) -> list[Batch]:
+        """One micro-batch per bucket length, at the shapes training uses (for compile warm-up;
+        dflash.program warms every engine replica with them)."""
+        out = []
         for seq in self.dataset.buckets:
             s = self.dataset.samples[0]
             n = min(seq, s.input_ids.numel())
@@ -315,8 +323,8 @@ class Trainer:
             bs = self.cfg.data.batch_size
             b = Batch(input_ids=ids.repeat(bs, 1), loss_mask=lm.repeat(bs, 1), lengths=torch.full((bs,), n),
                       anchors=torch.zeros(bs, na, dtype=torch.long), anchor_valid=torch.ones(bs, na, dtype=torch.bool))
-            self.forward_backward(b, torch.tensor(1.0, device=self.device))
-        self.optimizer.zero_grad(set_to_none=True)
+            out.append(b)
+        return out
 
     # ------------------------------------------------------------ the loop
     def save(self) -> Path:

@@ -258,6 +258,21 @@ def test_periodic_and_final_saves_see_consistent_replicas():
     assert all(diff == 0.0 for _, diff in seen)
 
 
+def test_replicas_that_drift_apart_fail_the_run():
+    prog = toy_program()
+
+    def optimizer_step(rep, step):
+        prog.optimizer_step(rep, step)
+        if rep.index == 1 and step == 2:  # a bug: one replica's update differs
+            with torch.no_grad():
+                next(rep.model.parameters()).add_(1e-3)
+    report = Engine(wrap(prog, optimizer_step=optimizer_step), cfg(steps=4)).run()
+    assert report.outcome == "failed" and report.max_param_diff > 0
+    assert "replicas diverged" in report.failure.error
+    caught = Engine(wrap(prog, optimizer_step=optimizer_step), cfg(steps=4, verify_every=1)).run()
+    assert caught.outcome == "failed" and caught.steps_done == 3  # found inside step 3's barrier
+
+
 def test_a_failing_prewarm_starts_no_worker():
     def warm(rep):
         raise RuntimeError(f"cannot compile on {rep.device}")

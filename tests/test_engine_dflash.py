@@ -61,6 +61,23 @@ def test_engine_training_equals_the_single_device_trainer_with_the_same_global_b
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
 
 
+def test_an_engine_run_resumed_from_its_checkpoint_repeats_the_uninterrupted_run(tmp_path, chat_file):
+    whole = Trainer.from_config(config(tmp_path / "whole", chat_file, **{"train.max_steps": 4}))
+    train_multi(whole, ["cpu"], ["cpu", "cpu"])
+    whole.close()
+    first = Trainer.from_config(config(tmp_path / "split", chat_file, **{"train.max_steps": 4}))
+    _, rep1 = train_multi(first, ["cpu"], ["cpu", "cpu"], until=2)
+    first.close()
+    assert rep1.ok and rep1.steps_done == 2
+    second = Trainer.from_config(config(tmp_path / "split", chat_file, **{"train.max_steps": 4}), resume=True)
+    assert second.step == 2
+    _, rep2 = train_multi(second, ["cpu"], ["cpu", "cpu"])
+    second.close()
+    assert rep2.ok and rep2.steps_done == 4 and rep2.start_step == 2 and rep2.max_param_diff == 0.0
+    for a, b in zip(whole.drafter.parameters(), second.drafter.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_dflash_train_cli_with_target_and_drafter_devices(tmp_path, chat_file):
     from cli.dflash_main import app
     from tests.helpers import invoke_json

@@ -45,3 +45,14 @@ def test_gpu_engine_benchmark_reports_a_stall_and_kills_a_hung_process(tmp_path)
     hang = rows["selftest-hang"]
     assert hang["timed_out"] and hang["outcome"] == "hang (killed at timeout)"
     assert "selftest-hang" not in (hang["faulthandler_stacks"] or "") and "run_case" in hang["faulthandler_stacks"]
+
+
+def test_gpu_engine_benchmark_runs_the_real_dflash_trainer_on_cpu(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_engine.py"), "--device", "cpu", "--program",
+                           "dflash", "--steps", "2", "--cases", "prewarm", "--timeout", "120", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads((out / "gpu_engine.json").read_text())["cases"]
+    assert row["outcome"] == "ok" and row["steps_done"] == 2 and row["tokens_per_s"] > 0
