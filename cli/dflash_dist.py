@@ -12,6 +12,8 @@ from cli import output
 DistributedOpt = Annotated[bool, typer.Option(
     "--distributed", help="Run as one rank of a torchrun job (automatic when torchrun started this process): "
                           "gradients summed across ranks, data sharded by rank, checkpoints from rank 0.")]
+DistBackendOpt = Annotated[str, typer.Option(
+    "--dist-backend", help="Distributed: auto (NCCL for CUDA drafters, gloo beside it; gloo on CPU), gloo or nccl.")]
 DistTimeoutOpt = Annotated[float, typer.Option(
     "--dist-timeout", help="Distributed: seconds a rank may wait in a collective before it fails (must exceed "
                            "the slowest rank's prewarm and rank 0's checkpoint save).")]
@@ -67,20 +69,32 @@ def render_ranks(ranks: Any, verdicts: Any) -> None:
 
 
 def record_error(e: BaseException) -> None:
-    """Write this rank's error where torchrun looks for it (TORCHELASTIC_ERROR_FILE), so torchrun's
-    failure summary shows the message instead of only an exit code."""
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        return
-    try:
-        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+    """Write this rank's error where torchrun looks for it (TORCHELASTIC_ERROR_FILE, the format of
+    torch's ErrorHandler.record_exception), so torchrun's failure summary shows the message instead
+    of an exit code. torchrun names the failure with the smallest timestamp (whole seconds) the root
+    cause; a rank that failed only because a peer died (PeerFailed) records one second later, so the
+    rank that failed first keeps that title."""
+    import json
+    import time
+    import traceback
 
-        ErrorHandler().record_exception(e)
-    except Exception:  # noqa: BLE001 - best effort: the message is on stderr anyway
+    from dflash.distributed_train import PeerFailed
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    stamp = int(time.time()) + (1 if isinstance(e, PeerFailed) else 0)
+    data = {"message": {"message": f"{type(e).__name__}: {e}",
+                        "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(stamp)}}}
+    try:
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+    except OSError:  # best effort: the message is on stderr anyway
         pass
 
 
-def run_rank(cfg: Any, *, resume: bool, devices: Any, timeout_s: float, stall_after: float, prewarm: bool,
-             guard: bool, as_json: bool, render: Any) -> None:
+def run_rank(cfg: Any, *, resume: bool, devices: Any, backend: str, timeout_s: float, stall_after: float,
+             prewarm: bool, guard: bool, as_json: bool, render: Any) -> None:
     """`dflash train` as one rank: rank 0 shows progress and prints the result (stdout: data, once per
     job); every rank prints its own lines on stderr and exits non-zero with its own error."""
     from cli.dflash_engine import finish, render_engine
@@ -95,7 +109,7 @@ def run_rank(cfg: Any, *, resume: bool, devices: Any, timeout_s: float, stall_af
         targets, drafters = devices if devices is not None else (None, None)
         with TrainProgress(enabled=info.primary) as progress:
             out = train_distributed(cfg, resume=resume, target_devices=targets, drafter_devices=drafters,
-                                    timeout_s=timeout_s, stall_after=stall_after, prewarm=prewarm, guard=guard,
+                                    backend=backend, timeout_s=timeout_s, stall_after=stall_after, prewarm=prewarm, guard=guard,
                                     on_event=RankLog(progress), info=info)
         if info.primary:
             data = {**to_jsonable(out.result), "config": to_dict(cfg), "engine": to_jsonable(out.engine),

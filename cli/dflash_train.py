@@ -9,7 +9,7 @@ import typer
 from cli import output
 from cli.dflash_engine import (DrafterDevicesOpt, NoGuardOpt, NoPrewarmOpt, StallOpt, TargetDevicesOpt, engine_devices,
                                finish, render_engine)
-from cli.dflash_dist import DistributedOpt, DistTimeoutOpt
+from cli.dflash_dist import DistBackendOpt, DistributedOpt, DistTimeoutOpt
 from cli.dflash_progress import TrainProgress
 from cli.options import JsonOpt
 from compilewatch.errors import BadInput
@@ -36,6 +36,7 @@ def train_cmd(
     no_guard: NoGuardOpt = False,
     stall_after: StallOpt = 300.0,
     distributed: DistributedOpt = False,
+    dist_backend: DistBackendOpt = "auto",
     dist_timeout: DistTimeoutOpt = DEFAULT_TIMEOUT_S,
     as_json: JsonOpt = False,
 ) -> None:
@@ -78,7 +79,7 @@ def train_cmd(
     if distributed:
         from cli.dflash_dist import run_rank
 
-        run_rank(cfg, resume=resume, devices=devices, timeout_s=dist_timeout, stall_after=stall_after,
+        run_rank(cfg, resume=resume, devices=devices, backend=dist_backend, timeout_s=dist_timeout, stall_after=stall_after,
                  prewarm=not no_prewarm, guard=not no_guard, as_json=as_json, render=_render)
         return
     output.err.print(to_toml(cfg), style="dim", markup=False, highlight=False)

@@ -41,6 +41,9 @@ import torch
 from compilewatch.errors import BadInput
 
 DEFAULT_TIMEOUT_S = 1800.0
+# what a collective raises in a healthy rank when another rank died or hung (gloo, NCCL, the timeout)
+_PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "DistBackendError", "DistNetworkError",
+                 "NCCL communicator was aborted", "Timed out", "timed out", "Broken pipe")
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -90,11 +93,24 @@ def require_rank_info(env: Mapping[str, str] | None = None) -> RankInfo:
     return info
 
 
-def backend_for(drafter_devices: Sequence[str]) -> str:
-    """gloo for CPU drafters; NCCL for CUDA tensors (gradients) with gloo beside it for objects and barriers."""
-    if any(str(d).startswith("cuda") for d in drafter_devices):
-        return "cpu:gloo,cuda:nccl"
-    return "gloo"
+def is_peer_failure(error: str) -> bool:
+    """Did this error ("Type: message") come from a collective whose peer died or hung? Then the
+    rank that raised it is not the root cause: the job's first failure is in another rank's log."""
+    return any(m in error for m in _PEER_FAILURE)
+
+
+def backend_for(drafter_devices: Sequence[str], choice: str = "auto") -> str:
+    """`auto`: gloo for CPU drafters; NCCL for CUDA tensors (gradients) with gloo beside it for
+    objects and barriers. `gloo` forces gloo (it all-reduces CUDA tensors too, slower: for debugging,
+    or several ranks on one GPU, which NCCL refuses). `nccl` = auto, but fails for CPU drafters."""
+    cuda = any(str(d).startswith("cuda") for d in drafter_devices)
+    if choice not in ("auto", "gloo", "nccl"):
+        raise BadInput(f"--dist-backend must be auto, gloo or nccl, not {choice!r}")
+    if choice == "nccl" and not cuda:
+        raise BadInput("--dist-backend nccl needs CUDA drafter devices", hint="use gloo (or auto) on CPU")
+    if choice == "gloo" or not cuda:
+        return "gloo"
+    return "cpu:gloo,cuda:nccl"
 
 
 def rank_device(info: RankInfo, requested: str) -> str:

@@ -29,7 +29,8 @@ import torch
 from compilewatch.errors import BadInput, CheckFailed
 from dflash import rank_report as rr
 from dflash.config import Config, apply_overrides, to_toml
-from dflash.distributed import DEFAULT_TIMEOUT_S, ProcessGroup, RankInfo, backend_for, rank_device, require_rank_info
+from dflash.distributed import (DEFAULT_TIMEOUT_S, ProcessGroup, RankInfo, backend_for, is_peer_failure, rank_device,
+                                require_rank_info)
 from dflash.trainer import Trainer, TrainResult, default_run_dir
 
 Event = Callable[[str, dict[str, Any]], None]
@@ -99,7 +100,7 @@ def check_agreement(facts: Sequence[dict[str, Any]], hosts: Sequence[str]) -> li
 
 
 def train_distributed(cfg: Config, *, resume: bool = False, target_devices: Sequence[str] | None = None,
-                      drafter_devices: Sequence[str] | None = None, backend: str | None = None,
+                      drafter_devices: Sequence[str] | None = None, backend: str = "auto",
                       timeout_s: float = DEFAULT_TIMEOUT_S, stall_after: float = 300.0, prewarm: bool = True,
                       guard: bool = True, watch: bool = True, until: int | None = None,
                       on_event: Event | None = None, info: RankInfo | None = None) -> DistributedResult:
@@ -113,7 +114,7 @@ def train_distributed(cfg: Config, *, resume: bool = False, target_devices: Sequ
     targets, drafters = _devices(info, cfg, target_devices, drafter_devices)
     cfg = apply_overrides(cfg, {"train.device": drafters[0]})  # the trainer (replica 0) runs there
     cache = rr.cache_state()  # before anything compiles
-    backend = backend or backend_for(drafters)
+    backend = backend_for(drafters, backend)
     on_event("rank", {"info": info, "backend": backend, "cache": cache, "target_devices": targets,
                       "drafter_devices": drafters})
     if drafters[0].startswith("cuda"):
@@ -161,12 +162,20 @@ def train_distributed(cfg: Config, *, resume: bool = False, target_devices: Sequ
     return DistributedResult(result, report, mine, ranks, tuple(verdicts), ok)
 
 
+class PeerFailed(CheckFailed):
+    """This rank failed only because another rank did (exit code 1)."""
+
+
 def raise_if_failed(out: DistributedResult) -> None:
     """CheckFailed (exit 1) with this rank's error, for a run that failed on this rank or whose ranks diverged."""
     if out.ok:
         return
     who = f"rank {out.rank.rank} ({out.rank.host})"
     f = out.engine.failure
+    if f is not None and is_peer_failure(f.error):
+        raise PeerFailed(f"{who}: a collective failed because another rank stopped or hung: {f.error}",
+                         hint="the first failure is in another rank's output (torchrun lists every failed rank); "
+                              f"this rank's report: {rank_report_path(out)}")
     if f is not None:
         raise CheckFailed(f"{who}: {f.thread} ({f.device}) failed: {f.error}",
                           hint=f"this rank's report: {rank_report_path(out)}")

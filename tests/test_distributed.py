@@ -131,7 +131,9 @@ def test_a_failing_rank_fails_the_job_with_its_error_and_the_ranks_resume_from_r
     p = torchrun([str(ROOT / "tests" / "dist_fail_rank.py")], args,
                  env={"DFLASH_TEST_FAIL_RANK": "1", "DFLASH_TEST_FAIL_STEP": "2"})
     assert p.returncode != 0
-    assert "injected failure on rank 1 at step 2" in p.stdout + p.stderr
+    root_cause = p.stderr.split("Root Cause (first observed failure)")[-1]  # torchrun's summary
+    assert "rank      : 1" in root_cause and "injected failure on rank 1 at step 2" in root_cause
+    assert "a collective failed because another rank stopped" in p.stderr  # rank 0 says it is not the cause
     failed = json.loads((run / "ranks" / "rank-1" / "report.json").read_text())["rank"]
     assert failed["outcome"] == "failed" and failed["params_digest"] is None
     assert sorted(x.name for x in (run / "checkpoints").glob("step_*")) == ["step_000002"]
@@ -183,6 +185,16 @@ def test_gradients_summed_across_processes_before_the_one_division():
     replicas.average_gradients(models, divide_by=4.0, reduce=lambda t: t.add_(other_rank))  # a 2-rank all-reduce
     for m in models:
         torch.testing.assert_close(m.weight.grad, (local + 0.5) / 4.0)
+
+
+def test_distributed_outside_torchrun_is_bad_input(monkeypatch):
+    from cli.dflash_main import app
+    from tests.helpers import invoke
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    r = invoke(app, ["train", "--distributed", "--max-steps", "1"])
+    assert r.exit_code == 2 and "not started by torchrun" in r.stderr
 
 
 def test_rank_info_reads_torchruns_environment():
