@@ -21,7 +21,7 @@ DistTimeoutOpt = Annotated[float, typer.Option(
 
 def _cache_line(c: Any) -> str:
     if c.status == "warm":
-        what = f"warm, {c.files} files, {output.fmt_bytes(c.bytes)}, fingerprint {c.content_hash[:16]}"
+        what = f"warm, {c.files} files, {output.fmt_bytes(c.bytes)}, fingerprint {c.content_hash.split(':')[-1][:16]}"
     else:
         what = c.status + (f" ({c.error})" if c.error else "")
     key = f", system key {c.system_key[:12]}" if c.system_key else ""
