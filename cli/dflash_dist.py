@@ -102,7 +102,7 @@ def run_rank(cfg: Any, *, resume: bool, devices: Any, backend: str, timeout_s: f
     from compilewatch.serialize import to_jsonable
     from dflash.config import to_dict
     from dflash.distributed import require_rank_info
-    from dflash.distributed_train import raise_if_failed, rank_report_path, train_distributed
+    from dflash.distributed_train import failure, rank_report_path, train_distributed
 
     try:
         info = require_rank_info()
@@ -122,9 +122,13 @@ def run_rank(cfg: Any, *, resume: bool, devices: Any, backend: str, timeout_s: f
             output.err.print(f"[rank {info.rank}/{info.world_size} {info.host}] {out.engine.outcome}: "
                              f"{out.engine.steps_done} steps; report {rank_report_path(out)}", markup=False,
                              highlight=False)
-        if any(t.alive for t in out.engine.threads):
-            finish(out.engine)  # threads blocked inside torch: leave at once with the engine's code
-        raise_if_failed(out)
+        error = failure(out)
+        if error is not None and any(t.alive for t in out.engine.threads):
+            record_error(error)  # threads blocked inside torch (a collective, a stall): leave at once
+            output.err.print(f"error: {error.message}", markup=False, highlight=False)
+            finish(out.engine)
+        if error is not None:
+            raise error
     except Exception as e:
         record_error(e)
         raise

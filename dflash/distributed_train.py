@@ -166,22 +166,24 @@ class PeerFailed(CheckFailed):
     """This rank failed only because another rank did (exit code 1)."""
 
 
-def raise_if_failed(out: DistributedResult) -> None:
-    """CheckFailed (exit 1) with this rank's error, for a run that failed on this rank or whose ranks diverged."""
+def failure(out: DistributedResult) -> CheckFailed | None:
+    """This rank's error as CheckFailed (exit 1; PeerFailed when only a peer's failure caused it),
+    or None when the run succeeded here and every rank holds the same weights."""
     if out.ok:
-        return
+        return None
     who = f"rank {out.rank.rank} ({out.rank.host})"
     f = out.engine.failure
     if f is not None and is_peer_failure(f.error):
-        raise PeerFailed(f"{who}: a collective failed because another rank stopped or hung: {f.error}",
+        return PeerFailed(f"{who}: a collective failed because another rank stopped or hung: {f.error}",
                          hint="the first failure is in another rank's output (torchrun lists every failed rank); "
                               f"this rank's report: {rank_report_path(out)}")
     if f is not None:
-        raise CheckFailed(f"{who}: {f.thread} ({f.device}) failed: {f.error}",
-                          hint=f"this rank's report: {rank_report_path(out)}")
+        return CheckFailed(f"{who}: {f.thread} ({f.device}) failed: {f.error}",
+                           hint=f"this rank's report: {rank_report_path(out)}")
     if out.engine.outcome != "ok":
-        raise CheckFailed(f"{who}: the engine ended {out.engine.outcome}", hint=f"this rank's report: {rank_report_path(out)}")
-    raise CheckFailed(f"{who}: {out.verdicts[-1]}", hint="a bug: every rank must hold the same weights; "
+        return CheckFailed(f"{who}: the engine ended {out.engine.outcome}",
+                           hint=f"this rank's report: {rank_report_path(out)}")
+    return CheckFailed(f"{who}: {out.verdicts[-1]}", hint="a bug: every rank must hold the same weights; "
                                                          "see every rank's report.json")
 
 

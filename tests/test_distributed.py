@@ -25,6 +25,7 @@ from dflash.distributed import rank_info
 from dflash.distributed_train import check_agreement
 from dflash.rank_report import CacheState, RankCache, cache_state, cache_verdicts
 from dflash.trainer import Trainer
+from tests.helpers import requires_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -56,8 +57,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(entry: list[str], args: list[str], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+def torchrun(entry: list[str], args: list[str], *, env: dict[str, str] | None = None,
+             nproc: int = 2) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *entry, "train", *args,
            "--dist-timeout", "60"]
     for k, v in SETS.items():
@@ -151,6 +153,30 @@ def test_a_failing_rank_fails_the_job_with_its_error_and_the_ranks_resume_from_r
     got = metrics_losses(run)
     assert [got[s] for s in range(1, STEPS + 1)] == pytest.approx([losses[s] for s in range(1, STEPS + 1)], rel=1e-4)
     assert_weights_close(final_weights(run), weights)
+
+
+# ------------------------------------------------------------------ GPU (pytest -m gpu tests/test_distributed.py)
+@pytest.mark.gpu
+@requires_cuda()
+def test_one_rank_on_a_gpu_all_reduces_with_nccl(tmp_path, chat_file):
+    run = tmp_path / "run"
+    p = torchrun(["-m", "dflash"], ["--data", str(chat_file), "--out", str(run), "--max-steps", str(STEPS), "--json"],
+                 nproc=1)
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads(p.stdout)
+    assert out["steps"] == STEPS and out["ranks"][0]["backend"] == "cpu:gloo,cuda:nccl"
+    assert out["ranks"][0]["drafter_devices"] == ["cuda:0"]
+
+
+@pytest.mark.gpu
+@requires_cuda()
+def test_two_ranks_on_one_gpu_with_gloo_hold_identical_weights(tmp_path, chat_file):
+    run = tmp_path / "run"
+    p = torchrun(["-m", "dflash"], ["--data", str(chat_file), "--out", str(run), "--max-steps", str(STEPS),
+                                    "--device", "cuda:0", "--dist-backend", "gloo", "--json"])
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads(p.stdout)
+    assert out["rank_verdicts"][-1].startswith("drafter weights identical on all 2 ranks")
 
 
 # ------------------------------------------------------------------ pieces, no processes
