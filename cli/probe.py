@@ -7,6 +7,7 @@ import sys
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from cli import output
@@ -94,11 +95,11 @@ def _render_single(r: probe_lib.ProbeReport) -> None:
     o.print(f"Tracer.trace entries: [bold]{len(r.traces)}[/]"
             + (f"  per thread: {r.traces_per_thread}  per tracer: {r.traces_per_tracer}" if r.traces else ""))
     for i, t in enumerate(r.traces, 1):
-        o.print(f"  [bold]#{i}[/] {t.tracer}{' (nested)' if t.nested else ''} traced {t.target} in thread {t.thread}, "
+        o.print(f"  [bold]#{i}[/] {t.tracer}{' (nested)' if t.nested else ''} traced {escape(t.target)} in thread {escape(t.thread)}, "
                 f"is_compiling()={t.compiling}, {output.fmt_seconds(t.duration_s)}"
-                + (f", raised {t.error.splitlines()[0]}" if t.error else ""))
+                + (f", raised {escape(t.error.splitlines()[0])}" if t.error else ""))
         for f in t.stack[-8:]:
-            o.print(f"      {f}")
+            o.print(f"      {escape(str(f))}")
     c = r.counters
     o.print(f"dynamo: {c.frames_total} frame compile(s), {len(r.compiles)} compile window(s), "
             f"{c.recompiles} recompile(s), {c.graph_breaks} graph break(s)")
@@ -106,12 +107,12 @@ def _render_single(r: probe_lib.ProbeReport) -> None:
             f"{c.fxgraph_cache_bypass} bypass;  AOTAutograd cache: {c.autograd_cache_hit} hit / "
             f"{c.autograd_cache_miss} miss  (cache dir {r.cache_dir})")
     for reason in c.recompile_reasons:
-        o.print(f"  recompile: {reason}")
+        o.print(f"  recompile: {escape(reason)}")
     for reason in c.graph_break_reasons:
-        o.print(f"  graph break: {reason}")
+        o.print(f"  graph break: {escape(reason)}")
     o.print(f"_is_fx_tracing_flag after: {r.fx_flag_after}")
     for v in r.verdicts:
-        o.print(f"[bold]→[/] {v}")
+        o.print(f"[bold]→[/] {escape(v)}")
 
 
 def _render_threads(r: probe_lib.ThreadsReport) -> None:
@@ -122,15 +123,15 @@ def _render_threads(r: probe_lib.ThreadsReport) -> None:
     for t in r.threads:
         style = {"ok": "green", "error": "red", "hang": "magenta"}[t.outcome]
         table.add_row(t.name, t.device, f"[{style}]{t.outcome}[/]", output.fmt_seconds(t.wall_s),
-                      (t.error or "").splitlines()[0][:160] if t.error else "")
+                      escape((t.error or "").splitlines()[0][:160]) if t.error else "")
     o.print(table)
     o.print(f"Tracer.trace entries: {r.traces} {r.traces_per_thread}; dynamo frames compiled: "
             f"{r.counters.frames_total}; _is_fx_tracing_flag stuck: {r.fx_flag_stuck}")
     if r.stacks:
         o.print("[bold]stacks of every thread at the timeout:[/]")
         for name, frames in r.stacks.items():
-            o.print(f"  [bold]{name}[/]")
+            o.print(f"  [bold]{escape(name)}[/]")
             for f in frames[-12:]:
-                o.print(f"    {f}")
+                o.print(f"    {escape(str(f))}")
     for v in r.verdicts:
-        o.print(f"[bold]→[/] {v}")
+        o.print(f"[bold]→[/] {escape(v)}")

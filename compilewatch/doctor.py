@@ -17,7 +17,6 @@ import dataclasses
 import importlib.metadata
 import os
 import platform
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,6 @@ from compilewatch import torchinfo
 
 Level = Literal["ok", "info", "warn", "problem"]
 
-_HASH_DIR = re.compile(r"^[a-z0-9]{2}$")
-_KEY_RE = re.compile(r"^[0-9a-f]{64}$")  # inductor's generated-code folders ("2z/", "b4/", ...)
 ENV_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE",
             "TORCHINDUCTOR_AUTOGRAD_CACHE", "TORCHINDUCTOR_FORCE_DISABLE_CACHES", "TORCH_COMPILE_DISABLE",
             "TORCHDYNAMO_DISABLE", "TORCH_COMPILE_CACHE_KEY_TAG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
@@ -135,56 +132,30 @@ def env_facts(env: dict[str, str] | None = None) -> EnvFacts:
     )
 
 
-def _walk_size(root: Path) -> tuple[int, int, dict[str, int]]:
-    total = files = 0
-    per: dict[str, int] = {}
-    for dirpath, _dirs, names in os.walk(root, onerror=lambda e: None):
-        rel = os.path.relpath(dirpath, root)
-        top = "." if rel == "." else rel.split(os.sep, 1)[0]
-        for n in names:
-            try:
-                size = os.lstat(os.path.join(dirpath, n)).st_size
-            except OSError:
-                continue
-            total += size
-            files += 1
-            key = "(top-level files)" if top == "." else ("codegen" if _HASH_DIR.match(top) else top)
-            per[key] = per.get(key, 0) + size
-    return total, files, per
-
-
 def cache_status(env: dict[str, str] | None = None) -> CacheStatus:
-    """The inductor cache: location, size, and whether it was built for this machine's system key.
+    """The inductor cache: location, size, and whether it was built for this machine's system key
+    (compilewatch.cache's walk, and its quick verify: the system keys stamped inside entries, bytes
+    only, nothing unpickled)."""
+    from compilewatch.cache import layout as cache_layout
+    from compilewatch.cache import verify as cache_verify
 
-    With the `compilewatch.cache` package (issue 4): its walk for sizes and a quick (bytes-only,
-    nothing unpickled) `verify` for the system keys stamped inside entries. Without it, or if it
-    fails: a plain walk, and the key match only from `<cache>/cache/<64 hex>` file names.
-    """
     env = _set_env() if env is None else env
     source = "TORCHINDUCTOR_CACHE_DIR" if env.get("TORCHINDUCTOR_CACHE_DIR") else "default"
     root = torchinfo.inductor_cache_dir()
+    exists = root.is_dir()  # before the system key: importing torch._inductor creates the default dir
     key = torchinfo.system_key()
-    plain = _cache_status_plain(root, source, key)
-    if not plain.exists:
-        return plain
+    if not exists:
+        return CacheStatus(str(root), source, False, 0, 0, {}, key, (), None, "not found")
     try:
-        from compilewatch.cache import layout as cache_layout
-        from compilewatch.cache import verify as cache_verify
-    except ImportError:
-        return plain
-    try:
-        return _cache_status_package(root, source, key, cache_layout, cache_verify)
-    except Exception as e:  # noqa: BLE001 - doctor reports; the plain facts still stand
-        return dataclasses.replace(plain, method=f"{plain.method}; compilewatch.cache failed: {type(e).__name__}: {e}")
-
-
-def _cache_status_package(root: Path, source: str, key: str, cache_layout, cache_verify) -> CacheStatus:
-    w = cache_layout.walk(root)
-    per: dict[str, int] = {}
-    for f in w.files:
-        sub = cache_layout.subcache_of(f.rel)
-        per[sub] = per.get(sub, 0) + f.size
-    rep = cache_verify.verify(root, deep=False)
+        w = cache_layout.walk(root)
+        per: dict[str, int] = {}
+        for f in w.files:
+            sub = cache_layout.subcache_of(f.rel)
+            per[sub] = per.get(sub, 0) + f.size
+        rep = cache_verify.verify(root, deep=False)
+    except Exception as e:  # noqa: BLE001 - doctor reports; an unreadable cache is a fact, not a crash
+        return CacheStatus(str(root), source, True, 0, 0, {}, key, (), None,
+                           f"compilewatch.cache failed: {type(e).__name__}: {e}")
     stamped = {k: n for k, n in rep.entry_system_keys.items() if k != "unknown"}
     match = None if not stamped else key in stamped
     foreign = sum(n for k, n in rep.counts.items() if k.startswith("foreign"))
@@ -192,18 +163,6 @@ def _cache_status_package(root: Path, source: str, key: str, cache_layout, cache
     return CacheStatus(str(root), source, True, sum(f.size for f in w.files), len(w.files), dict(sorted(per.items())),
                        key, tuple(sorted(stamped)), match, "compilewatch.cache walk + verify (quick)",
                        foreign_entries=foreign, broken_entries=errors)
-
-
-def _cache_status_plain(root: Path, source: str, key: str) -> CacheStatus:
-    exists = root.is_dir()
-    size, files, per = _walk_size(root) if exists else (0, 0, {})
-    keyed_dir = root / "cache"
-    keys: tuple[str, ...] = ()
-    if keyed_dir.is_dir():
-        keys = tuple(sorted(n for n in os.listdir(keyed_dir) if _KEY_RE.match(n)))
-    match = None if not keys else key in keys
-    return CacheStatus(str(root), source, exists, size, files, dict(sorted(per.items())), key, keys, match,
-                       "file walk + <cache>/cache/<system key> names")
 
 
 def fx_facts() -> FxFacts:

@@ -130,23 +130,47 @@ class Workload(Protocol):
     def run(self, device: str) -> Any: ...
 
 
-class FlexAttentionWorkload:
+class _CompiledWorkload:
+    """The compile-once logic shared by the built-in workloads.
+
+    compile_once=True (warm): the compiled callable is built once in `build()` and shared by every
+    device. compile_once=False (probe's race): every `run` compiles its own wrapper, as each of the
+    seeds' drafter threads did. Subclasses define `_compile()` and `run()`.
+    """
+
+    def __init__(self, backend: Backend, *, compile_once: bool, name: str) -> None:
+        self.name = name
+        self.backend = backend
+        self.compile_once = compile_once
+        self._compiled: Any = None
+
+    def _compile(self) -> Any:
+        raise NotImplementedError
+
+    def build(self) -> None:
+        if self.compile_once and self._compiled is None:
+            self._compiled = self._compile()
+
+    def compiled(self) -> Any:
+        """The compiled callable for this run: the shared one, or a fresh one per call."""
+        if not self.compile_once:
+            return self._compile()
+        self.build()
+        return self._compiled
+
+
+class FlexAttentionWorkload(_CompiledWorkload):
     """`torch.compile(flex_attention)` with a `create_block_mask` mask, forward and backward where
     the device supports it (flex has no backward on CPU, FACTS.md §2).
 
-    compile_once=True (warm): the compiled wrapper is built once in `build()` and shared by every
-    device. compile_once=False (probe's race): every `run` compiles its own wrapper, as each of the
-    seeds' drafter threads did.
+    compile_once: see `_CompiledWorkload`.
     """
 
     def __init__(self, backend: Backend = "inductor", shape: FlexShape | None = None, *,
                  backward: bool | None = None, compile_once: bool = True, name: str = "flex_attention") -> None:
-        self.name = name
-        self.backend = backend
+        super().__init__(backend, compile_once=compile_once, name=name)
         self.shape = shape or FlexShape()
         self.backward = backward
-        self.compile_once = compile_once
-        self._compiled: Any = None
 
     def _compile(self) -> Any:
         import torch
@@ -154,16 +178,10 @@ class FlexAttentionWorkload:
 
         return torch.compile(flex_attention, backend=self.backend)
 
-    def build(self) -> None:
-        if self.compile_once and self._compiled is None:
-            self._compiled = self._compile()
-
     def run(self, device: str) -> Any:
         import torch
 
-        if self.compile_once:
-            self.build()
-        compiled = self._compiled if self.compile_once else self._compile()
+        compiled = self.compiled()
         sh = self.shape
         do_bwd = device.startswith("cuda") if self.backward is None else self.backward
         dtype = sh.torch_dtype(device)
@@ -188,14 +206,11 @@ def make_flex_attention(backend: Backend = "inductor", *, seq: int = 256, heads:
     return FlexAttentionWorkload(backend, shape, backward=backward, compile_once=False).run
 
 
-class MLPWorkload:
-    """A small compiled MLP step, forward and backward (compile_once as in FlexAttentionWorkload)."""
+class MLPWorkload(_CompiledWorkload):
+    """A small compiled MLP step, forward and backward (compile_once: see `_CompiledWorkload`)."""
 
     def __init__(self, backend: Backend = "inductor", *, compile_once: bool = True, name: str = "compile") -> None:
-        self.name = name
-        self.backend = backend
-        self.compile_once = compile_once
-        self._compiled: Any = None
+        super().__init__(backend, compile_once=compile_once, name=name)
 
     def _compile(self) -> Any:
         import torch
@@ -205,16 +220,10 @@ class MLPWorkload:
 
         return torch.compile(step, backend=self.backend)
 
-    def build(self) -> None:
-        if self.compile_once and self._compiled is None:
-            self._compiled = self._compile()
-
     def run(self, device: str) -> Any:
         import torch
 
-        if self.compile_once:
-            self.build()
-        compiled = self._compiled if self.compile_once else self._compile()
+        compiled = self.compiled()
         g = torch.Generator().manual_seed(0)
         x = torch.randn(32, 64, generator=g).to(device)
         w1 = torch.randn(64, 128, generator=g).to(device).requires_grad_()

@@ -14,6 +14,13 @@ Backends: `flex` builds a BlockMask with `create_block_mask` and runs `torch.com
 dense boolean mask for `scaled_dot_product_attention` (CPU, and the fallback). The choice is made
 once per device type by `detect_backend`; `train.attention` overrides it.
 
+Flex lengths are padded up to multiples of its block size (`FLEX_BLOCK` = 128): compiled flex_attention
+finds no kernel for short non-aligned lengths (H200, torch 2.11: NoValidChoicesError at Q 96 / KV 160).
+The BlockMask is built over the padded grid (padded query rows see nothing, padded key columns are
+never visible), `flex_attend` zero-pads q/k/v to the mask's lengths and slices the output back. Rows
+with no visible key come out as 0 (finite) and get no gradient. Aligned lengths (real DFlash shapes:
+Q = 512×16, KV = 3072 + 8192) are untouched; the SDPA path never pads.
+
 The compiled pieces live behind `compiled_kernels()` so a multi-device engine can warm them on each
 device, one device after another, before worker threads start (compilewatch's warm barrier).
 """
@@ -24,6 +31,7 @@ import functools
 from typing import Callable, Literal
 
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from compilewatch.errors import BadInput
@@ -51,6 +59,28 @@ def make_mask_mod(anchors: torch.Tensor, ctx_len: int, block_size: int,
         return ctx_ok | (same_block & causal)
 
     return mask_mod
+
+
+FLEX_BLOCK = 128  # flex's sparse block size (create_block_mask's default BLOCK_SIZE), passed explicitly
+
+
+def flex_len(n: int) -> int:
+    """`n` rounded up to a multiple of FLEX_BLOCK: the length flex sees for a real length `n`."""
+    return -(-n // FLEX_BLOCK) * FLEX_BLOCK
+
+
+def pad_mask_mod(mask_mod: Callable, q_len: int, kv_len: int) -> Callable:
+    """`mask_mod` over the padded (flex_len(q_len), flex_len(kv_len)) grid: False on padded rows and
+    columns, `mask_mod` inside (indices clamped so it never indexes past its real lengths). The same
+    `mask_mod` when both lengths are already aligned."""
+    if flex_len(q_len) == q_len and flex_len(kv_len) == kv_len:
+        return mask_mod
+
+    def padded(b, h, q_idx, kv_idx):
+        real = (q_idx < q_len) & (kv_idx < kv_len)
+        return real & mask_mod(b, h, q_idx.clamp(max=q_len - 1), kv_idx.clamp(max=kv_len - 1))
+
+    return padded
 
 
 def dense_mask(mask_mod: Callable, batch: int, q_len: int, kv_len: int, device) -> torch.Tensor:
@@ -114,6 +144,20 @@ def flex_attention_fn(device: torch.device) -> Callable:
     return flex_attention
 
 
+def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
+    """flex_attention (GQA) with q (B, nh, Q, D), k/v (B, nkv, KV, D) zero-padded to the BlockMask's
+    aligned lengths (from `build_masks`); returns (B, nh, Q, D). No padding when already aligned."""
+    q_len, kv_len = q.shape[-2], k.shape[-2]
+    q_pad, kv_pad = block_mask.seq_lengths  # multiples of FLEX_BLOCK
+    if q_pad != q_len:
+        q = F.pad(q, (0, 0, 0, q_pad - q_len))  # (B, nh, Q_pad, D): extra rows see nothing
+    if kv_pad != kv_len:
+        k = F.pad(k, (0, 0, 0, kv_pad - kv_len))  # (B, nkv, KV_pad, D): extra columns never visible
+        v = F.pad(v, (0, 0, 0, kv_pad - kv_len))
+    out = flex_attention_fn(q.device)(q, k, v, block_mask=block_mask, enable_gqa=True)  # (B, nh, Q_pad, D)
+    return out if q_pad == q_len else out[:, :, :q_len]
+
+
 def compiled_kernels() -> dict[str, Callable]:
     """The compiled callables a training step uses (for per-device warm-up, then a compile freeze)."""
     return {"flex_attention": _compiled_flex()}
@@ -121,8 +165,9 @@ def compiled_kernels() -> dict[str, Callable]:
 
 def build_masks(anchors: torch.Tensor, ctx_len: int, block_size: int, backend: Backend,
                 sliding_window: int | None = None, need_sliding: bool = False) -> dict:
-    """The masks one step needs: {"full": m, "sliding": m or None}; m is a BlockMask (flex) or a
-    dense (B, 1, Q, KV) bool tensor (sdpa)."""
+    """The masks one step needs: {"full": m, "sliding": m or None}; m is a BlockMask over the padded
+    (flex_len(Q), flex_len(KV)) grid (flex; use it through `flex_attend`) or a dense (B, 1, Q, KV) bool
+    tensor (sdpa)."""
     batch, n = anchors.shape
     q_len, kv_len = n * block_size, ctx_len + n * block_size
     mods = {"full": make_mask_mod(anchors, ctx_len, block_size)}
@@ -131,9 +176,11 @@ def build_masks(anchors: torch.Tensor, ctx_len: int, block_size: int, backend: B
     out: dict = {"full": None, "sliding": None}
     for kind, mod in mods.items():
         if backend == "flex":
+            q_pad, kv_pad = flex_len(q_len), flex_len(kv_len)
             # compiled create_block_mask avoids a dense Q×KV grid; it fails for Q_LEN <= 128 (pytorch#160018)
-            compile_it = anchors.device.type == "cuda" and q_len > 128
-            out[kind] = create_block_mask(mod, batch, None, q_len, kv_len, device=anchors.device, _compile=compile_it)
+            compile_it = anchors.device.type == "cuda" and q_pad > FLEX_BLOCK
+            out[kind] = create_block_mask(pad_mask_mod(mod, q_len, kv_len), batch, None, q_pad, kv_pad,
+                                          device=anchors.device, BLOCK_SIZE=FLEX_BLOCK, _compile=compile_it)
         else:
             out[kind] = dense_mask(mod, batch, q_len, kv_len, anchors.device)
     return out

@@ -93,10 +93,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-    """Masked attention with GQA. `mask` is a flex BlockMask, a dense bool (B, 1, Q, KV), or None (all)."""
+    """Masked attention with GQA: q (B, nh, Q, D), k/v (B, nkv, KV, D) -> (B, nh, Q, D). `mask` is a
+    flex BlockMask (over lengths padded to flex's block size), a dense bool (B, 1, Q, KV), or None (all)."""
     if masks.is_block_mask(mask):
         with torch.autocast(q.device.type, enabled=False):  # q, k, v already share the compute dtype
-            return masks.flex_attention_fn(q.device)(q, k, v, block_mask=mask, enable_gqa=True)
+            return masks.flex_attend(q, k, v, mask)  # pads to the mask's lengths, slices back
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 

@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import pytest
 import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -112,3 +113,22 @@ def overlap_trial() -> Trial:
             b_in.set()
 
     return _run(setter, victim, Trial())
+
+
+def _sin1(x):
+    return x.sin() + 1
+
+
+# one compiled function shared by the race tests (compiled once per process, warmed by the fixture)
+step = torch.compile(_sin1, backend="eager")
+X = torch.randn(4)
+
+
+@pytest.fixture(autouse=True)
+def clean_race_state():
+    """Autouse in every module that imports it: warm `step`, and repair any stuck FX state after."""
+    from compilewatch import fxpatch
+
+    step(X)
+    yield
+    fxpatch.repair_state()

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from compilewatch.errors import BadInput
-from dflash.mask import build_masks, dense_mask, detect_backend, make_mask_mod
+from dflash.mask import (FLEX_BLOCK, build_masks, dense_mask, detect_backend, flex_attend, flex_len, make_mask_mod,
+                         pad_mask_mod)
 
 # eager flex on CPU is the unfused reference path; its "use torch.compile" advice is expected here
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -73,13 +74,11 @@ def test_flex_block_mask_equals_dense_reference():
         for k in range(tiles.shape[1]):
             any_true = dense[0, 0, i * qb:(i + 1) * qb, k * kb:(k + 1) * kb].any().item()
             assert bool(tiles[i, k]) == any_true, (i, k)
-    # element level: flex attention with the BlockMask == SDPA with the dense reference
+    # element level: flex attention with the BlockMask (KV 456 padded to 512) == SDPA with the dense reference
     torch.manual_seed(0)
     q = torch.randn(1, 2, q_len, 16)
     k, v = torch.randn(1, 2, kv_len, 16), torch.randn(1, 2, kv_len, 16)
-    from torch.nn.attention.flex_attention import flex_attention
-
-    torch.testing.assert_close(flex_attention(q, k, v, block_mask=m),
+    torch.testing.assert_close(flex_attend(q, k, v, m),
                                torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense),
                                atol=2e-5, rtol=1e-4)
 
@@ -99,6 +98,69 @@ def test_flex_and_sdpa_drafter_forward_agree_on_cpu():
         out_flex = d(blocks, ctx, pos, ctx_pos, masks=build_masks(anchors, seq, bs, "flex"))
         out_sdpa = d(blocks, ctx, pos, ctx_pos, masks=build_masks(anchors, seq, bs, "sdpa"))
     torch.testing.assert_close(out_flex, out_sdpa, atol=1e-5, rtol=1e-4)
+
+
+def _qkv(b, q_len, kv_len, nh=4, nkv=2, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, nh, q_len, d, generator=g), torch.randn(b, nkv, kv_len, d, generator=g),
+            torch.randn(b, nkv, kv_len, d, generator=g))
+
+
+@pytest.mark.parametrize("bs, n, ctx, window", [
+    (16, 6, 64, None),  # Q 96, KV 160: the H200 failure's shape (issue #7 follow-up), padded to 128 / 256
+    (4, 5, 7, 6),  # Q 20, KV 27, sliding window
+    (16, 8, 128, None),  # Q 128, KV 256: aligned, no padding
+    (8, 32, 256, 5),  # Q 256, KV 512: aligned, sliding window
+])
+def test_padded_flex_forward_equals_sdpa_dense(bs, n, ctx, window):
+    """Flex over the padded grid, sliced back, == SDPA with the dense mask, for aligned and short
+    non-aligned lengths (eager flex forward on CPU: the same mask_mod the compiled kernel runs)."""
+    g = torch.Generator().manual_seed(n)
+    anchors = torch.sort(torch.randint(0, ctx + 1, (2, n), generator=g), dim=1)[0]
+    q_len, kv_len = n * bs, ctx + n * bs
+    m = build_masks(anchors, ctx, bs, "flex", window, need_sliding=window is not None)
+    dense = build_masks(anchors, ctx, bs, "sdpa", window, need_sliding=window is not None)
+    kind = "full" if window is None else "sliding"
+    assert m[kind].seq_lengths == (flex_len(q_len), flex_len(kv_len))
+    assert all(x % FLEX_BLOCK == 0 for x in m[kind].seq_lengths)
+    q, k, v = _qkv(2, q_len, kv_len)
+    out = flex_attend(q, k, v, m[kind])
+    assert out.shape == q.shape
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense[kind], enable_gqa=True)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_padding_is_a_no_op_for_aligned_lengths():
+    mod = make_mask_mod(ANCHORS, 24, 4)
+    assert flex_len(128) == 128 and flex_len(256) == 256 and flex_len(1) == 128 and flex_len(129) == 256
+    assert pad_mask_mod(mod, 128, 384) is mod  # aligned: the mask_mod itself
+    anchors = torch.tensor([[0, 50, 100, 120, 128, 130, 200, 250]])  # 8 blocks of 16: Q 128, KV 256 + 128
+    m = build_masks(anchors, 256, 16, "flex")["full"]
+    assert m.seq_lengths == (128, 384) and m.mask_mod.__name__ == "mask_mod"  # not wrapped
+    q, k, v = _qkv(1, 128, 384)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch.testing.assert_close(flex_attend(q, k, v, m), flex_attention(q, k, v, block_mask=m, enable_gqa=True))
+
+
+def test_padded_rows_and_columns_are_masked_and_finite():
+    """Padded query rows see nothing (flex gives finite 0 there), padded key columns are never visible:
+    garbage in the padding changes nothing in the real rows."""
+    anchors = torch.tensor([[3, 10, 20, 30, 40, 50]])
+    mod = make_mask_mod(anchors, 64, 16)
+    padded = pad_mask_mod(mod, 96, 160)
+    grid = dense_mask(padded, 1, 128, 256, "cpu")[0, 0]
+    assert torch.equal(grid[:96, :160], dense_mask(mod, 1, 96, 160, "cpu")[0, 0])
+    assert not grid[96:].any() and not grid[:, 160:].any()
+    m = build_masks(anchors, 64, 16, "flex")["full"]
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v = _qkv(1, 128, 256)
+    full = flex_attention(q, k, v, block_mask=m, enable_gqa=True)  # (1, 4, 128, 16) over the padded grid
+    assert torch.isfinite(full).all() and not full[:, :, 96:].any()  # fully masked rows: exactly 0
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 160:], v2[:, :, 160:] = 1e4, -1e4  # padded columns: no weight in real rows
+    torch.testing.assert_close(flex_attention(q, k2, v2, block_mask=m, enable_gqa=True)[:, :, :96], full[:, :, :96])
 
 
 def test_backend_detection_once_with_override():

@@ -13,26 +13,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from compilewatch import fxpatch
 from compilewatch.guard import CompileGuard, GuardError, support
 from compilewatch.watcher import Watcher
-from tests.race_cases import WAIT, Trial, leak_trial, overlap_trial
+from tests.race_cases import WAIT, Trial, leak_trial, overlap_trial, X, clean_race_state, step  # noqa: F401 (autouse fixture)
 
 TRIALS = 20
 _TL_OK, _TL_WHY = fxpatch.readers_patchable()
 needs_thread_local = pytest.mark.skipif(not _TL_OK, reason=f"thread-local FX state unsupported here: {_TL_WHY}")
-
-
-def _sin1(x):
-    return x.sin() + 1
-
-
-step = torch.compile(_sin1, backend="eager")
-X = torch.randn(4)
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    step(X)
-    yield
-    fxpatch.repair_state()
 
 
 @pytest.fixture

@@ -13,19 +13,8 @@ from cli.main import app
 from compilewatch import fxpatch
 from compilewatch.watcher import Watcher
 from tests.helpers import invoke, invoke_json
-from tests.race_cases import leak_trial
+from tests.race_cases import leak_trial, X, clean_race_state, step  # noqa: F401 (autouse fixture)
 from tests.timeline_format import validate
-
-step = torch.compile(lambda x: x.sin() + 1, backend="eager")
-X = torch.randn(4)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    step(X)
-    yield
-    fxpatch.repair_state()
-
 
 def test_watcher_timeline_shows_the_race(tmp_path):
     path = tmp_path / "race.json"

@@ -14,24 +14,9 @@ import torch.fx._symbolic_trace as st
 from compilewatch import fxpatch, tracehooks
 from compilewatch.watcher import Watcher
 from compilewatch.watch_events import KINDS, SCHEMA_VERSION, read_events, summarize
-from tests.race_cases import WAIT, leak_trial, overlap_trial, trace_window
+from tests.race_cases import WAIT, leak_trial, overlap_trial, trace_window, X, clean_race_state, step  # noqa: F401 (autouse fixture)
 
 NESTED = "Detected that you are using FX to symbolically trace a dynamo-optimized function"
-
-
-def _sin1(x):
-    return x.sin() + 1
-
-
-step = torch.compile(_sin1, backend="eager")
-X = torch.randn(4)
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    step(X)  # warm (compiles once per process)
-    yield
-    fxpatch.repair_state()
 
 
 def _kinds(w: Watcher, kind: str):
