@@ -112,7 +112,6 @@ def train_distributed(cfg: Config, *, resume: bool = False, target_devices: Sequ
     on_event = on_event or (lambda kind, data: None)
     info = info or require_rank_info()
     targets, drafters = _devices(info, cfg, target_devices, drafter_devices)
-    cfg = apply_overrides(cfg, {"train.device": drafters[0]})  # the trainer (replica 0) runs there
     cache = rr.cache_state()  # before anything compiles
     backend = backend_for(drafters, backend)
     on_event("rank", {"info": info, "backend": backend, "cache": cache, "target_devices": targets,
@@ -122,7 +121,10 @@ def train_distributed(cfg: Config, *, resume: bool = False, target_devices: Sequ
     group = ProcessGroup(info, backend, timeout_s).open()
     if not cfg.checkpoint.out_dir:  # every rank must write to rank 0's choice of run dir
         cfg = apply_overrides(cfg, {"checkpoint.out_dir": group.broadcast(str(default_run_dir(cfg)) if info.primary else None)})
-    trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event)
+    # the trainer (replica 0) runs on this rank's first drafter device; the run's config.toml and
+    # checkpoints keep the user's device spec ("auto": each rank resolves its own again on --resume)
+    trainer = Trainer.from_config(apply_overrides(cfg, {"train.device": drafters[0]}), resume=resume, on_event=on_event)
+    trainer.cfg = cfg
     try:
         seen = group.all_gather((_facts(trainer, rr.params_digest(trainer.drafter)), info.host, cache))
         notes = check_agreement([s[0] for s in seen], [s[1] for s in seen])
