@@ -19,6 +19,10 @@ Layout (the seeds' trainer, made safe by construction):
   thread's stack and stops; Ctrl-C stops at a step boundary, calls the program's `save` hook, and
   returns. Threads blocked in torch cannot be killed: they are daemons, named in the report.
 
+Across processes (torchrun), a `Collective` (dflash.distributed.ProcessGroup) joins the step
+barrier's averaging: the replicas' summed gradients, loss and weight are summed over every process
+before the one division, so every replica of every process stays identical (docs/distributed.md).
+
 The engine never prints; `on_step` (called from a worker thread at every committed step) is how a
 caller shows progress. The model side is a `Program` (dflash.program for DFlash, dflash.toy for
 tests and benchmarks).
