@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from compilewatch.errors import CompilewatchError
@@ -23,9 +24,10 @@ class CompilewatchGroup(TyperGroup):
         except CompilewatchError as e:
             if os.environ.get("COMPILEWATCH_DEBUG"):
                 raise
-            output.err.print(f"[red]error:[/] {e.message}", markup=True)
+            # messages quote paths, tracebacks and torch errors ("[/__w/pytorch/...]"): never markup
+            output.err.print(f"[red]error:[/] {escape(e.message)}", markup=True)
             if e.hint:
-                output.err.print(f"[dim]hint:[/] {e.hint}")
+                output.err.print(f"[dim]hint:[/] {escape(e.hint)}")
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             output.err.print("interrupted")

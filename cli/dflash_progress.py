@@ -12,10 +12,10 @@ from cli.output import err, fmt_bytes
 class TrainProgress:
     """The `on_event` callback of dflash.trainer.Trainer, rendered with rich."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=err, transient=False,
+            TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=err, transient=False, disable=not enabled,
         )
         self.task = None
         self.sub = None

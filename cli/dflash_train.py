@@ -9,11 +9,13 @@ import typer
 from cli import output
 from cli.dflash_engine import (DrafterDevicesOpt, NoGuardOpt, NoPrewarmOpt, StallOpt, TargetDevicesOpt, engine_devices,
                                finish, render_engine)
+from cli.dflash_dist import DistBackendOpt, DistributedOpt, DistTimeoutOpt
 from cli.dflash_progress import TrainProgress
 from cli.options import JsonOpt
 from compilewatch.errors import BadInput
 from compilewatch.serialize import to_jsonable
 from dflash.config import build_config, parse_set, to_dict, to_toml
+from dflash.distributed import DEFAULT_TIMEOUT_S, rank_info
 from dflash.trainer import Trainer, build_config_for_resume
 
 
@@ -33,6 +35,9 @@ def train_cmd(
     no_prewarm: NoPrewarmOpt = False,
     no_guard: NoGuardOpt = False,
     stall_after: StallOpt = 300.0,
+    distributed: DistributedOpt = False,
+    dist_backend: DistBackendOpt = "auto",
+    dist_timeout: DistTimeoutOpt = DEFAULT_TIMEOUT_S,
     as_json: JsonOpt = False,
 ) -> None:
     """Train a DFlash drafter. With no arguments: the embedded tiny target and data, a few minutes on a CPU.
@@ -43,10 +48,13 @@ def train_cmd(
       dflash train --out runs/q8 --resume
       dflash train --config my.toml --set optim.lr=3e-4 --set train.max_steps=1000
       dflash train --recipe qwen3_8b --target /models/Qwen3-8B --target-devices 0,1,2,3,4 --drafter-devices 5,6,7
+      torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 \\
+        -m dflash train --target-devices 0,1,2,3,4 --drafter-devices 5,6,7 --out /shared/runs/q8
     """
     overrides = {}
     devices = engine_devices(target_devices, drafter_devices)
-    if devices is not None:
+    distributed = distributed or rank_info() is not None  # torchrun started this process
+    if devices is not None and not distributed:
         if device is not None:
             raise BadInput("--device does not go with --drafter-devices",
                            hint="the trainer (replica 0) runs on the first drafter device; drop --device")
@@ -67,6 +75,12 @@ def train_cmd(
         raise BadInput(f"bad config: {e}", hint="see `dflash train --print-config` for every field") from None
     if print_config:
         output.emit(to_dict(cfg), as_json, lambda _: output.out.print(to_toml(cfg), markup=False))
+        return
+    if distributed:
+        from cli.dflash_dist import run_rank
+
+        run_rank(cfg, resume=resume, devices=devices, backend=dist_backend, timeout_s=dist_timeout, stall_after=stall_after,
+                 prewarm=not no_prewarm, guard=not no_guard, as_json=as_json, render=_render)
         return
     output.err.print(to_toml(cfg), style="dim", markup=False, highlight=False)
     trainer = None

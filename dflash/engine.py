@@ -19,6 +19,10 @@ Layout (the seeds' trainer, made safe by construction):
   thread's stack and stops; Ctrl-C stops at a step boundary, calls the program's `save` hook, and
   returns. Threads blocked in torch cannot be killed: they are daemons, named in the report.
 
+Across processes (torchrun), a `Collective` (dflash.distributed.ProcessGroup) joins the step
+barrier's averaging: the replicas' summed gradients, loss and weight are summed over every process
+before the one division, so every replica of every process stays identical (docs/distributed.md).
+
 The engine never prints; `on_step` (called from a worker thread at every committed step) is how a
 caller shows progress. The model side is a `Program` (dflash.program for DFlash, dflash.toy for
 tests and benchmarks).
@@ -32,7 +36,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Protocol
 
 from compilewatch import stacks
 from compilewatch.stacks import Frame
@@ -97,6 +101,20 @@ class Program:
     """Moves a batch from the target device to a drafter device (in the drafter's thread)."""
     tokens: Callable[[Any], int] | None = None
     """Tokens (or samples) in a batch, for throughput."""
+
+
+class Collective(Protocol):
+    """Replicas in other processes (dflash.distributed.ProcessGroup implements it over torch.distributed).
+    The engine calls it once per step, inside the step barrier, from one thread: every process must
+    call it the same number of times in the same order, which the lockstep steps guarantee."""
+
+    def sum_scalars(self, *values: float) -> tuple[float, ...]:
+        """Each value summed over every process."""
+        ...
+
+    def sum_(self, tensor: Any) -> None:
+        """Sum a tensor over every process, in place (identical result on every process)."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -244,11 +262,12 @@ class _Live:
 class Engine:
     def __init__(self, program: Program, config: EngineConfig, *, on_step: Callable[[StepRecord], None] | None = None,
                  on_workers_start: Callable[[], None] | None = None,
-                 sampler: Callable[[Any], Any] | None = None) -> None:
+                 sampler: Callable[[Any], Any] | None = None, collective: Collective | None = None) -> None:
         self.program = program
         self.config = config
         self.on_step = on_step
         self.on_workers_start = on_workers_start  # called right before the first worker thread starts
+        self.collective = collective  # other processes' replicas (torch.distributed), or None
         self.sampler = sampler if sampler is not None else compile_safety.device_sampler()
         self.replicas: list[Replica] = []
         self._stop = threading.Event()
@@ -432,8 +451,13 @@ class Engine:
         t0 = time.perf_counter()
         models = [r.model for r in self.replicas]
         slots = list(self._slots)
-        total_weight = max(sum(s[1] for s in slots), 1e-6)  # a global batch without labels: zero gradient
-        _replicas.average_gradients(models, divide_by=total_weight)
+        loss_sum, weight = sum(s[0] for s in slots), sum(s[1] for s in slots)
+        reduce = None
+        if self.collective is not None:  # the global batch spans every process: sum across them too
+            loss_sum, weight = self.collective.sum_scalars(loss_sum, weight)
+            reduce = self.collective.sum_
+        total_weight = max(weight, 1e-6)  # a global batch without labels: zero gradient
+        _replicas.average_gradients(models, divide_by=total_weight, reduce=reduce)
         reduce_s = time.perf_counter() - t0
         now = time.monotonic()
         tokens = None if any(s[4] is None for s in slots) else sum(s[4] for s in slots)  # type: ignore[misc]
@@ -444,7 +468,7 @@ class Engine:
                 samples = self.sampler(self._all_devices())
             except Exception:  # noqa: BLE001 - sampling is best effort
                 samples = None
-        rec = StepRecord(step, sum(s[0] for s in slots) / total_weight, now - self._last_commit,
+        rec = StepRecord(step, loss_sum / total_weight, now - self._last_commit,
                          tuple(s[2] for s in slots), tuple(s[3] for s in slots), tuple(self._barrier_s), reduce_s,
                          tokens, samples)
         self._records.append(rec)

@@ -12,6 +12,14 @@
   the global batch's Σ w, the single-device loss (dflash.loss) to the last term.
 
 Metrics rows (metrics.jsonl) carry the engine's split too: time waiting for targets vs computing.
+
+Across processes (`group`, a dflash.distributed.ProcessGroup): the global batch of a step is
+`world_size x replicas x grad_accum` micro-batches; rank k trains on the k-th contiguous share of
+every step's global batch (`Plan.global_index`), so the shares are disjoint, deterministic and cover
+the epoch exactly as a single device with that grad_accum would. The engine sums gradients across
+processes inside its step barrier; only rank 0 writes the run directory's metrics.jsonl,
+config.toml and checkpoints; every rank writes its own `RUN/ranks/rank-N/` (metrics of its share,
+compilewatch watcher events).
 """
 
 from __future__ import annotations
@@ -56,15 +64,30 @@ class Plan:
     """Global micro-batch index -> (epoch, sample indices), from the dataset's per-epoch plan."""
 
     trainer: Trainer
-    per_step: int  # micro-batches per optimizer step (replicas x grad_accum)
+    per_step: int  # micro-batches per optimizer step in this process (replicas x grad_accum)
+    rank: int = 0  # this process's share of every step's global batch (torch.distributed rank)
+    world: int = 1  # processes
 
     def __post_init__(self) -> None:
-        self.steps_per_epoch = max(1, self.trainer.dataset.batches_per_epoch() // self.per_step)
+        self.global_per_step = self.per_step * self.world
+        have = self.trainer.dataset.batches_per_epoch()
+        if have < self.global_per_step:
+            from compilewatch.errors import BadInput
+
+            raise BadInput(f"the data has {have} micro-batches per epoch, fewer than one global batch "
+                           f"({self.world} process(es) x {self.per_step} micro-batches per step)",
+                           hint="use more data, fewer devices or processes, or a smaller train.grad_accum / data.batch_size")
+        self.steps_per_epoch = have // self.global_per_step
         self._lock = threading.Lock()
         self._plans: dict[int, list[list[int]]] = {}
 
+    def global_index(self, index: int) -> int:
+        """This process's micro-batch `index` (the engine's numbering) -> its index in the global plan."""
+        step, j = divmod(index, self.per_step)
+        return step * self.global_per_step + self.rank * self.per_step + j
+
     def batch(self, index: int):
-        epoch, within = divmod(index, self.steps_per_epoch * self.per_step)
+        epoch, within = divmod(self.global_index(index), self.steps_per_epoch * self.global_per_step)
         with self._lock:
             plan = self._plans.get(epoch)
             if plan is None:
@@ -96,10 +119,11 @@ def _target_on(trainer: Trainer, device: torch.device):
     return target
 
 
-def dflash_program(trainer: Trainer, drafter_devices: Sequence[str]) -> tuple[Program, Plan]:
+def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: int = 0,
+                   world: int = 1) -> tuple[Program, Plan]:
     cfg = trainer.cfg
     R = len(drafter_devices)
-    plan = Plan(trainer, R * cfg.train.grad_accum)
+    plan = Plan(trainer, R * cfg.train.grad_accum, rank, world)
     total = cfg.train.max_steps or cfg.train.epochs * plan.steps_per_epoch
     one: dict[torch.device, torch.Tensor] = {}
 
@@ -153,9 +177,11 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str]) -> tuple[Pr
             taps = torch.zeros(*b.input_ids.shape, k_h, dtype=trainer.target.dtype, device=tr.device)  # as produced
             loss(tr, b, taps).loss.backward()
 
-    def save(rep: Replica, steps_done: int) -> str:
+    def save(rep: Replica, steps_done: int) -> str | None:
         tr: Trainer = rep.state["trainer"]
         tr.step = steps_done
+        if rank != 0:
+            return None  # rank 0 writes checkpoints; every rank holds the same state
         return str(tr.save())
 
     return Program(make_producer=make_producer, make_replica=make_replica, forward_backward=forward_backward,
@@ -188,22 +214,33 @@ def _metrics(trainer: Trainer, replicas: list[Replica], rec: StepRecord, plan: P
         memory_bytes=memory_bytes(trainer.device))
 
 
+def rank_dir(run_dir, rank: int):
+    """Where rank `rank` of a distributed run writes its own files."""
+    from pathlib import Path
+
+    return Path(run_dir) / "ranks" / f"rank-{rank}"
+
+
 def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices: Sequence[str], *,
                 stall_after: float = 300.0, prewarm: bool = True, guard: bool = True, watch: bool = True,
-                queue_depth: int = 2, until: int | None = None) -> tuple[TrainResult, EngineReport]:
+                queue_depth: int = 2, until: int | None = None, group: Any = None) -> tuple[TrainResult, EngineReport]:
     """Train with the engine; same outputs as Trainer.train() (run dir, metrics, checkpoints, eval).
-    `until`: stop after that step (the schedule still spans the whole run), like Trainer.train(until)."""
+    `until`: stop after that step (the schedule still spans the whole run), like Trainer.train(until).
+    `group`: a dflash.distributed.ProcessGroup when this process is one rank of several (see above)."""
     from compilewatch.fsutil import atomic_write_text
     from dflash.config import to_toml
     from dflash.metrics import MetricsWriter
 
     cfg = trainer.cfg
-    program, plan = dflash_program(trainer, drafter_devices)
+    rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
+    program, plan = dflash_program(trainer, drafter_devices, rank=rank, world=world)
     total = cfg.train.max_steps or cfg.train.epochs * plan.steps_per_epoch
     t0 = time.perf_counter()
-    trainer.run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(trainer.run_dir / "config.toml", to_toml(cfg))
-    writer = trainer._writer = MetricsWriter(trainer.run_dir, tensorboard=cfg.metrics.tensorboard)
+    own = rank_dir(trainer.run_dir, rank) if group is not None else trainer.run_dir
+    own.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        atomic_write_text(trainer.run_dir / "config.toml", to_toml(cfg))
+    writer = trainer._writer = MetricsWriter(trainer.run_dir if rank == 0 else own, tensorboard=cfg.metrics.tensorboard)
     start = {"step": trainer.step, "total_steps": total, "backend": trainer.backend, "device": str(trainer.device),
              "data": trainer.dataset.stats, "run_dir": str(trainer.run_dir), "target_devices": list(target_devices),
              "drafter_devices": list(drafter_devices)}
@@ -231,13 +268,16 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
                         start_step=trainer.step, grad_accum=cfg.train.grad_accum, queue_depth=queue_depth,
                         stall_after=stall_after, prewarm=prewarm, guard=guard, watch=watch,
                         save_every=cfg.checkpoint.every,
-                        watch_report=str(trainer.run_dir / "watch.jsonl") if watch else None)
-    holder["engine"] = Engine(program, ecfg, on_step=on_step)
+                        watch_report=str(own / "watch.jsonl") if watch else None)
+    # with a group: every rank's threads start together (after every rank's prewarm), and each step's
+    # gradients are summed across ranks inside the engine's step barrier
+    holder["engine"] = Engine(program, ecfg, on_step=on_step, collective=group,
+                              on_workers_start=group.barrier if group is not None else None)
     report = holder["engine"].run()
     trainer.step = report.steps_done
     writer.write_event("engine", {"report": report})
     result_eval = None
-    if report.ok and cfg.eval.at_end and trainer.eval_convs and trainer.step == total:
+    if report.ok and cfg.eval.at_end and trainer.eval_convs and trainer.step == total and rank == 0:
         result_eval = trainer.evaluate()
         writer.write_event("eval", {"result": result_eval})
     first, last = first_last

@@ -18,7 +18,7 @@ replicas only is averaged with zeros for the others (what DDP does with `find_un
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -45,21 +45,25 @@ def broadcast_parameters(models: Sequence[nn.Module]) -> None:
 
 @torch.no_grad()
 def average_gradients(models: Sequence[nn.Module], *, divide_by: float | None = None,
-                      reduce_device: torch.device | str | None = None) -> int:
+                      reduce_device: torch.device | str | None = None,
+                      reduce: Callable[[torch.Tensor], None] | None = None) -> int:
     """Sum the replicas' gradients, divide by `divide_by` (default: the number of replicas), and
     write that one result into every replica's `.grad`. Returns the number of elements averaged.
 
     The sum runs in replica order on `reduce_device` (default: replica 0's device), so the result
     does not depend on thread timing. Gradients are grouped by dtype into flat buffers: one copy per
-    replica and dtype each way, instead of one per parameter.
+    replica and dtype each way, instead of one per parameter. `reduce` (in place) runs on each flat
+    sum before the division: a cross-process all-reduce (dflash.distributed) plugs in there, so
+    every process divides the same global sum by the same global weight.
     """
     params = _check_same_structure(models)
     n = len(models)
     divide_by = divide_by or n
-    if n == 1 and divide_by == 1.0:
+    if n == 1 and divide_by == 1.0 and reduce is None:
         return sum(p.grad.numel() for p in params[0] if p.grad is not None)
-    # parameters that have a gradient on at least one replica
-    used = [j for j in range(len(params[0])) if any(ps[j].grad is not None for ps in params)]
+    # parameters that have a gradient on at least one replica; with a cross-process `reduce`, all of
+    # them (every process must reduce buffers of the same size, whichever parameters it used)
+    used = [j for j in range(len(params[0])) if reduce is not None or any(ps[j].grad is not None for ps in params)]
     dev = torch.device(reduce_device) if reduce_device is not None else params[0][0].device
     groups: dict[torch.dtype, list[int]] = {}
     for j in used:
@@ -72,6 +76,8 @@ def average_gradients(models: Sequence[nn.Module], *, divide_by: float | None = 
                               for j in idx]).to(dev)
             total = flat if total is None else total.add_(flat)
         assert total is not None
+        if reduce is not None:
+            reduce(total)
         total.div_(divide_by)
         total_elems += total.numel()
         for ps in params:

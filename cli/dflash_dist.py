@@ -1,0 +1,134 @@
+"""The distributed part of `dflash train` (one rank of a torchrun job): options, per-rank log lines,
+rank 0's cross-rank report, and torchrun's error file for a failing rank."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+import typer
+
+from cli import output
+DistributedOpt = Annotated[bool, typer.Option(
+    "--distributed", help="Run as one rank of a torchrun job (automatic when torchrun started this process): "
+                          "gradients summed across ranks, data sharded by rank, checkpoints from rank 0.")]
+DistBackendOpt = Annotated[str, typer.Option(
+    "--dist-backend", help="Distributed: auto (NCCL for CUDA drafters, gloo beside it; gloo on CPU), gloo or nccl.")]
+DistTimeoutOpt = Annotated[float, typer.Option(
+    "--dist-timeout", help="Distributed: seconds a rank may wait in a collective before it fails (must exceed "
+                           "the slowest rank's prewarm and rank 0's checkpoint save).")]
+
+
+def _cache_line(c: Any) -> str:
+    if c.status == "warm":
+        what = f"warm, {c.files} files, {output.fmt_bytes(c.bytes)}, fingerprint {c.content_hash.split(':')[-1][:16]}"
+    else:
+        what = c.status + (f" ({c.error})" if c.error else "")
+    key = f", system key {c.system_key[:12]}" if c.system_key else ""
+    return f"inductor cache {c.path}: {what}{key}"
+
+
+class RankLog:
+    """on_event for a rank: rank 0 forwards everything to the progress display; every rank prints its
+    own cache line (prefixed `[rank N/W host]`) on stderr; rank 0 prints the cross-rank verdicts."""
+
+    def __init__(self, progress: Any) -> None:
+        self.progress = progress
+        self.prefix = ""
+        self.primary = True
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "rank":
+            info = data["info"]
+            self.primary = info.primary
+            self.prefix = f"[rank {info.rank}/{info.world_size} {info.host}]"
+            output.err.print(f"{self.prefix} backend {data['backend']}, target devices {','.join(data['target_devices'])}, "
+                             f"drafter devices {','.join(data['drafter_devices'])}; {_cache_line(data['cache'])}",
+                             markup=False, highlight=False)
+            return
+        if kind == "ranks":
+            if self.primary:
+                for v in data["verdicts"]:
+                    output.err.print(f"{self.prefix} ranks: {v}", markup=False, highlight=False)
+            return
+        if self.primary:
+            self.progress(kind, data)
+
+
+def render_ranks(ranks: Any, verdicts: Any) -> None:
+    o = output.out
+    o.print(f"ranks: {len(ranks)}", markup=False)
+    for r in ranks:
+        pre = r.prewarm
+        warm = (f"prewarm {pre.seconds:.1f} s, fxgraph cache {pre.fxgraph_hits} hit / {pre.fxgraph_misses} miss, "
+                f"autograd cache {pre.autograd_hits} hit / {pre.autograd_misses} miss") if pre else "no prewarm"
+        o.print(f"  rank {r.rank} ({r.host}, node {r.node_rank}): {r.outcome}, {r.steps_done} steps, {warm}; "
+                f"{_cache_line(r.cache)}", markup=False, highlight=False)
+    for v in verdicts:
+        o.print(f"  → {v}", markup=False, highlight=False)
+
+
+def record_error(e: BaseException) -> None:
+    """Write this rank's error where torchrun looks for it (TORCHELASTIC_ERROR_FILE, the format of
+    torch's ErrorHandler.record_exception), so torchrun's failure summary shows the message instead
+    of an exit code. torchrun names the failure with the smallest timestamp (whole seconds) the root
+    cause; a rank that failed only because a peer died (PeerFailed) records one second later, so the
+    rank that failed first keeps that title."""
+    import json
+    import time
+    import traceback
+
+    from dflash.distributed_train import PeerFailed
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    stamp = int(time.time()) + (1 if isinstance(e, PeerFailed) else 0)
+    data = {"message": {"message": f"{type(e).__name__}: {e}",
+                        "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(stamp)}}}
+    try:
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+    except OSError:  # best effort: the message is on stderr anyway
+        pass
+
+
+def run_rank(cfg: Any, *, resume: bool, devices: Any, backend: str, timeout_s: float, stall_after: float,
+             prewarm: bool, guard: bool, as_json: bool, render: Any) -> None:
+    """`dflash train` as one rank: rank 0 shows progress and prints the result (stdout: data, once per
+    job); every rank prints its own lines on stderr and exits non-zero with its own error."""
+    from cli.dflash_engine import finish, render_engine
+    from cli.dflash_progress import TrainProgress
+    from compilewatch.serialize import to_jsonable
+    from dflash.config import to_dict
+    from dflash.distributed import require_rank_info
+    from dflash.distributed_train import failure, rank_report_path, train_distributed
+
+    try:
+        info = require_rank_info()
+        targets, drafters = devices if devices is not None else (None, None)
+        with TrainProgress(enabled=info.primary) as progress:
+            out = train_distributed(cfg, resume=resume, target_devices=targets, drafter_devices=drafters,
+                                    backend=backend, timeout_s=timeout_s, stall_after=stall_after, prewarm=prewarm, guard=guard,
+                                    on_event=RankLog(progress), info=info)
+        if info.primary:
+            data = {**to_jsonable(out.result), "config": to_dict(cfg), "engine": to_jsonable(out.engine),
+                    "ranks": to_jsonable(out.ranks), "rank_verdicts": list(out.verdicts)}
+            output.emit(data, as_json, render)
+            if not as_json:
+                render_engine(out.engine)
+                render_ranks(out.ranks, out.verdicts)
+        else:
+            output.err.print(f"[rank {info.rank}/{info.world_size} {info.host}] {out.engine.outcome}: "
+                             f"{out.engine.steps_done} steps; report {rank_report_path(out)}", markup=False,
+                             highlight=False)
+        error = failure(out)
+        if error is not None and any(t.alive for t in out.engine.threads):
+            record_error(error)  # threads blocked inside torch (a collective, a stall): leave at once
+            output.err.print(f"error: {error.message}", markup=False, highlight=False)
+            finish(out.engine)
+        if error is not None:
+            raise error
+    except Exception as e:
+        record_error(e)
+        raise

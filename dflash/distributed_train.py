@@ -1,0 +1,197 @@
+"""`dflash train` as one rank of a torchrun job: join, agree, train on the engine, compare, report.
+
+    out = train_distributed(cfg, resume=False, drafter_devices=("cuda:5", "cuda:6", "cuda:7"), target_devices=(...))
+
+Order (every step is the same on every rank; the collectives are in the same order everywhere):
+1. Read torchrun's environment (dflash.distributed.rank_info); pick this rank's devices.
+2. Fingerprint this rank's inductor cache before anything compiles (dflash.rank_report).
+3. Join the process group (its timeout bounds every later wait).
+4. Agree on the run directory (rank 0's default when --out is not given).
+5. Build the Trainer (target, data, drafter; on --resume, the latest checkpoint of the run dir,
+   which must be on a filesystem every node sees), then check that every rank built the same run:
+   same step, checkpoint, config, data and weights. A rank that differs stops every rank with a
+   message naming it. Rank 0's parameters are broadcast (what DDP does at start).
+6. Train with the node-local engine (dflash.program.train_multi with the group): prewarm in this
+   process's main thread, a barrier so every rank's threads start together, gradients summed
+   across ranks in every step barrier, checkpoints from rank 0.
+7. If the run failed here, return at once (no collective: the CLI exits non-zero and torchrun stops
+   the others). Else gather every rank's report: cache, prewarm hits and misses, weight digest. The
+   gather is also the barrier after rank 0's final checkpoint: no rank returns before it is on disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from compilewatch.errors import BadInput, CheckFailed
+from dflash import rank_report as rr
+from dflash.config import Config, apply_overrides, to_toml
+from dflash.distributed import (DEFAULT_TIMEOUT_S, ProcessGroup, RankInfo, backend_for, is_peer_failure, rank_device,
+                                require_rank_info)
+from dflash.trainer import Trainer, TrainResult, default_run_dir
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class DistributedResult:
+    result: TrainResult  # this rank's view (rank 0's is the run's: metrics.jsonl, checkpoints)
+    engine: Any  # this rank's EngineReport
+    rank: rr.RankReport
+    ranks: tuple[rr.RankReport, ...]  # every rank's, when the run ended ok everywhere (else this rank's only)
+    verdicts: tuple[str, ...]  # across ranks: caches, identical weights
+    ok: bool
+
+
+def _devices(info: RankInfo, cfg: Config, targets: Sequence[str] | None,
+             drafters: Sequence[str] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if drafters:
+        if info.local_world_size > 1 and any(d.startswith("cuda") for d in (*targets, *drafters)):  # type: ignore[misc]
+            raise BadInput(f"--target-devices/--drafter-devices with {info.local_world_size} processes on {info.host}: "
+                           "every process would use the same GPUs",
+                           hint="run one process per node (--nproc-per-node 1): the engine spreads over the node's "
+                                "GPUs itself; or drop the device lists to run one drafter per GPU (cuda:LOCAL_RANK)")
+        return tuple(targets), tuple(drafters)  # type: ignore[arg-type]
+    dev = rank_device(info, cfg.train.device)
+    return (dev,), (dev,)
+
+
+def _facts(trainer: Trainer, digest: str) -> dict[str, Any]:
+    """What must be equal on every rank for the ranks to train one run."""
+    from dflash import checkpoint as ckpt
+
+    latest = ckpt.latest_checkpoint(trainer.run_dir)
+    return {"step": trainer.step, "checkpoint": latest.name if latest is not None and trainer.step else None,
+            "total_steps": trainer.total_steps,
+            "config": to_toml(apply_overrides(trainer.cfg, {"train.device": "auto"})),  # devices differ per rank
+            "samples": len(trainer.dataset), "tokens": trainer.dataset.stats.tokens, "weights": digest}
+
+
+def check_agreement(facts: Sequence[dict[str, Any]], hosts: Sequence[str]) -> list[str]:
+    """Raise BadInput when the ranks did not build the same run; return notes for harmless differences."""
+    ref = facts[0]
+    problems, notes = [], []
+    for r, f in enumerate(facts[1:], start=1):
+        where = f"rank {r} ({hosts[r]})"
+        if f["step"] != ref["step"] or f["checkpoint"] != ref["checkpoint"]:
+            problems.append(f"{where} starts at step {f['step']} ({f['checkpoint'] or 'no checkpoint'}), rank 0 at "
+                            f"step {ref['step']} ({ref['checkpoint'] or 'no checkpoint'})")
+        if f["config"] != ref["config"]:
+            problems.append(f"{where} resolved a different config than rank 0")
+        if (f["samples"], f["tokens"]) != (ref["samples"], ref["tokens"]):
+            problems.append(f"{where} read different data ({f['samples']} sequences, {f['tokens']} tokens) than rank 0 "
+                            f"({ref['samples']}, {ref['tokens']})")
+        elif f["total_steps"] != ref["total_steps"]:
+            problems.append(f"{where} plans {f['total_steps']} steps, rank 0 {ref['total_steps']}")
+        if f["weights"] != ref["weights"] and not problems:
+            if ref["step"]:
+                problems.append(f"{where} loaded different weights from the same checkpoint name than rank 0")
+            else:
+                notes.append(f"{where} initialized different weights than rank 0 (another torch build?): rank 0's "
+                             "were broadcast.")
+    if problems:
+        raise BadInput("the ranks did not build the same run: " + "; ".join(problems),
+                       hint="every node needs the same config, data, target and run directory; the run directory "
+                            "(--out) must be on a filesystem every node sees (checkpoints and --resume read it)")
+    return notes
+
+
+def train_distributed(cfg: Config, *, resume: bool = False, target_devices: Sequence[str] | None = None,
+                      drafter_devices: Sequence[str] | None = None, backend: str = "auto",
+                      timeout_s: float = DEFAULT_TIMEOUT_S, stall_after: float = 300.0, prewarm: bool = True,
+                      guard: bool = True, watch: bool = True, until: int | None = None,
+                      on_event: Event | None = None, info: RankInfo | None = None) -> DistributedResult:
+    """Train as one rank of a torchrun job (see the module docstring for the order of things).
+    Raises BadInput for bad input, and when the ranks did not build the same run."""
+    from compilewatch.fsutil import atomic_write_json
+    from dflash.program import rank_dir, train_multi
+
+    on_event = on_event or (lambda kind, data: None)
+    info = info or require_rank_info()
+    targets, drafters = _devices(info, cfg, target_devices, drafter_devices)
+    cache = rr.cache_state()  # before anything compiles
+    backend = backend_for(drafters, backend)
+    on_event("rank", {"info": info, "backend": backend, "cache": cache, "target_devices": targets,
+                      "drafter_devices": drafters})
+    if drafters[0].startswith("cuda"):
+        torch.cuda.set_device(drafters[0])
+    group = ProcessGroup(info, backend, timeout_s).open()
+    if not cfg.checkpoint.out_dir:  # every rank must write to rank 0's choice of run dir
+        cfg = apply_overrides(cfg, {"checkpoint.out_dir": group.broadcast(str(default_run_dir(cfg)) if info.primary else None)})
+    # the trainer (replica 0) runs on this rank's first drafter device; the run's config.toml and
+    # checkpoints keep the user's device spec ("auto": each rank resolves its own again on --resume)
+    trainer = Trainer.from_config(apply_overrides(cfg, {"train.device": drafters[0]}), resume=resume, on_event=on_event)
+    trainer.cfg = cfg
+    try:
+        seen = group.all_gather((_facts(trainer, rr.params_digest(trainer.drafter)), info.host, cache))
+        notes = check_agreement([s[0] for s in seen], [s[1] for s in seen])
+        trainer.notes.extend(notes)
+        group.broadcast_parameters(trainer.drafter)
+        caches = [rr.RankCache(r, host, c) for r, (_, host, c) in enumerate(seen)]
+        on_event("ranks", {"caches": caches, "verdicts": rr.cache_verdicts(caches)})
+        result, report = train_multi(trainer, targets, drafters, stall_after=stall_after, prewarm=prewarm, guard=guard,
+                                     watch=watch, until=until, group=group)
+    finally:
+        trainer.close()
+    own_dir = rank_dir(trainer.run_dir, info.rank)
+    mine = rr.RankReport(
+        rank=info.rank, world_size=info.world_size, local_rank=info.local_rank, node_rank=info.node_rank,
+        host=info.host, backend=backend, target_devices=targets, drafter_devices=drafters, cache=cache,
+        prewarm=rr.prewarm_cache(report.prewarm), outcome=report.outcome, steps_done=report.steps_done,
+        params_digest=rr.params_digest(trainer.drafter) if report.ok else None,
+        watch_report=str(own_dir / "watch.jsonl") if watch else None, engine_verdicts=report.verdicts)
+    if not report.ok:  # no collective: the others may be gone or blocked; exiting non-zero stops the job
+        atomic_write_json(own_dir / "report.json", {"rank": mine, "ranks": [], "verdicts": []})
+        return DistributedResult(result, report, mine, (mine,), (), False)
+    ranks = tuple(group.all_gather(mine))  # also the barrier after rank 0's final checkpoint
+    group.close()
+    verdicts = rr.cache_verdicts(ranks)
+    digests = {r.params_digest for r in ranks}
+    ok = len(digests) == 1
+    if ok:
+        verdicts.append(f"drafter weights identical on all {len(ranks)} ranks after step {report.steps_done} "
+                        f"(digest {mine.params_digest[:16]}).")
+    else:
+        groups: dict[str, list[int]] = {}
+        for r in ranks:
+            groups.setdefault(str(r.params_digest), []).append(r.rank)
+        verdicts.append("drafter weights DIFFER between ranks: " + "; ".join(
+            f"{rr._ranks(v)}: {d[:16]}" for d, v in groups.items()))
+    atomic_write_json(own_dir / "report.json", {"rank": mine, "ranks": ranks, "verdicts": verdicts})
+    return DistributedResult(result, report, mine, ranks, tuple(verdicts), ok)
+
+
+class PeerFailed(CheckFailed):
+    """This rank failed only because another rank did (exit code 1)."""
+
+
+def failure(out: DistributedResult) -> CheckFailed | None:
+    """This rank's error as CheckFailed (exit 1; PeerFailed when only a peer's failure caused it),
+    or None when the run succeeded here and every rank holds the same weights."""
+    if out.ok:
+        return None
+    who = f"rank {out.rank.rank} ({out.rank.host})"
+    f = out.engine.failure
+    if f is not None and is_peer_failure(f.error):
+        return PeerFailed(f"{who}: a collective failed because another rank stopped or hung: {f.error}",
+                         hint="the first failure is in another rank's output (torchrun lists every failed rank); "
+                              f"this rank's report: {rank_report_path(out)}")
+    if f is not None:
+        return CheckFailed(f"{who}: {f.thread} ({f.device}) failed: {f.error}",
+                           hint=f"this rank's report: {rank_report_path(out)}")
+    if out.engine.outcome != "ok":
+        return CheckFailed(f"{who}: the engine ended {out.engine.outcome}",
+                           hint=f"this rank's report: {rank_report_path(out)}")
+    return CheckFailed(f"{who}: {out.verdicts[-1]}", hint="a bug: every rank must hold the same weights; "
+                                                         "see every rank's report.json")
+
+
+def rank_report_path(out: DistributedResult) -> str:
+    from dflash.program import rank_dir
+
+    return str(rank_dir(out.result.run_dir, out.rank.rank) / "report.json")
+
+

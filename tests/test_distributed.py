@@ -1,0 +1,255 @@
+"""dflash across processes: torchrun with 2 gloo ranks on localhost (CPU), plus the pieces without processes.
+
+Launches (each ~10 s on 2 cores): a plain 2-rank run (one drafter per rank) against the single-device
+trainer with the same global batch; a 2-rank x 2-replica run where rank 1 raises after a checkpoint;
+its resume. MASTER_ADDR is 127.0.0.1 and the port a free one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from compilewatch.errors import BadInput
+from dflash import replicas
+from dflash.config import apply_overrides, tiny
+from dflash.distributed import rank_info
+from dflash.distributed_train import check_agreement
+from dflash.rank_report import CacheState, RankCache, cache_state, cache_verdicts
+from dflash.trainer import Trainer
+from tests.helpers import requires_cuda
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def chat_file(tmp_path_factory):
+    """24 conversations from the tiny tokenizer's words (no regeneration: fast)."""
+    from dflash.target import tiny_words
+
+    words = tiny_words()
+    rng = random.Random(3)
+    path = tmp_path_factory.mktemp("dist-data") / "chat.jsonl"
+    with open(path, "w") as fh:
+        for _ in range(24):
+            q = " ".join(rng.choice(words) for _ in range(rng.randint(4, 10)))
+            a = " ".join(rng.choice(words) for _ in range(rng.randint(20, 60)))
+            fh.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
+    return path
+
+
+SETS = {"data.regenerate": "false", "data.batch_size": "2", "checkpoint.every": "2", "eval.at_end": "false",
+        "metrics.tensorboard": "false", "metrics.log_every": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(entry: list[str], args: list[str], *, env: dict[str, str] | None = None,
+             nproc: int = 2) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *entry, "train", *args,
+           "--dist-timeout", "60"]
+    for k, v in SETS.items():
+        cmd += ["--set", f"{k}={v}"]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", **(env or {})}
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=240)
+
+
+def metrics_losses(run: Path) -> dict[int, float]:
+    """step -> loss from rank 0's metrics.jsonl (a resumed run appends: the last row of a step wins)."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def rank_reports(run: Path) -> list[dict]:
+    return [json.loads((run / "ranks" / f"rank-{r}" / "report.json").read_text()) for r in (0, 1)]
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    from dflash.checkpoint import latest_checkpoint, load_training_state
+
+    return load_training_state(latest_checkpoint(run))["model"]
+
+
+def single_device(tmp_path: Path, chat_file: Path, grad_accum: int):
+    """The reference: one process, one device, the same global batch (grad_accum micro-batches)."""
+    cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "train.max_steps": STEPS, "train.device": "cpu",
+                                   "train.grad_accum": grad_accum, "checkpoint.out_dir": str(tmp_path / "single")})
+    trainer = Trainer.from_config(cfg)
+    losses = {}
+    trainer.on_event = lambda kind, d: losses.__setitem__(d["metrics"].step, d["metrics"].loss) if kind == "step" else None
+    trainer.train()
+    trainer.close()
+    return losses, {k: v.detach().clone() for k, v in trainer.drafter.state_dict().items()}
+
+
+def assert_weights_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for k in want:  # AdamW (lr 3e-3) amplifies float summation-order noise: the engine tests' tolerance
+        torch.testing.assert_close(got[k], want[k], rtol=1e-3, atol=1e-4, msg=k)
+
+
+# ------------------------------------------------------------------ two processes
+def test_two_ranks_train_identical_weights_equal_to_one_device_with_the_same_global_batch(tmp_path, chat_file):
+    run = tmp_path / "run"
+    p = torchrun(["-m", "dflash"], ["--data", str(chat_file), "--out", str(run), "--max-steps", str(STEPS),
+                                    "--device", "cpu", "--json"])
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads(p.stdout)  # only rank 0 prints data
+    assert out["steps"] == STEPS and [r["rank"] for r in out["ranks"]] == [0, 1]
+    assert out["rank_verdicts"][-1].startswith("drafter weights identical on all 2 ranks")
+    reports = rank_reports(run)
+    assert reports[0]["rank"]["params_digest"] == reports[1]["rank"]["params_digest"] is not None
+    assert "[rank 1/2" in p.stderr and "inductor cache" in p.stderr  # every rank logs its cache
+    assert not list(run.glob("ranks/rank-1/checkpoints"))  # only rank 0 writes checkpoints
+    assert sorted(x.name for x in (run / "checkpoints").glob("step_*")) == ["step_000002", "step_000004"]
+
+    losses, weights = single_device(tmp_path, chat_file, grad_accum=2)
+    got = metrics_losses(run)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert [got[s] for s in sorted(got)] == pytest.approx([losses[s] for s in sorted(losses)], rel=1e-4)
+    assert_weights_close(final_weights(run), weights)
+
+
+def test_a_failing_rank_fails_the_job_with_its_error_and_the_ranks_resume_from_rank_0s_checkpoint(tmp_path, chat_file):
+    """2 ranks x 2 in-process replicas: rank 1 raises in step 3 (after the step-2 checkpoint); the job
+    exits non-zero with rank 1's error; the resumed job ends where one uninterrupted device would."""
+    run = tmp_path / "run"
+    args = ["--data", str(chat_file), "--out", str(run), "--max-steps", str(STEPS),
+            "--target-devices", "cpu", "--drafter-devices", "cpu,cpu"]
+    p = torchrun([str(ROOT / "tests" / "dist_fail_rank.py")], args,
+                 env={"DFLASH_TEST_FAIL_RANK": "1", "DFLASH_TEST_FAIL_STEP": "2"})
+    assert p.returncode != 0
+    root_cause = p.stderr.split("Root Cause (first observed failure)")[-1]  # torchrun's summary
+    assert "rank      : 1" in root_cause and "injected failure on rank 1 at step 2" in root_cause
+    assert "a collective failed because another rank stopped" in p.stderr  # rank 0 says it is not the cause
+    failed = json.loads((run / "ranks" / "rank-1" / "report.json").read_text())["rank"]
+    assert failed["outcome"] == "failed" and failed["params_digest"] is None
+    assert sorted(x.name for x in (run / "checkpoints").glob("step_*")) == ["step_000002"]
+
+    p = torchrun(["-m", "dflash"], ["--out", str(run), "--resume", "--target-devices", "cpu", "--drafter-devices", "cpu,cpu",
+                                    "--json"])
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads(p.stdout)
+    assert out["steps"] == STEPS and out["engine"]["start_step"] == 2
+    assert out["engine"]["max_param_diff"] == 0.0  # rank 0's two replicas
+    assert out["rank_verdicts"][-1].startswith("drafter weights identical on all 2 ranks")  # and every rank's
+    assert all(r["drafter_devices"] == ["cpu", "cpu"] for r in out["ranks"])
+
+    losses, weights = single_device(tmp_path, chat_file, grad_accum=4)  # 2 ranks x 2 replicas
+    got = metrics_losses(run)
+    assert [got[s] for s in range(1, STEPS + 1)] == pytest.approx([losses[s] for s in range(1, STEPS + 1)], rel=1e-4)
+    assert_weights_close(final_weights(run), weights)
+
+
+# ------------------------------------------------------------------ GPU (pytest -m gpu tests/test_distributed.py)
+@pytest.mark.gpu
+@requires_cuda()
+def test_one_rank_on_a_gpu_all_reduces_with_nccl(tmp_path, chat_file):
+    run = tmp_path / "run"
+    p = torchrun(["-m", "dflash"], ["--data", str(chat_file), "--out", str(run), "--max-steps", str(STEPS), "--json"],
+                 nproc=1)
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads(p.stdout)
+    assert out["steps"] == STEPS and out["ranks"][0]["backend"] == "cpu:gloo,cuda:nccl"
+    assert out["ranks"][0]["drafter_devices"] == ["cuda:0"]
+
+
+@pytest.mark.gpu
+@requires_cuda()
+def test_two_ranks_on_one_gpu_with_gloo_hold_identical_weights(tmp_path, chat_file):
+    run = tmp_path / "run"
+    p = torchrun(["-m", "dflash"], ["--data", str(chat_file), "--out", str(run), "--max-steps", str(STEPS),
+                                    "--device", "cuda:0", "--dist-backend", "gloo", "--json"])
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads(p.stdout)
+    assert out["rank_verdicts"][-1].startswith("drafter weights identical on all 2 ranks")
+
+
+# ------------------------------------------------------------------ pieces, no processes
+def test_rank_shares_are_disjoint_and_cover_every_step_of_the_epoch(tmp_path, chat_file):
+    from dflash.program import Plan
+
+    cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "train.device": "cpu",
+                                   "checkpoint.out_dir": str(tmp_path / "r")})
+    trainer = Trainer.from_config(cfg)
+    try:
+        world, per_step = 2, 3  # 2 ranks x (3 replicas x 1 micro-batch)
+        plans = [Plan(trainer, per_step, rank, world) for rank in range(world)]
+        spe = plans[0].steps_per_epoch
+        assert spe == trainer.dataset.batches_per_epoch() // (world * per_step)
+        seen = sorted(p.global_index(i) for p in plans for i in range(spe * per_step))
+        assert seen == list(range(spe * world * per_step))  # disjoint, and every micro-batch of the epoch
+        assert [plans[1].global_index(i) for i in range(per_step)] == [3, 4, 5]  # rank 1: the 2nd share of step 0
+        with pytest.raises(BadInput, match="fewer than one global batch"):
+            Plan(trainer, trainer.dataset.batches_per_epoch(), 0, 2)
+    finally:
+        trainer.close()
+
+
+def test_gradients_summed_across_processes_before_the_one_division():
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(3, 2) for _ in range(2)]
+    replicas.broadcast_parameters(models)
+    for m, x in zip(models, torch.randn(2, 4, 3)):
+        m(x).sum().backward()
+    local = sum(m.weight.grad for m in models)
+    other_rank = torch.full_like(torch.cat([models[0].weight.grad.flatten(), models[0].bias.grad]), 0.5)
+    replicas.average_gradients(models, divide_by=4.0, reduce=lambda t: t.add_(other_rank))  # a 2-rank all-reduce
+    for m in models:
+        torch.testing.assert_close(m.weight.grad, (local + 0.5) / 4.0)
+
+
+def test_distributed_outside_torchrun_is_bad_input(monkeypatch):
+    from cli.dflash_main import app
+    from tests.helpers import invoke
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    r = invoke(app, ["train", "--distributed", "--max-steps", "1"])
+    assert r.exit_code == 2 and "not started by torchrun" in r.stderr
+
+
+def test_rank_info_reads_torchruns_environment():
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    info = rank_info(env)
+    assert (info.rank, info.world_size, info.local_rank, info.node_rank, info.master) == (3, 4, 1, 1, "10.0.0.1:29500")
+    assert not info.primary and rank_info({}) is None
+    with pytest.raises(BadInput, match="inconsistent"):
+        rank_info({**env, "RANK": "4"})
+
+
+def test_ranks_that_built_different_runs_are_named():
+    facts = {"step": 2, "checkpoint": "step_000002", "total_steps": 4, "config": "c", "samples": 24, "tokens": 9,
+             "weights": "w"}
+    assert check_agreement([facts, dict(facts)], ["a", "b"]) == []
+    with pytest.raises(BadInput, match=r"rank 1 \(b\) starts at step 0 \(no checkpoint\)") as e:
+        check_agreement([facts, {**facts, "step": 0, "checkpoint": None}], ["a", "b"])
+    assert "filesystem every node sees" in e.value.hint
+    fresh = {**facts, "step": 0, "checkpoint": None}
+    assert "rank 0's were broadcast" in check_agreement([fresh, {**fresh, "weights": "x"}], ["a", "b"])[0]
+
+
+def test_cache_verdicts_name_a_cold_rank_and_a_foreign_machine(tmp_path):
+    warm = CacheState("/c", "warm", 10, 100, "h1", "key-a", 0, 0.1)
+    cold = CacheState("/c", "missing", 0, 0, None, "key-a", 0, 0.0)
+    v = cache_verdicts([RankCache(0, "n0", warm), RankCache(1, "n1", cold)])
+    assert len(v) == 1 and v[0].startswith("rank 1 (n1): inductor cache /c is missing")
+    other = CacheState("/c", "warm", 10, 100, "h2", "key-b", 3, 0.1)
+    v = cache_verdicts([RankCache(0, "n0", warm), RankCache(1, "n1", other)])
+    assert any("different machine types" in x for x in v) and any("3 cache entries" in x for x in v)
+    assert cache_state(str(tmp_path / "nothing")).status == "missing"
