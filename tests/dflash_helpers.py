@@ -82,3 +82,19 @@ def write_jsonl(path: Path, rows) -> Path:
 
 
 __all__ = ["tiny_target", "chat_file", "local_target_dir", "small_config", "record_losses", "write_jsonl"]
+
+
+def write_word_chats(path: Path, n: int = 24, seed: int = 3) -> Path:
+    """`n` conversations made of the tiny tokenizer's words (no regeneration: fast)."""
+    import random
+
+    from dflash.target import tiny_words
+
+    words = tiny_words()
+    rng = random.Random(seed)
+    with open(path, "w") as fh:
+        for _ in range(n):
+            q = " ".join(rng.choice(words) for _ in range(rng.randint(4, 10)))
+            a = " ".join(rng.choice(words) for _ in range(rng.randint(20, 60)))
+            fh.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
+    return path

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.dflash_helpers import write_word_chats
 
 from compilewatch.errors import BadInput
 from dflash import replicas
@@ -34,17 +35,7 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def chat_file(tmp_path_factory):
     """24 conversations from the tiny tokenizer's words (no regeneration: fast)."""
-    from dflash.target import tiny_words
-
-    words = tiny_words()
-    rng = random.Random(3)
-    path = tmp_path_factory.mktemp("dist-data") / "chat.jsonl"
-    with open(path, "w") as fh:
-        for _ in range(24):
-            q = " ".join(rng.choice(words) for _ in range(rng.randint(4, 10)))
-            a = " ".join(rng.choice(words) for _ in range(rng.randint(20, 60)))
-            fh.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
-    return path
+    return write_word_chats(tmp_path_factory.mktemp("dist-data") / "chat.jsonl")
 
 
 SETS = {"data.regenerate": "false", "data.batch_size": "2", "checkpoint.every": "2", "eval.at_end": "false",

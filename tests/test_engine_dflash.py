@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
+
+from tests.dflash_helpers import write_word_chats
 
 pytest.importorskip("dflash.trainer")
 
@@ -18,17 +19,7 @@ from dflash.trainer import Trainer  # noqa: E402
 @pytest.fixture(scope="module")
 def chat_file(tmp_path_factory):
     """24 conversations written from the tiny tokenizer's words (no regeneration: fast)."""
-    from dflash.target import tiny_words
-
-    words = tiny_words()
-    rng = random.Random(3)
-    path = tmp_path_factory.mktemp("engine-data") / "chat.jsonl"
-    with open(path, "w") as fh:
-        for _ in range(24):
-            q = " ".join(rng.choice(words) for _ in range(rng.randint(4, 10)))
-            a = " ".join(rng.choice(words) for _ in range(rng.randint(20, 60)))
-            fh.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
-    return path
+    return write_word_chats(tmp_path_factory.mktemp("engine-data") / "chat.jsonl")
 
 
 def config(out, data, **kw):
