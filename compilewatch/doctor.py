@@ -13,13 +13,11 @@ files in `<cache>/cache/`.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import os
 import platform
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from compilewatch import gpus as _gpus

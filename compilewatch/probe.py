@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal
 
 from compilewatch import counters as _counters

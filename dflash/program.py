@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -36,7 +35,7 @@ from torch import nn
 
 from dflash.engine import Engine, EngineConfig, EngineReport, Program, Replica, StepRecord
 from dflash.model import DFlashDrafter
-from dflash.trainer import Trainer, TrainResult, _mean, drafter_loss, lr_at
+from dflash.trainer import RunLog, Trainer, TrainResult, drafter_loss, lr_at
 
 
 class EmbedHead(nn.Module):
@@ -247,21 +246,11 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
     writer.write_event("start", {**start, "notes": trainer.notes})
     trainer.on_event("start", start)
     trainer.drafter.train()
-    history: list[Any] = []  # the first and the latest epoch's worth of StepMetrics
-    first_last: list[Any] = [None, None]
+    log = RunLog(trainer, total, plan.steps_per_epoch)
     holder: dict[str, Engine] = {}
-    window = plan.steps_per_epoch
 
     def on_step(rec: StepRecord) -> None:
-        m = _metrics(trainer, holder["engine"].replicas, rec, plan)
-        first_last[0] = first_last[0] or m
-        first_last[1] = m
-        history.append(m)
-        if len(history) > 2 * window:
-            del history[window:-window]
-        if m.step % cfg.metrics.log_every == 0 or m.step == 1 or m.step == total:
-            writer.write(m)
-        trainer.on_event("step", {"metrics": m, "total_steps": total})
+        log.add(_metrics(trainer, holder["engine"].replicas, rec, plan))
 
     stop = min(total, until) if until is not None else total
     ecfg = EngineConfig(target_devices=tuple(target_devices), drafter_devices=tuple(drafter_devices), steps=stop,
@@ -276,16 +265,5 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
     report = holder["engine"].run()
     trainer.step = report.steps_done
     writer.write_event("engine", {"report": report})
-    result_eval = None
-    if report.ok and cfg.eval.at_end and trainer.eval_convs and trainer.step == total and rank == 0:
-        result_eval = trainer.evaluate()
-        writer.write_event("eval", {"result": result_eval})
-    first, last = first_last
-    result = TrainResult(run_dir=str(trainer.run_dir), steps=trainer.step, total_steps=total,
-                         first_loss=first.loss if first else math.nan, last_loss=last.loss if last else math.nan,
-                         first_epoch_loss=_mean(m.loss for m in history[:window]),
-                         last_epoch_loss=_mean(m.loss for m in history[-window:]),
-                         last_epoch_tau_estimate=_mean(m.tau_estimate for m in history[-window:]),
-                         last=last, checkpoints=trainer.checkpoints, seconds=time.perf_counter() - t0,
-                         eval=result_eval, notes=trainer.notes)
+    result = log.result(t0, run_eval=report.ok and rank == 0)
     return result, report

@@ -143,6 +143,46 @@ class TrainResult:
     notes: list[str] = field(default_factory=list)
 
 
+class RunLog:
+    """What a run keeps of its steps for its result: the first and last step, and the first and the
+    latest epoch's worth of metrics (for the epoch means). Shared by `Trainer.train` and the engine's
+    `dflash.program.train_multi`, so both log, report progress and build results the same way."""
+
+    def __init__(self, trainer: "Trainer", total: int, window: int) -> None:
+        self.trainer, self.total, self.window = trainer, total, window
+        self.first: StepMetrics | None = None
+        self.last: StepMetrics | None = None
+        self.history: list[StepMetrics] = []
+
+    def add(self, m: StepMetrics) -> None:
+        """Keep `m`, write it to the metrics log when due, and tell the progress listener."""
+        self.first = self.first or m
+        self.last = m
+        self.history.append(m)
+        if len(self.history) > 2 * self.window:
+            del self.history[self.window:-self.window]  # keep the first and the latest epoch's worth
+        if m.step % self.trainer.cfg.metrics.log_every == 0 or m.step == 1 or m.step == self.total:
+            self.trainer._writer.write(m)
+        self.trainer.on_event("step", {"metrics": m, "total_steps": self.total})
+
+    def result(self, t0: float, *, run_eval: bool) -> "TrainResult":
+        """Run the end-of-run eval (if configured, `run_eval` and the run reached its last step) and
+        build the TrainResult."""
+        t, h, w = self.trainer, self.history, self.window
+        result_eval = None
+        if run_eval and t.cfg.eval.at_end and t.eval_convs and t.step == self.total:
+            result_eval = t.evaluate()
+            t._writer.write_event("eval", {"result": result_eval})
+        first, last = self.first, self.last
+        return TrainResult(run_dir=str(t.run_dir), steps=t.step, total_steps=self.total,
+                           first_loss=first.loss if first else math.nan, last_loss=last.loss if last else math.nan,
+                           first_epoch_loss=_mean(m.loss for m in h[:w]),
+                           last_epoch_loss=_mean(m.loss for m in h[-w:]),
+                           last_epoch_tau_estimate=_mean(m.tau_estimate for m in h[-w:]),
+                           last=last, checkpoints=t.checkpoints, seconds=time.perf_counter() - t0,
+                           eval=result_eval, notes=t.notes)
+
+
 class Trainer:
     def __init__(self, cfg: Config, target: Target, dataset: ChatDataset, drafter: DFlashDrafter,
                  run_dir: Path, *, eval_convs=None, notes: list[str] | None = None, on_event: Event | None = None) -> None:
@@ -348,9 +388,7 @@ class Trainer:
         self.on_event("start", {"step": self.step, "total_steps": self.total_steps, "backend": self.backend,
                                 "device": str(self.device), "data": self.dataset.stats, "run_dir": str(self.run_dir)})
         self.drafter.train()
-        first = last = None
-        window = self.steps_per_epoch
-        history: list[StepMetrics] = []
+        log = RunLog(self, self.total_steps, self.steps_per_epoch)
         stop = min(self.total_steps, until) if until is not None else self.total_steps
         while self.step < stop:
             td = time.perf_counter()
@@ -359,28 +397,10 @@ class Trainer:
             m = self.train_step(batches)
             m = StepMetrics(**{**{f: getattr(m, f) for f in m.__dataclass_fields__},
                                "time_split": {**m.time_split, "data": round(data_s, 6)}})
-            first = first or m
-            last = m
-            history.append(m)
-            if len(history) > 2 * window:
-                del history[window:-window]  # keep the first and the latest epoch's worth
-            every = self.cfg.metrics.log_every
-            if m.step % every == 0 or m.step == 1 or m.step == self.total_steps:
-                self._writer.write(m)
-            self.on_event("step", {"metrics": m, "total_steps": self.total_steps})
+            log.add(m)
             if m.step % self.cfg.checkpoint.every == 0 or m.step == self.total_steps:
                 self.save()
-        result_eval = None
-        if self.cfg.eval.at_end and self.eval_convs and self.step == self.total_steps:
-            result_eval = self.evaluate()
-            self._writer.write_event("eval", {"result": result_eval})
-        return TrainResult(run_dir=str(self.run_dir), steps=self.step, total_steps=self.total_steps,
-                           first_loss=first.loss if first else math.nan, last_loss=last.loss if last else math.nan,
-                           first_epoch_loss=_mean(m.loss for m in history[:window]),
-                           last_epoch_loss=_mean(m.loss for m in history[-window:]),
-                           last_epoch_tau_estimate=_mean(m.tau_estimate for m in history[-window:]),
-                           last=last, checkpoints=self.checkpoints, seconds=time.perf_counter() - t0,
-                           eval=result_eval, notes=self.notes)
+        return log.result(t0, run_eval=True)
 
     def evaluate(self):
         from dflash.eval import DrafterProposer, evaluate, prompt_ids

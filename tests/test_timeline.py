@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from cli.main import app
-from compilewatch import fxpatch
 from compilewatch.watcher import Watcher
 from tests.helpers import invoke, invoke_json
 from tests.race_cases import leak_trial, X, clean_race_state, step  # noqa: F401 (autouse fixture)
