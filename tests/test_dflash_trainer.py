@@ -11,8 +11,8 @@ from compilewatch.errors import BadInput
 from dflash import checkpoint as ckpt
 from dflash.config import OptimConfig
 from dflash.trainer import Trainer, lr_at
-from tests.dflash_helpers import chat_file, local_target_dir, record_losses, small_config, tiny_target,  # noqa: F401
-                                   token_positions)
+from tests.dflash_helpers import (chat_file, local_target_dir, record_losses, small_config,  # noqa: F401
+                                  tiny_target, token_positions)
 from tests.numerics import assert_same_grads, assert_same_sum, grads_of, reduction_tol
 
 
