@@ -50,7 +50,9 @@ def test_kill_and_resume_gives_the_same_losses(tmp_path, chat_file):
     finally:
         c.close()
     assert seen[:5] == full[:5]
-    assert resumed == full[3:]  # bit-identical: same data order, anchors, weights and optimizer state
+    # bit-identical: same data order, anchors, weights and optimizer state, and (one machine, one thread
+    # layout) the same kernels in the same order; a claim about resume, not about other CPUs
+    assert resumed == full[3:]
     assert ckpt.latest_checkpoint(tmp_path / "b").name == "step_000006"
 
 
