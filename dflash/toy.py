@@ -159,9 +159,11 @@ def toy_program(spec: ToySpec = ToySpec()) -> Program:
                    optimizer_step=optimizer_step, tokens=tokens)
 
 
-def reference_run(spec: ToySpec, *, steps: int, replicas: int, grad_accum: int = 1, device: str = "cpu") -> nn.Module:
+def reference_run(spec: ToySpec, *, steps: int, replicas: int, grad_accum: int = 1, device: str = "cpu",
+                  before_step: Callable[[int, nn.Module, float], None] | None = None) -> nn.Module:
     """The single-device equivalent of an engine run: one model, the same global batch per step
-    (every replica's micro-batches concatenated), the same optimizer. For tests."""
+    (every replica's micro-batches concatenated), the same optimizer. For tests.
+    `before_step(step, model, loss)` sees each step's gradients before the optimizer uses them."""
     prog = toy_program(spec)
     produce = prog.make_producer(device)
     rep = prog.make_replica(0, device)
@@ -170,6 +172,9 @@ def reference_run(spec: ToySpec, *, steps: int, replicas: int, grad_accum: int =
         items = [produce(step * n + j) for j in range(n)]
         x = torch.cat([b["x"] for b in items])
         y = torch.cat([b["y"] for b in items])
-        F.mse_loss(rep.model(x), y).backward()
+        loss = F.mse_loss(rep.model(x), y)
+        loss.backward()
+        if before_step is not None:
+            before_step(step, rep.model, float(loss.detach()))
         prog.optimizer_step(rep, step)
     return rep.model

@@ -98,3 +98,9 @@ def write_word_chats(path: Path, n: int = 24, seed: int = 3) -> Path:
             a = " ".join(rng.choice(words) for _ in range(rng.randint(20, 60)))
             fh.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
     return path
+
+
+def token_positions(trainer, batches) -> int:
+    """Context plus block positions in `batches`: how many token terms a drafter weight's gradient
+    sums over (the reduction size for tests/numerics.py's float32 bounds)."""
+    return sum(b.input_ids.numel() + trainer._blocks(b).ids.numel() for b in batches)

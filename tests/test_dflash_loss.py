@@ -7,6 +7,7 @@ import math
 import torch
 
 from dflash.loss import draft_loss, estimated_tau, loss_weights, make_blocks, weight_sum
+from tests.numerics import assert_same_sum
 
 
 def test_loss_weights():
@@ -73,7 +74,7 @@ def test_global_denominator_makes_accumulation_exact():
     both = Blocks(ids=torch.cat([b1.ids, b2.ids]), pos=torch.cat([b1.pos, b2.pos]),
                   labels=torch.cat([b1.labels, b2.labels]), label_mask=torch.cat([b1.label_mask, b2.label_mask]))
     draft_loss(torch.cat([h1, h2]), head, both, w, weight_sum(both, w)).loss.backward()
-    torch.testing.assert_close(g_acc, head.weight.grad)
+    assert_same_sum(g_acc, head.weight.grad, terms=both.ids.numel())  # 16 positions summed in another split
 
 
 def test_estimated_tau_counts_leading_correct_slots():

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.dflash_helpers import write_word_chats
+from tests.dflash_helpers import token_positions, write_word_chats
+from tests.numerics import reduction_tol
 
 from compilewatch.errors import BadInput
 from dflash import replicas
@@ -59,38 +60,42 @@ def torchrun(entry: list[str], args: list[str], *, env: dict[str, str] | None = 
     return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=240)
 
 
-def metrics_losses(run: Path) -> dict[int, float]:
-    """step -> loss from rank 0's metrics.jsonl (a resumed run appends: the last row of a step wins)."""
+def metrics_rows(run: Path) -> dict[int, dict]:
+    """step -> rank 0's metrics.jsonl row (a resumed run appends: the last row of a step wins)."""
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+    return {r["step"]: r for r in rows if "loss" in r}
 
 
 def rank_reports(run: Path) -> list[dict]:
     return [json.loads((run / "ranks" / f"rank-{r}" / "report.json").read_text()) for r in (0, 1)]
 
 
-def final_weights(run: Path) -> dict[str, torch.Tensor]:
-    from dflash.checkpoint import latest_checkpoint, load_training_state
-
-    return load_training_state(latest_checkpoint(run))["model"]
-
-
 def single_device(tmp_path: Path, chat_file: Path, grad_accum: int):
-    """The reference: one process, one device, the same global batch (grad_accum micro-batches)."""
+    """The reference: one process, one device, the same global batch (grad_accum micro-batches).
+    Returns step -> StepMetrics, and the token positions of step 1's global batch."""
     cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "train.max_steps": STEPS, "train.device": "cpu",
                                    "train.grad_accum": grad_accum, "checkpoint.out_dir": str(tmp_path / "single")})
     trainer = Trainer.from_config(cfg)
-    losses = {}
-    trainer.on_event = lambda kind, d: losses.__setitem__(d["metrics"].step, d["metrics"].loss) if kind == "step" else None
+    steps = {}
+    trainer.on_event = lambda kind, d: steps.__setitem__(d["metrics"].step, d["metrics"]) if kind == "step" else None
+    terms = token_positions(trainer, trainer.micro_batches(0))
     trainer.train()
     trainer.close()
-    return losses, {k: v.detach().clone() for k, v in trainer.drafter.state_dict().items()}
+    return steps, terms
 
 
-def assert_weights_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert got.keys() == want.keys()
-    for k in want:  # AdamW (lr 3e-3) amplifies float summation-order noise: the engine tests' tolerance
-        torch.testing.assert_close(got[k], want[k], rtol=1e-3, atol=1e-4, msg=k)
+def assert_same_training(got: dict[int, dict], want: dict, terms: int) -> None:
+    """Ranks vs one device with the same global batch. Step 1 starts from the same weights: its loss
+    and gradient norm (before clipping and AdamW) are equal in exact arithmetic and differ only by
+    summation order over `terms` token positions (tests/numerics.py). Later steps follow AdamW, which
+    turns rounding noise in near-zero gradients into lr-sized weight differences, so final weights
+    are not compared (that the ranks agree with each other is checked bit for bit through their
+    digests). Later losses are: those weights barely move the loss (their gradient is ~0); 1e-4
+    relative is >500x the 1.4e-7 measured under default/avx2/avx512 x 1-2 threads (issue 14)."""
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    assert got[1]["loss"] == pytest.approx(want[1].loss, rel=reduction_tol(terms))
+    assert got[1]["grad_norm"] == pytest.approx(want[1].grad_norm, rel=reduction_tol(terms))
+    assert [got[s]["loss"] for s in sorted(got)] == pytest.approx([want[s].loss for s in sorted(want)], rel=1e-4)
 
 
 # ------------------------------------------------------------------ two processes
@@ -108,11 +113,7 @@ def test_two_ranks_train_identical_weights_equal_to_one_device_with_the_same_glo
     assert not list(run.glob("ranks/rank-1/checkpoints"))  # only rank 0 writes checkpoints
     assert sorted(x.name for x in (run / "checkpoints").glob("step_*")) == ["step_000002", "step_000004"]
 
-    losses, weights = single_device(tmp_path, chat_file, grad_accum=2)
-    got = metrics_losses(run)
-    assert sorted(got) == list(range(1, STEPS + 1))
-    assert [got[s] for s in sorted(got)] == pytest.approx([losses[s] for s in sorted(losses)], rel=1e-4)
-    assert_weights_close(final_weights(run), weights)
+    assert_same_training(metrics_rows(run), *single_device(tmp_path, chat_file, grad_accum=2))
 
 
 def test_a_failing_rank_fails_the_job_with_its_error_and_the_ranks_resume_from_rank_0s_checkpoint(tmp_path, chat_file):
@@ -140,10 +141,7 @@ def test_a_failing_rank_fails_the_job_with_its_error_and_the_ranks_resume_from_r
     assert out["rank_verdicts"][-1].startswith("drafter weights identical on all 2 ranks")  # and every rank's
     assert all(r["drafter_devices"] == ["cpu", "cpu"] for r in out["ranks"])
 
-    losses, weights = single_device(tmp_path, chat_file, grad_accum=4)  # 2 ranks x 2 replicas
-    got = metrics_losses(run)
-    assert [got[s] for s in range(1, STEPS + 1)] == pytest.approx([losses[s] for s in range(1, STEPS + 1)], rel=1e-4)
-    assert_weights_close(final_weights(run), weights)
+    assert_same_training(metrics_rows(run), *single_device(tmp_path, chat_file, grad_accum=4))  # 2 ranks x 2 replicas
 
 
 # ------------------------------------------------------------------ GPU (pytest -m gpu tests/test_distributed.py)

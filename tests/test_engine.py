@@ -18,6 +18,7 @@ from dflash import compile_safety, replicas as R
 from dflash.engine import Engine, EngineConfig, Program, Replica
 from dflash.routing import BatchRouter, Stopped, item_index
 from dflash.toy import ToySpec, reference_run, toy_program
+from tests.numerics import assert_same_grads, grads_of, reduction_tol
 
 SAFETY_S = 30.0  # a choreography wait that exceeds this fails the test instead of hanging it
 
@@ -94,33 +95,69 @@ def test_item_index_covers_every_item_once():
 
 
 # ----------------------------------------------------------------------------- training result
+def engine_vs_reference(spec: ToySpec, engine_cfg: EngineConfig, *, replicas: int, grad_accum: int = 1):
+    """Run the engine and the single-device reference on `spec`; return both runs' (losses, step-0
+    gradients), each gradient taken before the optimizer step (after the engine's averaging)."""
+    prog = toy_program(spec)
+    engine_grads: dict[str, torch.Tensor] = {}
+
+    def optimizer_step(rep, step):
+        if step == 0 and rep.index == 0:
+            engine_grads.update(grads_of(rep.model))
+        prog.optimizer_step(rep, step)
+
+    engine = Engine(wrap(prog, optimizer_step=optimizer_step), engine_cfg)
+    report = engine.run()
+    ref_losses: list[float] = []
+    ref_grads: dict[str, torch.Tensor] = {}
+
+    def before_step(step, model, loss):
+        ref_losses.append(loss)
+        if step == 0:
+            ref_grads.update(grads_of(model))
+
+    reference_run(spec, steps=engine_cfg.steps, replicas=replicas, grad_accum=grad_accum, before_step=before_step)
+    return engine, report, (ref_losses, ref_grads), ([s.loss for s in report.steps], engine_grads)
+
+
+def assert_engine_matches_reference(spec: ToySpec, ref, got, items: int) -> None:
+    """Step 0 starts from the same weights: its loss and gradients are equal in exact arithmetic and
+    differ only by summation order (rows·dim addends per weight gradient; tests/numerics.py). Later
+    steps follow AdamW, which turns rounding noise in a near-zero gradient into an lr-sized weight
+    difference, so their weights are not compared. Their losses are: those elements barely move the
+    loss (their gradient is ~0), so later losses differ by rounding only; 1e-4 relative
+    is >500x the 1.4e-7 measured under default/avx2/avx512 and 1-2 threads (issue 14)."""
+    (ref_losses, ref_grads), (losses, grads) = ref, got
+    rows = sum((spec.shape_at or {}).get(i, spec.batch) for i in range(items))  # step 0's global batch
+    terms = rows * spec.dim
+    assert losses[0] == pytest.approx(ref_losses[0], rel=reduction_tol(terms))
+    assert_same_grads(grads, ref_grads, terms=terms)
+    assert losses == pytest.approx(ref_losses, rel=1e-4)
+
+
 @pytest.mark.parametrize("targets,drafters,accum", [(2, 3, 1), (3, 2, 2), (1, 1, 1)])
 def test_engine_equals_single_device_run_and_replicas_stay_identical(targets, drafters, accum):
     spec = ToySpec()
-    engine = Engine(toy_program(spec), cfg(target_devices=("cpu",) * targets, drafter_devices=("cpu",) * drafters,
-                                           grad_accum=accum, steps=8, verify_every=1))
-    report = engine.run()
+    engine, report, ref, got = engine_vs_reference(
+        spec, cfg(target_devices=("cpu",) * targets, drafter_devices=("cpu",) * drafters, grad_accum=accum, steps=8,
+                  verify_every=1), replicas=drafters, grad_accum=accum)
     assert report.ok, report.verdicts
     assert report.steps_done == 8 and len(report.steps) == 8
     assert report.max_param_diff == 0.0
-    for rep in engine.replicas[1:]:  # bit-identical, not just close
+    for rep in engine.replicas[1:]:  # bit-identical, not just close: one averaged gradient, the same kernels
         for a, b in zip(engine.replicas[0].model.parameters(), rep.model.parameters()):
             assert torch.equal(a, b)
-    ref = reference_run(spec, steps=8, replicas=drafters, grad_accum=accum)
-    for a, b in zip(ref.parameters(), engine.replicas[0].model.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_engine_matches_reference(spec, ref, got, items=drafters * accum)
     assert all(len(s.wait_s) == drafters and len(s.compute_s) == drafters for s in report.steps)
     assert report.steps[-1].tokens == drafters * accum * spec.batch
 
 
 def test_uneven_micro_batches_weighted_by_the_program_match_the_global_batch():
     spec = ToySpec(weighted=True, shape_at={1: 3, 4: 13, 5: 1})  # items of 3, 13 and 1 rows among 8-row ones
-    engine = Engine(toy_program(spec), cfg(target_devices=("cpu",), drafter_devices=("cpu", "cpu", "cpu"), steps=3))
-    report = engine.run()
+    _, report, ref, got = engine_vs_reference(
+        spec, cfg(target_devices=("cpu",), drafter_devices=("cpu", "cpu", "cpu"), steps=3), replicas=3)
     assert report.ok and report.max_param_diff == 0.0
-    ref = reference_run(spec, steps=3, replicas=3)
-    for a, b in zip(ref.parameters(), engine.replicas[0].model.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_engine_matches_reference(spec, ref, got, items=3)
 
 
 def test_resume_from_a_step_continues_the_same_items():

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from tests.dflash_helpers import write_word_chats
+from tests.dflash_helpers import token_positions, write_word_chats
+from tests.numerics import reduction_tol
 
 pytest.importorskip("dflash.trainer")
 
@@ -31,22 +32,29 @@ def config(out, data, **kw):
 
 def test_engine_training_equals_the_single_device_trainer_with_the_same_global_batch(tmp_path, chat_file):
     single = Trainer.from_config(config(tmp_path / "single", chat_file, **{"train.grad_accum": 2}))
-    losses_single = []
-    single.on_event = lambda kind, d: losses_single.append(d["metrics"].loss) if kind == "step" else None
+    steps_single = []
+    single.on_event = lambda kind, d: steps_single.append(d["metrics"]) if kind == "step" else None
+    terms = token_positions(single, single.micro_batches(0))
     single.train()
     single.close()
 
     multi = Trainer.from_config(config(tmp_path / "multi", chat_file))
-    losses_multi = []
-    multi.on_event = lambda kind, d: losses_multi.append(d["metrics"].loss) if kind == "step" else None
+    steps_multi = []
+    multi.on_event = lambda kind, d: steps_multi.append(d["metrics"]) if kind == "step" else None
     result, report = train_multi(multi, ["cpu", "cpu"], ["cpu", "cpu"], stall_after=120)
     multi.close()
     assert report.ok, report.verdicts
     assert report.max_param_diff == 0.0 and report.prewarm.ok
-    assert result.steps == 3 and len(losses_multi) == 3
-    assert losses_multi == pytest.approx(losses_single, rel=1e-4)
-    for a, b in zip(single.drafter.parameters(), multi.drafter.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)  # AdamW (lr 3e-3) amplifies float-order noise
+    assert result.steps == 3 and len(steps_multi) == 3
+    # step 1 starts from the same weights: its loss and gradient norm (before clipping and the
+    # AdamW step) are equal in exact arithmetic and differ by summation order only (tests/numerics.py)
+    first_single, first_multi = steps_single[0], steps_multi[0]
+    assert first_multi.loss == pytest.approx(first_single.loss, rel=reduction_tol(terms))
+    assert first_multi.grad_norm == pytest.approx(first_single.grad_norm, rel=reduction_tol(terms))
+    # later steps follow AdamW, which turns rounding noise in near-zero gradients into lr-sized weight
+    # differences: weights are not compared. Losses are: those weights barely move the loss (their
+    # gradient is ~0); 1e-4 relative is >500x the 1.4e-7 measured (default/avx2/avx512, 1-2 threads)
+    assert [m.loss for m in steps_multi] == pytest.approx([m.loss for m in steps_single], rel=1e-4)
     assert [p.rsplit("/", 1)[-1] for p in result.checkpoints] == [p.rsplit("/", 1)[-1] for p in single.checkpoints]
     rows = [json.loads(x) for x in (tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
@@ -65,8 +73,10 @@ def test_an_engine_run_resumed_from_its_checkpoint_repeats_the_uninterrupted_run
     _, rep2 = train_multi(second, ["cpu"], ["cpu", "cpu"])
     second.close()
     assert rep2.ok and rep2.steps_done == 4 and rep2.start_step == 2 and rep2.max_param_diff == 0.0
+    # bit-identical: one machine, the same kernels in the same order, the same data, weights and
+    # optimizer state; only the process history differs (not a cross-machine claim)
     for a, b in zip(whole.drafter.parameters(), second.drafter.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert torch.equal(a, b)
 
 
 def test_dflash_train_cli_with_target_and_drafter_devices(tmp_path, chat_file):
