@@ -30,7 +30,6 @@ tests and benchmarks).
 
 from __future__ import annotations
 
-import _thread
 import dataclasses
 import threading
 import time
@@ -272,6 +271,7 @@ class Engine:
         self.replicas: list[Replica] = []
         self._stop = threading.Event()
         self._failed = threading.Event()
+        self._interrupted = threading.Event()  # interrupt(): the monitor stops the run as Ctrl-C would
         self._lock = threading.Lock()
         self._failure: Failure | None = None
         self._records: list[StepRecord] = []
@@ -336,8 +336,12 @@ class Engine:
                             watch=watch, dumped=dumped)
 
     def interrupt(self) -> None:
-        """Ask the run to stop as if Ctrl-C was pressed (from any thread)."""
-        _thread.interrupt_main()
+        """Ask the run to stop as if Ctrl-C was pressed (from any thread).
+
+        An event the monitor polls, not `_thread.interrupt_main()`: a simulated SIGINT is raised wherever the main
+        thread happens to be and can be swallowed there (a destructor or weakref callback prints it and moves on),
+        and then the run never stops."""
+        self._interrupted.set()
 
     # ------------------------------------------------------------------ threads
     def _default_warm(self, produce: Callable[[int], Any]) -> Callable[[Replica], None]:
@@ -493,6 +497,8 @@ class Engine:
         while True:
             if self._failed.wait(_POLL_S):
                 return "failed", {}
+            if self._interrupted.is_set():
+                raise KeyboardInterrupt
             if all(lv.thread is not None and not lv.thread.is_alive() for lv in drafters):
                 return ("failed" if self._failure else "ok"), {}
             if time.monotonic() - self._last_commit > self.config.stall_after:
