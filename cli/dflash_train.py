@@ -29,6 +29,7 @@ def train_cmd(
     device: Annotated[Optional[str], typer.Option("--device", "-d", help="cpu, cuda, cuda:N or N (default auto).")] = None,
     max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="Stop after N optimizer steps.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its latest checkpoint.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Any skipped data record is an error (exit 2) (= --set data.strict=true).")] = False,
     print_config: Annotated[bool, typer.Option("--print-config", help="Print the resolved config as TOML and exit.")] = False,
     target_devices: TargetDevicesOpt = None,
     drafter_devices: DrafterDevicesOpt = None,
@@ -62,7 +63,7 @@ def train_cmd(
     try:
         overrides.update(parse_set(set_ or []))
         for key, val in (("target.path", target), ("data.path", data), ("checkpoint.out_dir", out),
-                         ("train.device", device), ("train.max_steps", max_steps)):
+                         ("train.device", device), ("train.max_steps", max_steps), ("data.strict", strict or None)):
             if val is not None:
                 overrides[key] = val
         if resume:

@@ -100,6 +100,9 @@ class DataConfig:
     """Sequences per micro-batch (on one device)."""
     buckets: tuple[int, ...] = ()
     """Padded sequence lengths (few shapes = few recompiles); empty = powers of two up to max_length."""
+    strict: bool = False
+    """Any skipped record (unreadable line, no assistant turn, refused by the chat template, no anchor
+    position) is bad input (exit 2) instead of a counted skip."""
 
     def __post_init__(self) -> None:
         _need(bool(self.path), "data.path", "must be a JSONL file or embedded:tiny-chat")
