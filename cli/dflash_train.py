@@ -115,14 +115,14 @@ def _f(x, digits: int = 3) -> str:
 
 
 def _render(r: dict) -> None:
-    last = r["last"] or {}
     o = output.out
     o.print(f"trained {r['steps']}/{r['total_steps']} steps in {output.fmt_seconds(r['seconds'])}: mean loss "
             f"{_f(r['first_epoch_loss'])} (first epoch) -> {_f(r['last_epoch_loss'])} (last epoch), "
             f"estimated τ {_f(r['last_epoch_tau_estimate'], 2)} (last epoch, training batches)")
-    acc = last.get("accuracy") or []
+    acc = r.get("last_epoch_accuracy") or []
     if acc:
-        o.print("per-slot accuracy: " + " ".join(f"{a:.2f}" if a is not None else "-" for a in acc))
+        o.print("per-slot accuracy (last epoch mean, training batches): "
+                + " ".join(f"{a:.2f}" if a is not None else "-" for a in acc))
     ev = r.get("eval")
     if ev:
         o.print(f"speculative decoding: τ = {ev['tau']:.2f} (max {ev['max_tau']}), speedup {ev['speedup']:.2f}x vs plain "

@@ -148,8 +148,10 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     ckdir = Path(run_dir) / "checkpoints"
     pointer = ckdir / "latest"
     if pointer.is_file():
-        cand = ckdir / pointer.read_text().strip()
-        if (cand / STATE_FILE).is_file():
+        with open(pointer, encoding="utf-8", errors="replace") as fh:
+            name = fh.read(256).strip()  # a step_NNNNNN name; never follow a path out of checkpoints/
+        cand = ckdir / name
+        if name and "/" not in name and "\\" not in name and name not in (".", "..") and (cand / STATE_FILE).is_file():
             return cand
     steps = sorted(p for p in ckdir.glob("step_*") if p.is_dir() and (p / STATE_FILE).is_file()
                    and ".bak-" not in p.name)
@@ -157,8 +159,13 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from a checkpoint path or a run directory (its latest checkpoint)."""
+    """A checkpoint directory from a checkpoint path, a run directory or its checkpoints/ folder (their
+    latest checkpoint), or the `checkpoints/latest` pointer file itself."""
     p = Path(path).expanduser()
+    if p.name == "latest" and p.is_file():
+        p = p.parent.parent  # RUN/checkpoints/latest names RUN's newest checkpoint
+    elif p.name == "checkpoints" and p.is_dir() and not (p / "config.json").is_file():
+        p = p.parent
     if (p / "config.json").is_file() and (p / "model.safetensors").is_file():
         return p
     if p.is_dir():

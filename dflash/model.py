@@ -218,8 +218,16 @@ class DFlashDrafter(nn.Module):
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """Taps spread over the target: `round(1 + i*(L-4)/(n-1))`; one draft layer taps `L // 2`."""
-    if num_draft_layers == 1:
-        return (num_target_layers // 2,)
-    span = num_target_layers - 4
-    return tuple(int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers))
+    """Distinct taps spread over the target: the reference formula `round(1 + i*(L-4)/(n-1))` (one draft
+    layer taps `L // 2`); where it repeats a layer (shallow targets), evenly spread over [1, L-3] when
+    that has room, else over [0, L-1]. ValueError when n > L (no n distinct layers)."""
+    L, n = num_target_layers, num_draft_layers
+    if not 1 <= n <= L:
+        raise ValueError(f"{n} taps cannot be distinct layers of a {L}-layer target")
+    if n == 1:
+        return (L // 2,)
+    ids = tuple(int(round(1 + i * (L - 4) / (n - 1))) for i in range(n))
+    if list(ids) == sorted(set(ids)) and ids[0] >= 0 and ids[-1] < L:
+        return ids
+    lo, hi = (1, L - 3) if L - 3 >= n else (0, L - 1)  # spacing >= 1 keeps the rounded ids distinct
+    return tuple(int(round(lo + i * (hi - lo) / (n - 1))) for i in range(n))

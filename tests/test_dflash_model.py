@@ -33,6 +33,31 @@ def test_default_taps(layers, draft, expected):
     assert default_layer_ids(layers, draft) == expected
 
 
+def test_default_taps_are_distinct_and_spread_for_any_depth():
+    for layers in range(1, 65):
+        for draft in range(1, layers + 1):
+            ids = default_layer_ids(layers, draft)
+            assert len(ids) == draft and list(ids) == sorted(set(ids)) and all(0 <= i < layers for i in ids), (layers, draft)
+            if draft > 1:  # spread: from the first layers to the last ones (the formula's 1 .. L-3)
+                assert ids[0] <= 1 and ids[-1] >= layers - 3, (layers, draft, ids)
+    assert default_layer_ids(4, 4) == (0, 1, 2, 3)  # was [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="5 taps cannot be distinct layers of a 4-layer target"):
+        default_layer_ids(4, 5)
+
+
+def test_impossible_or_repeated_taps_are_bad_input():
+    from compilewatch.errors import BadInput
+    from dflash.target import choose_taps
+
+    with pytest.raises(BadInput, match="5 draft layers need 5 distinct target layers"):
+        choose_taps(None, 4, 5)
+    with pytest.raises(BadInput, match="repeats a layer"):
+        choose_taps((1, 1), 6, 2)
+    with pytest.raises(BadInput, match="out of range"):
+        choose_taps((1, 6), 6, 2)
+    assert choose_taps((0, 5), 6, 5) == (0, 5)
+
+
 def test_parameter_names_are_the_reference_format():
     names = set(make_drafter().state_dict())
     expected = {"fc.weight", "hidden_norm.weight", "norm.weight"}
