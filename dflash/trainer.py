@@ -66,6 +66,7 @@ def drafter_spec(cfg: Config, target: Target) -> DrafterSpec:
         head_dim=d.head_dim or getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
         intermediate_size=d.intermediate_size or tc.intermediate_size, vocab_size=target.vocab_size,
         rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)), rope_theta=float(_rope_theta(tc)),
+        rope_scaling=target_rope_scaling(tc), attention_bias=bool(getattr(tc, "attention_bias", False)),
         max_position_embeddings=int(getattr(tc, "max_position_embeddings", 40960)), block_size=d.block_size,
         num_target_layers=target.num_layers, target_layer_ids=target.layer_ids, mask_token_id=target.mask_token_id,
         layer_types=layer_types, sliding_window=d.sliding_window if d.sliding_layers else None,
@@ -94,9 +95,24 @@ def drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.
         return draft_loss(hidden, head, blocks, weights, denominator)
 
 
+def _rope_parameters(tc) -> dict:
+    """The target's RoPE parameters (transformers 5 `rope_parameters`, 4.x `rope_scaling` + `rope_theta`);
+    a per-layer-type dict (Gemma 3) gives its full-attention entry."""
+    rp = dict(getattr(tc, "rope_parameters", None) or getattr(tc, "rope_scaling", None) or {})
+    if "full_attention" in rp and isinstance(rp["full_attention"], dict):
+        rp = dict(rp["full_attention"])
+    return rp
+
+
 def _rope_theta(tc) -> float:
-    rp = getattr(tc, "rope_parameters", None) or {}
-    return rp.get("rope_theta") or getattr(tc, "rope_theta", None) or 10000.0
+    return _rope_parameters(tc).get("rope_theta") or getattr(tc, "rope_theta", None) or 10000.0
+
+
+def target_rope_scaling(tc) -> dict | None:
+    """The target's RoPE scaling without the theta ({"rope_type": "yarn", "factor": 4.0, ...}); None = plain."""
+    rp = {k: v for k, v in _rope_parameters(tc).items() if k != "rope_theta"}
+    rope_type = rp.get("rope_type", rp.get("type", "default"))
+    return None if rope_type == "default" else {**rp, "rope_type": rope_type}
 
 
 def load_training_data(cfg: Config, target: Target, on_event: Event) -> tuple[ChatDataset, list]:
