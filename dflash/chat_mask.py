@@ -13,9 +13,9 @@ in it:
    (`apply_chat_template(..., return_assistant_tokens_mask=True)`).
 2. Otherwise: walk the messages in order through the rendered text, finding each message's content
    (as given, stripped, or, for assistant turns, the answer after a `</think>`). An assistant
-   turn's span starts after the last generation prompt before its content (the text
-   `add_generation_prompt=True` appends to the conversation so far) and ends after the first
-   special token following its content (whitespace only in between). Token i is trained when its
+   turn's span starts right after its generation prompt (the text `add_generation_prompt=True`
+   appends to the conversation so far), or at its content when there is none before it, and ends
+   after the first special token following its content (whitespace only in between). Token i is trained when its
    first character lies in a span (offsets mapping of a fast tokenizer; a slow tokenizer is
    tokenized span by span).
 
@@ -93,34 +93,37 @@ def _special_tokens(tokenizer) -> list[str]:
     return sorted((t for t in toks if t), key=len, reverse=True)
 
 
+def _find_content(message: dict[str, str], text: str, start: int) -> tuple[int, int] | None:
+    """The first place at or after `start` where the template rendered the message's content."""
+    for cand in _content_candidates(message):
+        at = text.find(cand, start)
+        if at >= 0:
+            return at, at + len(cand)
+    return None
+
+
 def assistant_spans(tokenizer, text: str, messages: list[dict[str, str]]) -> list[tuple[int, int]]:
     """Character spans [start, end) of the assistant turns' generated text in `text`."""
     specials = _special_tokens(tokenizer)
     spans, cursor = [], 0
     for i, m in enumerate(messages):
-        found = None
-        for cand in _content_candidates(m):
-            at = text.find(cand, cursor)
-            if at >= 0:
-                found = (at, at + len(cand))
-                break
+        found = _find_content(m, text, cursor)
         if m["role"] != "assistant":
             if found is not None:  # a user/system content the template dropped or rewrote is not an error
                 cursor = found[1]
             continue
         prompt = _generation_prompt(tokenizer, messages[:i]) if i else ""
+        header = text.find(prompt, cursor) if prompt else -1
+        if header >= 0 and (found is None or found[0] >= header):  # the turn opens with its generation prompt
+            body = header + len(prompt)
+            found, start = _find_content(m, text, body), body  # (a content that also occurs in the header)
+        else:  # no generation prompt before it (Mistral's is empty): the turn starts at its content
+            start = found[0] if found is not None else cursor
         if found is None and m["content"].strip():
             raise ChatMaskError("assistant turn not found in the chat template's rendering", f"turn {i}")
-        if found is None:  # empty answer: it starts right after its generation prompt
-            at = text.find(prompt, cursor) if prompt else -1
-            start = at + len(prompt) if at >= 0 else cursor
-            found = (start, start)
-        start = found[0]
-        if prompt:
-            p = text.rfind(prompt, cursor, found[0])
-            if p >= 0:
-                start = p + len(prompt)
-        spans.append((start, _turn_end(text, found[1], specials)))
+        content_end = found[1] if found is not None else start  # an empty answer: just its end-of-turn token
+        openers = {t for t in specials if t in prompt} | {getattr(tokenizer, "bos_token", None)}
+        spans.append((start, _turn_end(text, content_end, [t for t in specials if t not in openers])))
         cursor = spans[-1][1]
     if not spans:
         raise ChatMaskError("no assistant turn")
@@ -128,7 +131,9 @@ def assistant_spans(tokenizer, text: str, messages: list[dict[str, str]]) -> lis
 
 
 def _turn_end(text: str, content_end: int, specials: list[str]) -> int:
-    """The end of a turn: past the first special token after its content (whitespace only between)."""
+    """The end of a turn: past the special token right after its content (whitespace only between);
+    `specials` excludes the tokens that open a turn, so a template without an end-of-turn token
+    trains the content alone instead of the next turn's header."""
     rest = text[content_end:]
     stripped = rest.lstrip()
     for tok in specials:

@@ -136,3 +136,18 @@ def test_multi_turn_datasets_drop_nothing(name):
     convs = [PLAIN] * 6 + ([] if name == "gemma2" else [THINK] * 6)
     ds = build_dataset(convs, byte_tokenizer(name), DataConfig(path="x.jsonl", max_length=4096, strict=True), 4, 0)
     assert ds.stats.dropped == {} and ds.stats.kept == len(convs)
+
+
+def test_an_answer_that_also_occurs_in_the_header_or_is_empty():
+    msgs = [{"role": "user", "content": "Say the role."}, {"role": "assistant", "content": "assistant"},
+            {"role": "user", "content": "Now nothing."}, {"role": "assistant", "content": ""}]
+    check("qwen2.5", msgs, ["assistant<|im_end|>", "<|im_end|>"])
+    check("llama3.2", msgs, ["assistant<|eot_id|>", "<|eot_id|>"])
+
+
+def test_a_template_without_an_end_of_turn_token_trains_the_content_only():
+    tok = byte_tokenizer("qwen2.5")
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    ids, mask = tokenize_conversation(tok, PLAIN)
+    assert trained_runs(tok, ids, mask) == ["Hi! How can I help?", "Blue.", "  Green.  "]
