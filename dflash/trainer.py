@@ -413,6 +413,9 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.run_dir / "config.toml", to_toml(self.cfg))
         self._writer = MetricsWriter(self.run_dir, tensorboard=self.cfg.metrics.tensorboard, after_step=self.step)
+        if self._writer.truncated:
+            self.notes.append(f"metrics.jsonl: dropped {self._writer.truncated} rows past step {self.step} "
+                              "(the killed segment's; this run writes them again)")
         self._writer.write_event("start", {"step": self.step, "total_steps": self.total_steps, "notes": self.notes,
                                            "data": self.dataset.stats, "backend": self.backend, "device": str(self.device)})
         self.on_event("start", {"step": self.step, "total_steps": self.total_steps, "backend": self.backend,
