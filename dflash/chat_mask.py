@@ -46,7 +46,7 @@ def render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: boo
 
 def tokenize_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of one conversation; ChatMaskError when it cannot be masked."""
-    if GENERATION_TAG.search(getattr(tokenizer, "chat_template", None) or ""):
+    if GENERATION_TAG.search(str(getattr(tokenizer, "chat_template", None) or "")):  # str: also a dict of templates
         return _template_mask(tokenizer, messages)
     text = render(tokenizer, messages, add_generation_prompt=False)
     spans = assistant_spans(tokenizer, text, messages)
