@@ -223,3 +223,47 @@ def test_prewarm_runs_every_bucket_without_updating(tmp_path, chat_file):
     assert seen == list(t.dataset.buckets) and all(p.grad is None for p in t.drafter.parameters())
     for k, v in t.drafter.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+def test_multi_turn_think_data_on_a_target_with_qwen3s_real_template_drops_nothing(tmp_path):
+    """The issue's case: a random Qwen3 whose tokenizer carries Qwen3's real chat template, ShareGPT
+    multi-turn records with <think> blocks. The old prefix check dropped every multi-turn record (96 of
+    192); now all train (data.strict would refuse any skip), the last turn's think block included."""
+    import random
+    from pathlib import Path
+
+    from transformers import Qwen3ForCausalLM
+
+    from dflash.target import build_tiny_tokenizer, tiny_target_config, tiny_words
+    from tests.dflash_helpers import write_jsonl
+
+    tok = build_tiny_tokenizer()
+    tok.chat_template = (Path(__file__).parent / "fixtures" / "chat_templates" / "qwen3.jinja").read_text()
+    target_dir = tmp_path / "qwen3-real-template"
+    Qwen3ForCausalLM(tiny_target_config(len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                        head_dim=8)).save_pretrained(target_dir)
+    tok.save_pretrained(target_dir)
+    rng, words = random.Random(0), tiny_words()
+
+    def say(n):
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    rows = []
+    for i in range(192):
+        turns = [{"from": "human", "value": say(5)}, {"from": "gpt", "value": f"<think>\n{say(6)}\n</think>\n\n{say(12)}"}]
+        if i % 2:  # half multi-turn, as in the issue
+            turns += [{"from": "human", "value": say(4)}, {"from": "gpt", "value": f"<think>\n{say(5)}\n</think>\n\n{say(10)}"}]
+        rows.append({"conversations": turns})
+    data = write_jsonl(tmp_path / "sharegpt.jsonl", rows)
+    t = Trainer.from_config(small_config(tmp_path / "run", data, **{"target.path": str(target_dir), "data.strict": True,
+                                                                  "train.max_steps": 1}))
+    try:
+        stats = t.dataset.stats
+        assert stats.records == 192 and stats.kept == 192 and stats.dropped == {}
+        sample = next(s for s in t.dataset.samples if (s.input_ids == tok.convert_tokens_to_ids("<|im_end|>")).sum() >= 4)
+        trained = tok.convert_ids_to_tokens(sample.input_ids[sample.loss_mask].tolist())
+        assert trained.count("<|im_end|>") == 2  # both answers end with their end-of-turn token
+        assert trained.count("[UNK]") == 2  # only the last turn's <think> ... </think> (not in this vocabulary)
+        assert t.train().steps == 1
+    finally:
+        t.close()
