@@ -47,8 +47,7 @@ class TrainProgress:
             self.progress.console.print(
                 f"[dim]·[/] {s.kept} sequences ({s.tokens} tokens, {s.loss_tokens} trained), device {data['device']}, "
                 f"attention {data['backend']}, run dir {data['run_dir']}")
-            for w in s.warnings[:5]:
-                self.progress.console.print(f"[yellow]warning:[/] {w}")
+            render_skips(self.progress.console, s)
             self.task = self.progress.add_task("train", total=data["total_steps"], completed=data["step"], info="")
         elif kind == "step" and self.task is not None:
             m = data["metrics"]
@@ -57,3 +56,15 @@ class TrainProgress:
             self.progress.update(self.task, completed=m.step, info=info)
         elif kind == "checkpoint":
             self.progress.console.print(f"[dim]·[/] checkpoint {data['path']}")
+
+
+def render_skips(console, stats) -> None:
+    """Every skipped record, counted by reason, with the first examples of each (dflash.data.DataStats)."""
+    if not stats.dropped:
+        return
+    console.print(f"[yellow]warning:[/] {stats.skipped} of {stats.records + len(stats.warnings)} records skipped "
+                  "(--strict makes this an error):", highlight=False)
+    for reason, n in stats.dropped.items():
+        console.print(f"  {n} × {reason}", markup=False, highlight=False)
+        for ex in stats.examples.get(reason, []):
+            console.print(f"      e.g. {ex}", markup=False, highlight=False, style="dim")

@@ -12,7 +12,7 @@ from cli.dflash_engine import (DrafterDevicesOpt, NoGuardOpt, NoPrewarmOpt, Stal
 from cli.dflash_dist import DistBackendOpt, DistributedOpt, DistTimeoutOpt
 from cli.dflash_progress import TrainProgress
 from cli.options import JsonOpt
-from compilewatch.errors import BadInput
+from compilewatch.errors import BadInput, CheckFailed
 from compilewatch.serialize import to_jsonable
 from dflash.config import build_config, parse_set, to_dict, to_toml
 from dflash.distributed import DEFAULT_TIMEOUT_S, rank_info
@@ -29,6 +29,8 @@ def train_cmd(
     device: Annotated[Optional[str], typer.Option("--device", "-d", help="cpu, cuda, cuda:N or N (default auto).")] = None,
     max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="Stop after N optimizer steps.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its latest checkpoint.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Any skipped data record is an error (exit 2) (= --set data.strict=true).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Run one worst-case step of the config on the meta device (no weights, no data, nothing written) and exit.")] = False,
     print_config: Annotated[bool, typer.Option("--print-config", help="Print the resolved config as TOML and exit.")] = False,
     target_devices: TargetDevicesOpt = None,
     drafter_devices: DrafterDevicesOpt = None,
@@ -46,6 +48,7 @@ def train_cmd(
       dflash train
       dflash train --recipe qwen3_8b --target /models/Qwen3-8B --data data/regen.jsonl --out runs/q8
       dflash train --out runs/q8 --resume
+      dflash train --recipe qwen3_8b --dry-run
       dflash train --config my.toml --set optim.lr=3e-4 --set train.max_steps=1000
       dflash train --recipe qwen3_8b --target /models/Qwen3-8B --target-devices 0,1,2,3,4 --drafter-devices 5,6,7
       torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 \\
@@ -62,7 +65,7 @@ def train_cmd(
     try:
         overrides.update(parse_set(set_ or []))
         for key, val in (("target.path", target), ("data.path", data), ("checkpoint.out_dir", out),
-                         ("train.device", device), ("train.max_steps", max_steps)):
+                         ("train.device", device), ("train.max_steps", max_steps), ("data.strict", strict or None)):
             if val is not None:
                 overrides[key] = val
         if resume:
@@ -75,6 +78,14 @@ def train_cmd(
         raise BadInput(f"bad config: {e}", hint="see `dflash train --print-config` for every field") from None
     if print_config:
         output.emit(to_dict(cfg), as_json, lambda _: output.out.print(to_toml(cfg), markup=False))
+        return
+    if dry_run:
+        from dflash.dryrun import dry_run as run_dry
+
+        report = run_dry(cfg)
+        output.emit(report, as_json, _render_dry)
+        if report.notes:
+            raise CheckFailed("dry run: " + "; ".join(report.notes))
         return
     if distributed:
         from cli.dflash_dist import run_rank
@@ -114,14 +125,14 @@ def _f(x, digits: int = 3) -> str:
 
 
 def _render(r: dict) -> None:
-    last = r["last"] or {}
     o = output.out
     o.print(f"trained {r['steps']}/{r['total_steps']} steps in {output.fmt_seconds(r['seconds'])}: mean loss "
             f"{_f(r['first_epoch_loss'])} (first epoch) -> {_f(r['last_epoch_loss'])} (last epoch), "
             f"estimated τ {_f(r['last_epoch_tau_estimate'], 2)} (last epoch, training batches)")
-    acc = last.get("accuracy") or []
+    acc = r.get("last_epoch_accuracy") or []
     if acc:
-        o.print("per-slot accuracy: " + " ".join(f"{a:.2f}" if a is not None else "-" for a in acc))
+        o.print("per-slot accuracy (last epoch mean, training batches): "
+                + " ".join(f"{a:.2f}" if a is not None else "-" for a in acc))
     ev = r.get("eval")
     if ev:
         o.print(f"speculative decoding: τ = {ev['tau']:.2f} (max {ev['max_tau']}), speedup {ev['speedup']:.2f}x vs plain "
@@ -129,3 +140,14 @@ def _render(r: dict) -> None:
     if r["checkpoints"]:
         o.print(f"export: {r['checkpoints'][-1]} (config.json + model.safetensors)")
     o.print(f"run dir: {r['run_dir']} (metrics.jsonl, config.toml)")
+
+
+def _render_dry(r) -> None:
+    o = output.out
+    o.print(f"dry run (meta device, nothing written): target {r.target_source}, {r.target_layers} layers, "
+            f"hidden {r.target_hidden}, taps {list(r.layer_ids)}")
+    o.print(f"drafter: {r.drafter_params / 1e6:,.1f} M parameters, {output.fmt_bytes(r.drafter_trainable_bytes)} "
+            f"of fp32 weights + grads + AdamW state; {r.grads} parameters got gradients")
+    o.print(f"one micro-batch: taps {r.taps_shape} -> drafter hidden {r.hidden_shape} -> loss and backward: ok")
+    for n in r.notes:
+        o.print(f"[red]{n}[/]")

@@ -53,9 +53,10 @@ def export_config(spec: DrafterSpec, dtype: torch.dtype) -> dict[str, Any]:
         "hidden_act": "silu",
         "rms_norm_eps": spec.rms_norm_eps,
         "rope_theta": spec.rope_theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
-        "attention_bias": False,
+        # transformers 4.x / SGLang read rope_scaling, transformers 5 / vLLM rope_parameters: say it in both
+        "rope_scaling": dict(spec.rope_scaling) if spec.rope_scaling else None,
+        "rope_parameters": {"rope_type": "default", **(spec.rope_scaling or {}), "rope_theta": spec.rope_theta},
+        "attention_bias": spec.attention_bias,
         "attention_dropout": 0.0,
         "vocab_size": spec.vocab_size,
         "max_position_embeddings": spec.max_position_embeddings,
@@ -83,6 +84,7 @@ def spec_from_config(cfg: dict[str, Any]) -> DrafterSpec:
             num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg["num_key_value_heads"],
             head_dim=cfg["head_dim"], intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
             rms_norm_eps=cfg["rms_norm_eps"], rope_theta=cfg.get("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta")),
+            rope_scaling=_rope_scaling(cfg), attention_bias=bool(cfg.get("attention_bias", False)),
             max_position_embeddings=cfg["max_position_embeddings"], block_size=cfg["block_size"],
             num_target_layers=cfg["num_target_layers"], target_layer_ids=tuple(d["target_layer_ids"]),
             mask_token_id=d["mask_token_id"], layer_types=tuple(cfg["layer_types"]), sliding_window=cfg.get("sliding_window"),
@@ -90,6 +92,13 @@ def spec_from_config(cfg: dict[str, Any]) -> DrafterSpec:
     except (KeyError, TypeError, ValueError) as e:
         raise BadInput(f"config.json is not a DFlash drafter config (missing or bad {e})",
                        hint="export a checkpoint with `dflash train`; it writes config.json with dflash_config") from None
+
+
+def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    rp = cfg.get("rope_scaling") or {k: v for k, v in (cfg.get("rope_parameters") or {}).items() if k != "rope_theta"}
+    if not isinstance(rp, dict) or rp.get("rope_type", rp.get("type", "default")) == "default":
+        return None
+    return dict(rp)
 
 
 def _stage_dir(final: Path) -> Path:
@@ -148,8 +157,10 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     ckdir = Path(run_dir) / "checkpoints"
     pointer = ckdir / "latest"
     if pointer.is_file():
-        cand = ckdir / pointer.read_text().strip()
-        if (cand / STATE_FILE).is_file():
+        with open(pointer, encoding="utf-8", errors="replace") as fh:
+            name = fh.read(256).strip()  # a step_NNNNNN name; never follow a path out of checkpoints/
+        cand = ckdir / name
+        if name and "/" not in name and "\\" not in name and name not in (".", "..") and (cand / STATE_FILE).is_file():
             return cand
     steps = sorted(p for p in ckdir.glob("step_*") if p.is_dir() and (p / STATE_FILE).is_file()
                    and ".bak-" not in p.name)
@@ -157,8 +168,13 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from a checkpoint path or a run directory (its latest checkpoint)."""
+    """A checkpoint directory from a checkpoint path, a run directory or its checkpoints/ folder (their
+    latest checkpoint), or the `checkpoints/latest` pointer file itself."""
     p = Path(path).expanduser()
+    if p.name == "latest" and p.is_file():
+        p = p.parent.parent  # RUN/checkpoints/latest names RUN's newest checkpoint
+    elif p.name == "checkpoints" and p.is_dir() and not (p / "config.json").is_file():
+        p = p.parent
     if (p / "config.json").is_file() and (p / "model.safetensors").is_file():
         return p
     if p.is_dir():

@@ -100,6 +100,9 @@ class DataConfig:
     """Sequences per micro-batch (on one device)."""
     buckets: tuple[int, ...] = ()
     """Padded sequence lengths (few shapes = few recompiles); empty = powers of two up to max_length."""
+    strict: bool = False
+    """Any skipped record (unreadable line, no assistant turn, refused by the chat template, no anchor
+    position) is bad input (exit 2) instead of a counted skip."""
 
     def __post_init__(self) -> None:
         _need(bool(self.path), "data.path", "must be a JSONL file or embedded:tiny-chat")
@@ -202,8 +205,9 @@ class CheckpointConfig:
 class MetricsConfig:
     log_every: int = 10
     """Write a metrics row every N steps (the first and last are always written)."""
-    tensorboard: bool = True
-    """Also write TensorBoard scalars when the tensorboard package is installed."""
+    tensorboard: bool = False
+    """Also write TensorBoard scalars to RUN/tensorboard (needs `pip install tensorboard`; a run that asks
+    for it without the package stops before training, with that hint)."""
 
     def __post_init__(self) -> None:
         _need(self.log_every >= 1, "metrics.log_every", "must be >= 1")

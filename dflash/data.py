@@ -2,9 +2,11 @@
 
 Input: JSONL, one conversation per line, either `{"messages": [{"role", "content"}, ...]}` or ShareGPT
 `{"conversations": [{"from": "human"|"gpt"|"system", "value"}, ...]}`. Each conversation is rendered
-through the target tokenizer's chat template; the loss mask covers the assistant turns (content plus
-the end-of-turn token), found by rendering each assistant turn's prefix. Sequences are truncated to
-`max_length`; sequences with no anchor position left are dropped (counted in the stats).
+through the target tokenizer's chat template once; the loss mask covers what the target generates
+for each assistant turn, end-of-turn token included (dflash/chat_mask.py). Sequences are truncated
+to `max_length`. Every record that is not trained on (an unreadable line, no assistant turn, a
+conversation the template refuses, no anchor position left) is counted by reason in `DataStats`,
+with its first examples; `data.strict` turns any of them into bad input.
 
 Anchors: every epoch, each sequence gets `num_anchors` positions sampled without replacement from its
 loss-masked positions in [0, S-B] (fewer if it has fewer; the rest are padding marked invalid). The
@@ -26,11 +28,15 @@ from typing import Any, Iterable
 import torch
 
 from compilewatch.errors import BadInput
+from dflash.chat_mask import ChatMaskError, tokenize_conversation
 from dflash.config import EMBEDDED_DATA, DataConfig
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
 SORT_WINDOW = 32  # batches per length-sorting window: less padding, still shuffled
+EXAMPLES_PER_REASON = 3  # skipped records kept as examples for each reason
+UNREADABLE = "unreadable JSONL line"
+NO_ANCHOR = "no anchor position (too short, or no assistant token in [0, S-B])"
 
 
 @dataclass
@@ -44,13 +50,27 @@ class DataStats:
     records: int = 0
     kept: int = 0
     truncated: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)  # skip reason -> records
+    examples: dict[str, list[str]] = field(default_factory=dict)  # skip reason -> its first examples
     tokens: int = 0
     loss_tokens: int = 0
     warnings: list[str] = field(default_factory=list)
 
-    def drop(self, reason: str) -> None:
+    def drop(self, reason: str, example: str = "") -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        shown = self.examples.setdefault(reason, [])
+        if example and len(shown) < EXAMPLES_PER_REASON:
+            shown.append(example)
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.dropped.values())
+
+    def summary(self) -> str:
+        """'N skipped (reason: n, ...)' for messages; '' when nothing was skipped."""
+        if not self.dropped:
+            return ""
+        return f"{self.skipped} skipped (" + "; ".join(f"{k}: {v}" for k, v in self.dropped.items()) + ")"
 
 
 @dataclass
@@ -160,48 +180,36 @@ def render_ids(tokenizer, messages: list[dict[str, str]], add_generation_prompt:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def tokenize_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    """(ids, loss mask) for one conversation; the mask marks each assistant turn's tokens.
-
-    ValueError when the chat template is not prefix-stable for this conversation."""
-    full = render_ids(tokenizer, messages, add_generation_prompt=False)
-    mask = [0] * len(full)
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        start = len(render_ids(tokenizer, messages[:i], add_generation_prompt=True))
-        upto = render_ids(tokenizer, messages[: i + 1], add_generation_prompt=False)
-        if full[: len(upto)] != upto or start > len(upto):
-            raise ValueError("the chat template renders this conversation's prefix differently")
-        for j in range(start, len(upto)):
-            mask[j] = 1
-    return full, mask
-
-
 def tokenize_all(tokenizer, convs: Iterable[list[dict[str, str]]], cfg: DataConfig, block_size: int,
                  stats: DataStats) -> list[Sample]:
     samples = []
-    for conv in convs:
+    for n, conv in enumerate(convs, 1):
         stats.records += 1
         if not any(m["role"] == "assistant" for m in conv):
-            stats.drop("no assistant turn")
+            stats.drop("no assistant turn", _example(n, conv))
             continue
         try:
             ids, mask = tokenize_conversation(tokenizer, conv)
-        except ValueError:
-            stats.drop("chat template not prefix-stable")
+        except ChatMaskError as e:
+            stats.drop(e.reason, _example(n, conv, str(e)))
             continue
         if len(ids) > cfg.max_length:
             ids, mask = ids[: cfg.max_length], mask[: cfg.max_length]
             stats.truncated += 1
         if len(ids) < block_size or not any(mask[: len(ids) - block_size + 1]):
-            stats.drop("no anchor position (too short or no assistant tokens in [0, S-B])")
+            stats.drop(NO_ANCHOR, _example(n, conv, f"{len(ids)} tokens"))
             continue
         samples.append(Sample(torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)))
         stats.kept += 1
         stats.tokens += len(ids)
         stats.loss_tokens += sum(mask)
     return samples
+
+
+def _example(n: int, conv: list[dict[str, str]], detail: str = "") -> str:
+    first = next((m["content"] for m in conv if m["role"] == "user"), conv[0]["content"] if conv else "")
+    snippet = " ".join(first.split())[:60]
+    return f"record {n} ({snippet!r}{', ' + detail[:120] if detail else ''})"
 
 
 # ---------------------------------------------------------------- anchors and batches
@@ -283,13 +291,21 @@ class ChatDataset:
 
 def build_dataset(convs: list[list[dict[str, str]]], tokenizer, cfg: DataConfig, block_size: int, seed: int,
                   warnings: list[str] | None = None) -> ChatDataset:
-    """Tokenize conversations; BadInput when nothing usable is left (no checkpoint is written then)."""
+    """Tokenize conversations; BadInput when nothing usable is left, or when `cfg.strict` and any record
+    was skipped (no checkpoint is written then). `warnings`: the lines read_jsonl skipped."""
     stats = DataStats(warnings=list(warnings or []))
+    for w in stats.warnings:
+        stats.drop(UNREADABLE, w)
     samples = tokenize_all(tokenizer, convs, cfg, block_size, stats)
+    if cfg.strict and stats.dropped:
+        shown = "; ".join(f"{k}: {v} (e.g. {stats.examples[k][0]})" if stats.examples.get(k) else f"{k}: {v}"
+                          for k, v in stats.dropped.items())
+        raise BadInput(f"data.strict: {stats.skipped} of {stats.records + len(stats.warnings)} records would be "
+                       f"skipped: {shown}", hint="fix or remove those records, or train without --strict")
     if not samples and cfg.path == EMBEDDED_DATA and not cfg.regenerate:
         raise BadInput(f"{EMBEDDED_DATA} holds prompts only", hint="set data.regenerate=true so the target answers them")
     if not samples:
-        why = ", ".join(f"{k}: {v}" for k, v in stats.dropped.items()) or "no records"
+        why = stats.summary() or "no records"
         raise BadInput(f"the dataset {cfg.path!r} has no usable conversation ({stats.records} read; {why})",
                        hint="each line needs an assistant turn of at least drafter.block_size tokens")
     return ChatDataset(samples, cfg, block_size, seed, stats)

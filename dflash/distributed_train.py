@@ -123,7 +123,8 @@ def train_distributed(cfg: Config, *, resume: bool = False, target_devices: Sequ
         cfg = apply_overrides(cfg, {"checkpoint.out_dir": group.broadcast(str(default_run_dir(cfg)) if info.primary else None)})
     # the trainer (replica 0) runs on this rank's first drafter device; the run's config.toml and
     # checkpoints keep the user's device spec ("auto": each rank resolves its own again on --resume)
-    trainer = Trainer.from_config(apply_overrides(cfg, {"train.device": drafters[0]}), resume=resume, on_event=on_event)
+    trainer = Trainer.from_config(apply_overrides(cfg, {"train.device": drafters[0]}), resume=resume, on_event=on_event,
+                                  lock=info.primary)
     trainer.cfg = cfg
     try:
         seen = group.all_gather((_facts(trainer, rr.params_digest(trainer.drafter)), info.host, cache))

@@ -1,4 +1,4 @@
-"""What a training step measured, and where it is written (metrics JSONL; TensorBoard when installed).
+"""What a training step measured, and where it is written (metrics JSONL; TensorBoard when asked for).
 
 Per step: loss, per-slot accuracy (slot k predicts the token at anchor + k), the acceptance length τ
 estimated from it (1 + mean leading run of correct slots over complete blocks), tokens/s (sequence
@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from compilewatch.errors import BadInput
+from compilewatch.fsutil import atomic_write_text
 from compilewatch.serialize import to_jsonable
 
 
@@ -49,21 +51,59 @@ def memory_bytes(device: torch.device) -> int:
         return 0
 
 
-class MetricsWriter:
-    """Appends rows to RUN/metrics.jsonl (flushed per row) and mirrors scalars to TensorBoard."""
+def tensorboard_available() -> bool:
+    import importlib.util
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def check_tensorboard(cfg) -> None:
+    """BadInput when `metrics.tensorboard` is on and the tensorboard package is missing."""
+    if cfg.tensorboard and not tensorboard_available():
+        raise BadInput("metrics.tensorboard = true, but the tensorboard package is not installed",
+                       hint="pip install tensorboard, or drop metrics.tensorboard (metrics.jsonl has every logged step)")
+
+
+def truncate_rows(path: Path, after_step: int) -> int:
+    """Drop the step rows past `after_step` from a metrics.jsonl (atomically); events stay. A resumed run
+    repeats the steps after its checkpoint, so the killed segment's rows for them would be duplicates.
+    Returns the number of rows dropped."""
+    if not path.is_file():
+        return 0
+    keep, dropped = [], 0
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line) if line.strip() else None
+            except ValueError:
+                row = None  # a line torn by the kill: not a complete row
+                dropped += 1
+                continue
+            if isinstance(row, dict) and "event" not in row and isinstance(row.get("step"), int) and row["step"] > after_step:
+                dropped += 1
+                continue
+            if row is not None:
+                keep.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        atomic_write_text(path, "".join(keep))
+    return dropped
+
+
+class MetricsWriter:
+    """Appends rows to RUN/metrics.jsonl (flushed per row) and mirrors scalars to TensorBoard (when
+    `tensorboard`; check_tensorboard() first). `after_step`: the step this segment starts from; rows of
+    later steps from a killed earlier segment are dropped first, so the file has one row per step."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = False, after_step: int = 0) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.truncated = truncate_rows(self.path, after_step)
         self._fh = open(self.path, "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
-            except Exception:  # noqa: BLE001 - tensorboard is optional (ImportError or its deps)
-                self._tb = None
+            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
 
     @property
     def tensorboard(self) -> bool:

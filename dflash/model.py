@@ -6,7 +6,12 @@ Design choices (FACTS.md §6, z-lab/dflash `dflash/model.py`):
   draft layer. Each layer projects that context with its *own* k_proj/v_proj and prepends it to the
   block's keys/values: K = cat(k_proj(ctx), k_proj(block)). Queries come from the block tokens only.
 - **QK-norm and RoPE** as in Qwen3; context keys sit at their sequence positions, block tokens at
-  `anchor + k`, so relative positions match what the target saw.
+  `anchor + k`, so relative positions match what the target saw. RoPE follows the target's
+  `rope_theta` and scaling (YaRN, linear, llama3, ...: transformers' own `ROPE_INIT_FUNCTIONS`
+  give the frequencies and YaRN's attention factor), as SGLang/vLLM build the drafter's rotary
+  embedding from its config.
+- **Attention bias** on q/k/v/o when the target's config has `attention_bias` (the reference's
+  Qwen3DFlashAttention and vLLM put it on all four).
 - **Strict context.** During training, block j sees context positions `< anchor_j` (strictly) and its
   own block bidirectionally (dflash/mask.py). At inference the context is exactly the accepted tokens
   whose target hidden states exist, i.e. the positions before the anchor.
@@ -14,7 +19,11 @@ Design choices (FACTS.md §6, z-lab/dflash `dflash/model.py`):
   the anchor and is not trained (dflash/loss.py).
 - **No own embedding or LM head.** The block is embedded with the target's frozen embedding and
   read out with the target's frozen LM head after this model's final `norm`.
-- **Optional sliding-window layers** (`layer_types`), causal inside the block, as serving engines run them.
+- **Optional sliding-window layers** (`layer_types`): what the authors' code (`is_causal` =
+  sliding layer), SGLang (sliding = causal DECODER attention with window_left = sliding_window-1)
+  and vLLM (`_dflash_layer_causal`) run: causal inside the block, keys within the window
+  (`q_pos - k_pos < sliding_window`, the current token included, HF's convention). Full layers see
+  their whole block (bidirectional).
 
 Parameter names are the reference format that SGLang / vLLM map: `layers.{i}.self_attn.{q,k,v,o}_proj`,
 `layers.{i}.self_attn.{q,k}_norm`, `layers.{i}.mlp.{gate,up,down}_proj`,
@@ -45,6 +54,8 @@ class DrafterSpec:
     vocab_size: int  # the target's vocabulary (embedding rows)
     rms_norm_eps: float = 1e-6  # Qwen3's default
     rope_theta: float = 1_000_000.0  # Qwen3's default; copied from the target
+    rope_scaling: dict | None = None  # the target's RoPE scaling ({"rope_type": "yarn", "factor": ...}); None = plain
+    attention_bias: bool = False  # q/k/v/o biases, as the target's `attention_bias`
     max_position_embeddings: int = 40960  # Qwen3-8B's
     block_size: int = 16  # anchor + 15 predictions (paper)
     num_target_layers: int = 36  # the target's depth (exported for serving engines)
@@ -77,12 +88,31 @@ class RMSNorm(nn.Module):
         return (x32 * self.weight.float()).to(dtype)  # stays in the input dtype under autocast
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
-    """fp32 cos/sin for integer positions (..., T) -> (..., T, head_dim), HF's half-rotation layout."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[..., None] * inv_freq  # (..., T, head_dim/2)
+def rope_frequencies(spec: DrafterSpec) -> tuple[torch.Tensor, float]:
+    """(inv_freq (head_dim/2,) fp32, attention scaling) for the spec's RoPE: the plain formula, or
+    transformers' ROPE_INIT_FUNCTIONS for a scaled one (a Qwen3Config carries the parameters)."""
+    rope_type = (spec.rope_scaling or {}).get("rope_type", (spec.rope_scaling or {}).get("type", "default"))
+    if rope_type == "default":
+        d = spec.head_dim
+        return 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)), 1.0
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"rope_scaling: rope_type {rope_type!r} is not one of {', '.join(ROPE_INIT_FUNCTIONS)}")
+    cfg = Qwen3Config(hidden_size=spec.hidden_size, num_attention_heads=spec.num_attention_heads,
+                      head_dim=spec.head_dim, max_position_embeddings=spec.max_position_embeddings,
+                      rope_theta=spec.rope_theta, rope_scaling=dict(spec.rope_scaling))
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"))
+    return inv_freq.float(), float(scaling)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float = 1.0):
+    """fp32 cos/sin for integer positions (..., T) -> (..., T, head_dim), HF's half-rotation layout,
+    times the attention scaling (YaRN's factor; 1 otherwise), as HF's rotary embeddings do."""
+    freqs = positions.float()[..., None] * inv_freq.float()  # (..., T, head_dim/2); fp32 even if .to(bf16)
     emb = torch.cat([freqs, freqs], dim=-1)  # (..., T, head_dim)
-    return emb.cos(), emb.sin()
+    return emb.cos() * scaling, emb.sin() * scaling
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -108,10 +138,11 @@ class Attention(nn.Module):
         super().__init__()
         h, nh, nkv, d = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
         self.nh, self.nkv, self.d = nh, nkv, d
-        self.q_proj = nn.Linear(h, nh * d, bias=False)
-        self.k_proj = nn.Linear(h, nkv * d, bias=False)
-        self.v_proj = nn.Linear(h, nkv * d, bias=False)
-        self.o_proj = nn.Linear(nh * d, h, bias=False)
+        bias = spec.attention_bias
+        self.q_proj = nn.Linear(h, nh * d, bias=bias)
+        self.k_proj = nn.Linear(h, nkv * d, bias=bias)
+        self.v_proj = nn.Linear(h, nkv * d, bias=bias)
+        self.o_proj = nn.Linear(nh * d, h, bias=bias)
         self.q_norm = RMSNorm(d, spec.rms_norm_eps)
         self.k_norm = RMSNorm(d, spec.rms_norm_eps)
 
@@ -188,13 +219,17 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_hidden_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        inv_freq, self.rope_attention_scaling = rope_frequencies(spec)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (head_dim/2,), not exported
 
     def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
-        """Normal(0, std) linears, ones for norms (Qwen3's init), from an explicit generator."""
+        """Normal(0, std) linears, zero biases, ones for norms (Qwen3's init), from an explicit generator."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 with torch.no_grad():
                     m.weight.copy_(torch.randn(m.weight.shape, generator=generator) * std)
+                    if m.bias is not None:
+                        m.bias.zero_()
             elif isinstance(m, RMSNorm):
                 nn.init.ones_(m.weight)
 
@@ -203,10 +238,9 @@ class DFlashDrafter(nn.Module):
         """block_embeds (B, Q, H); target_hidden (B, S, k·H) taps; block_pos (B, Q) and ctx_pos (B, S)
         positions; masks: per layer kind {"full": m, "sliding": m} (or None = see everything).
         With `cache`, target_hidden holds only the new context positions; returns (B, Q, H)."""
-        spec = self.spec
         ctx = self.hidden_norm(self.fc(target_hidden))  # (B, S, H): fused context
-        cos_q, sin_q = rope_cos_sin(block_pos, spec.head_dim, spec.rope_theta)  # (B, Q, D)
-        cos_c, sin_c = rope_cos_sin(ctx_pos, spec.head_dim, spec.rope_theta)  # (B, S, D)
+        cos_q, sin_q = rope_cos_sin(block_pos, self.inv_freq, self.rope_attention_scaling)  # (B, Q, D)
+        cos_c, sin_c = rope_cos_sin(ctx_pos, self.inv_freq, self.rope_attention_scaling)  # (B, S, D)
         x = block_embeds
         for i, layer in enumerate(self.layers):
             ctx_k, ctx_v = layer.self_attn.context_kv(ctx, cos_c, sin_c)  # (B, nkv, S, D) each
@@ -218,8 +252,16 @@ class DFlashDrafter(nn.Module):
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """Taps spread over the target: `round(1 + i*(L-4)/(n-1))`; one draft layer taps `L // 2`."""
-    if num_draft_layers == 1:
-        return (num_target_layers // 2,)
-    span = num_target_layers - 4
-    return tuple(int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers))
+    """Distinct taps spread over the target: the reference formula `round(1 + i*(L-4)/(n-1))` (one draft
+    layer taps `L // 2`); where it repeats a layer (shallow targets), evenly spread over [1, L-3] when
+    that has room, else over [0, L-1]. ValueError when n > L (no n distinct layers)."""
+    L, n = num_target_layers, num_draft_layers
+    if not 1 <= n <= L:
+        raise ValueError(f"{n} taps cannot be distinct layers of a {L}-layer target")
+    if n == 1:
+        return (L // 2,)
+    ids = tuple(int(round(1 + i * (L - 4) / (n - 1))) for i in range(n))
+    if list(ids) == sorted(set(ids)) and ids[0] >= 0 and ids[-1] < L:
+        return ids
+    lo, hi = (1, L - 3) if L - 3 >= n else (0, L - 1)  # spacing >= 1 keeps the rounded ids distinct
+    return tuple(int(round(lo + i * (hi - lo) / (n - 1))) for i in range(n))

@@ -239,7 +239,8 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
     own.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         atomic_write_text(trainer.run_dir / "config.toml", to_toml(cfg))
-    writer = trainer._writer = MetricsWriter(trainer.run_dir if rank == 0 else own, tensorboard=cfg.metrics.tensorboard)
+    writer = trainer._writer = MetricsWriter(trainer.run_dir if rank == 0 else own, tensorboard=cfg.metrics.tensorboard,
+                                             after_step=trainer.step)
     start = {"step": trainer.step, "total_steps": total, "backend": trainer.backend, "device": str(trainer.device),
              "data": trainer.dataset.stats, "run_dir": str(trainer.run_dir), "target_devices": list(target_devices),
              "drafter_devices": list(drafter_devices)}

@@ -186,6 +186,26 @@ def ensure_mask_token(model: nn.Module, tokenizer, mask_token: str) -> tuple[int
     return mid, notes
 
 
+def choose_taps(requested: tuple[int, ...] | None, num_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """The configured taps (checked: in range, distinct) or the default spread; BadInput when impossible."""
+    if requested is None:
+        try:
+            return default_layer_ids(num_layers, num_draft_layers)
+        except ValueError:
+            raise BadInput(f"{num_draft_layers} draft layers need {num_draft_layers} distinct target layers to tap, "
+                           f"and the target has {num_layers}",
+                           hint=f"use drafter.num_layers <= {num_layers}, or set target.layer_ids "
+                                "(fewer taps than draft layers)") from None
+    bad = [i for i in requested if not 0 <= i < num_layers]
+    if bad:
+        raise BadInput(f"target.layer_ids {list(requested)}: {bad} out of range for a {num_layers}-layer target",
+                       hint=f"use ids in [0, {num_layers - 1}] or leave target.layer_ids unset for the default")
+    if len(set(requested)) != len(requested):
+        raise BadInput(f"target.layer_ids {list(requested)} repeats a layer",
+                       hint="each tap must be a different layer (a repeated tap adds no information)")
+    return tuple(requested)
+
+
 def load_target(cfg: TargetConfig, num_draft_layers: int, device: torch.device,
                 dtype_spec: str | None = None) -> Target:
     """Load (or build) the target, freeze it, choose the taps, make sure the mask token exists."""
@@ -200,12 +220,7 @@ def load_target(cfg: TargetConfig, num_draft_layers: int, device: torch.device,
     if getattr(tok, "chat_template", None) is None:
         raise BadInput(f"the target tokenizer at {cfg.path!r} has no chat template",
                        hint="DFlash data is rendered through the target's chat template; add one to tokenizer_config.json")
-    num_layers = int(model.config.num_hidden_layers)
-    layer_ids = tuple(cfg.layer_ids) if cfg.layer_ids is not None else default_layer_ids(num_layers, num_draft_layers)
-    bad = [i for i in layer_ids if not 0 <= i < num_layers]
-    if bad:
-        raise BadInput(f"target.layer_ids {list(layer_ids)}: {bad} out of range for a {num_layers}-layer target",
-                       hint=f"use ids in [0, {num_layers - 1}] or leave target.layer_ids unset for the default")
+    layer_ids = choose_taps(cfg.layer_ids, int(model.config.num_hidden_layers), num_draft_layers)
     mask_id, notes = ensure_mask_token(model, tok, cfg.mask_token)
     model.requires_grad_(False)
     model.eval()

@@ -30,8 +30,9 @@ from dflash.config import EMBEDDED_DATA, Config, apply_overrides, load_toml, to_
 from dflash.data import Batch, ChatDataset, build_dataset, eval_prompts, load_conversations
 from dflash.loss import LossOutput, draft_loss, estimated_tau, loss_weights, make_blocks, weight_sum
 from dflash.mask import build_masks, detect_backend
-from dflash.metrics import MetricsWriter, StepMetrics, memory_bytes
+from dflash.metrics import MetricsWriter, StepMetrics, check_tensorboard, memory_bytes
 from dflash.model import DFlashDrafter, DrafterSpec
+from dflash.runlock import RunLock
 from dflash.target import Target, load_target, resolve_device, resolve_dtype
 
 Event = Callable[[str, dict[str, Any]], None]  # progress callback: (kind, data)
@@ -65,6 +66,7 @@ def drafter_spec(cfg: Config, target: Target) -> DrafterSpec:
         head_dim=d.head_dim or getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
         intermediate_size=d.intermediate_size or tc.intermediate_size, vocab_size=target.vocab_size,
         rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)), rope_theta=float(_rope_theta(tc)),
+        rope_scaling=target_rope_scaling(tc), attention_bias=bool(getattr(tc, "attention_bias", False)),
         max_position_embeddings=int(getattr(tc, "max_position_embeddings", 40960)), block_size=d.block_size,
         num_target_layers=target.num_layers, target_layer_ids=target.layer_ids, mask_token_id=target.mask_token_id,
         layer_types=layer_types, sliding_window=d.sliding_window if d.sliding_layers else None,
@@ -93,9 +95,24 @@ def drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.
         return draft_loss(hidden, head, blocks, weights, denominator)
 
 
+def _rope_parameters(tc) -> dict:
+    """The target's RoPE parameters (transformers 5 `rope_parameters`, 4.x `rope_scaling` + `rope_theta`);
+    a per-layer-type dict (Gemma 3) gives its full-attention entry."""
+    rp = dict(getattr(tc, "rope_parameters", None) or getattr(tc, "rope_scaling", None) or {})
+    if "full_attention" in rp and isinstance(rp["full_attention"], dict):
+        rp = dict(rp["full_attention"])
+    return rp
+
+
 def _rope_theta(tc) -> float:
-    rp = getattr(tc, "rope_parameters", None) or {}
-    return rp.get("rope_theta") or getattr(tc, "rope_theta", None) or 10000.0
+    return _rope_parameters(tc).get("rope_theta") or getattr(tc, "rope_theta", None) or 10000.0
+
+
+def target_rope_scaling(tc) -> dict | None:
+    """The target's RoPE scaling without the theta ({"rope_type": "yarn", "factor": 4.0, ...}); None = plain."""
+    rp = {k: v for k, v in _rope_parameters(tc).items() if k != "rope_theta"}
+    rope_type = rp.get("rope_type", rp.get("type", "default"))
+    return None if rope_type == "default" else {**rp, "rope_type": rope_type}
 
 
 def load_training_data(cfg: Config, target: Target, on_event: Event) -> tuple[ChatDataset, list]:
@@ -136,6 +153,7 @@ class TrainResult:
     first_epoch_loss: float  # mean over the first epoch's steps (this call): less noisy than one step
     last_epoch_loss: float  # mean over the last epoch's worth of steps
     last_epoch_tau_estimate: float  # mean estimated τ over the last epoch's worth of steps
+    last_epoch_accuracy: tuple[float, ...]  # per slot 1..B-1, mean over the last epoch's worth of steps
     last: StepMetrics | None
     checkpoints: list[str]
     seconds: float
@@ -179,6 +197,7 @@ class RunLog:
                            first_epoch_loss=_mean(m.loss for m in h[:w]),
                            last_epoch_loss=_mean(m.loss for m in h[-w:]),
                            last_epoch_tau_estimate=_mean(m.tau_estimate for m in h[-w:]),
+                           last_epoch_accuracy=tuple(_mean(slot) for slot in zip(*(m.accuracy for m in h[-w:]))),
                            last=last, checkpoints=t.checkpoints, seconds=time.perf_counter() - t0,
                            eval=result_eval, notes=t.notes)
 
@@ -204,11 +223,14 @@ class Trainer:
         self._writer: MetricsWriter | None = None
         self.checkpoints: list[str] = []
         self._threads_before: int | None = None
+        self._lock: RunLock | None = None
 
     # ------------------------------------------------------------ building
     @classmethod
-    def from_config(cls, cfg: Config, *, resume: bool = False, on_event: Event | None = None) -> Trainer:
-        """Build everything from `cfg`; with `resume`, continue the latest checkpoint of its run dir."""
+    def from_config(cls, cfg: Config, *, resume: bool = False, on_event: Event | None = None, lock: bool = True) -> Trainer:
+        """Build everything from `cfg`; with `resume`, continue the latest checkpoint of its run dir.
+        `lock`: hold the run directory's lock (dflash.runlock) until close(); the ranks of a torchrun
+        job share one run directory, and only rank 0 holds it."""
         on_event = on_event or (lambda kind, data: None)
         run_dir = Path(cfg.checkpoint.out_dir) if cfg.checkpoint.out_dir else default_run_dir(cfg)
         start = None
@@ -222,6 +244,9 @@ class Trainer:
                            hint="pass --resume to continue that run, or choose another --out")
         device = resolve_device(cfg.train.device)
         detect_backend(device, cfg.train.attention)  # bad backend/device pairs fail before any work
+        check_tensorboard(cfg.metrics)
+        created = not run_dir.exists()
+        run_lock = RunLock(run_dir).acquire() if lock else None
         threads_before = torch.get_num_threads()
         if device.type == "cpu" and cfg.train.cpu_threads:
             torch.set_num_threads(cfg.train.cpu_threads)  # restored by close()
@@ -247,9 +272,14 @@ class Trainer:
                                    hint="resume with the run's own config (it is in the run directory's config.toml)")
         except BaseException:
             torch.set_num_threads(threads_before)
+            if run_lock is not None:
+                run_lock.release()
+                if created and not any(run_dir.iterdir()):
+                    run_dir.rmdir()  # bad input leaves nothing behind
             raise
         trainer = cls(cfg, target, dataset, drafter, run_dir, eval_convs=eval_convs, notes=notes, on_event=on_event)
         trainer._threads_before = threads_before
+        trainer._lock = run_lock
         if state is not None:
             trainer.load_state_dict(state)
             notes.append(f"resumed from {start} at step {trainer.step}")
@@ -382,7 +412,10 @@ class Trainer:
         t0 = time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.run_dir / "config.toml", to_toml(self.cfg))
-        self._writer = MetricsWriter(self.run_dir, tensorboard=self.cfg.metrics.tensorboard)
+        self._writer = MetricsWriter(self.run_dir, tensorboard=self.cfg.metrics.tensorboard, after_step=self.step)
+        if self._writer.truncated:
+            self.notes.append(f"metrics.jsonl: dropped {self._writer.truncated} rows past step {self.step} "
+                              "(the killed segment's; this run writes them again)")
         self._writer.write_event("start", {"step": self.step, "total_steps": self.total_steps, "notes": self.notes,
                                            "data": self.dataset.stats, "backend": self.backend, "device": str(self.device)})
         self.on_event("start", {"step": self.step, "total_steps": self.total_steps, "backend": self.backend,
@@ -425,6 +458,9 @@ class Trainer:
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def build_config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> Config:

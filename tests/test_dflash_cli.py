@@ -13,7 +13,7 @@ from tests.helpers import invoke, invoke_json
 COMMON = ["--set", "data.regenerate=false", "--set", "metrics.tensorboard=false", "--set", "checkpoint.every=100",
           "--set", "metrics.log_every=1"]
 TRAIN_KEYS = {"run_dir", "steps", "total_steps", "first_loss", "last_loss", "first_epoch_loss", "last_epoch_loss",
-              "last_epoch_tau_estimate", "last", "checkpoints", "seconds", "eval", "notes", "config"}
+              "last_epoch_tau_estimate", "last_epoch_accuracy", "last", "checkpoints", "seconds", "eval", "notes", "config"}
 STEP_KEYS = {"step", "epoch", "loss", "lr", "grad_norm", "accuracy", "tau_estimate", "tokens", "blocks", "seconds",
              "tokens_per_s", "time_split", "memory_bytes"}
 EVAL_KEYS = {"prompts", "rounds", "tau", "max_tau", "acceptance_histogram", "generated_tokens", "plain_seconds",
@@ -36,7 +36,7 @@ def trained_run(tmp_path_factory, chat_file):
 def test_train_json_schema(trained_run):
     out, data = trained_run
     assert set(data) == TRAIN_KEYS and set(data["last"]) == STEP_KEYS and set(data["eval"]) == EVAL_KEYS
-    assert data["steps"] == 3 and len(data["last"]["accuracy"]) == 7  # slots 1..B-1 for B=8
+    assert data["steps"] == 3 and len(data["last"]["accuracy"]) == len(data["last_epoch_accuracy"]) == 7  # slots 1..B-1
     assert set(data["last"]["time_split"]) == {"data", "target", "drafter", "optim"}
     assert data["eval"]["outputs_match"] is True and data["eval"]["prompts"] == 2
     assert data["config"]["drafter"]["block_size"] == 8
@@ -92,9 +92,47 @@ def test_empty_dataset_exits_2(tmp_path):
     assert r.exit_code == 2 and "no usable conversation" in r.stderr and not out.exists()
 
 
+def test_skipped_records_are_counted_on_the_console_and_strict_exits_2(tmp_path, chat_file):
+    lines = chat_file.read_text().splitlines()
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("\n".join(lines + ["{broken", '{"messages": [{"role": "user", "content": "ba"}]}']) + "\n")
+    out = tmp_path / "run"
+    r = invoke(app, ["train", "--out", str(out), "--data", str(data), "--max-steps", "1", *COMMON,
+                     "--set", "eval.at_end=false"])
+    assert r.exit_code == 0, r.stderr
+    assert "2 of " in r.stderr and "records skipped" in r.stderr
+    assert "1 × unreadable JSONL line" in r.stderr and "mixed.jsonl:" in r.stderr
+    assert "1 × no assistant turn" in r.stderr and "e.g. record" in r.stderr
+    strict = invoke(app, ["train", "--out", str(tmp_path / "strict"), "--data", str(data), "--strict", *COMMON,
+                          "--set", "eval.at_end=false"])
+    said = " ".join(strict.stderr.split())  # rich wraps long lines
+    assert strict.exit_code == 2 and "data.strict: 2 of" in said and "Traceback" not in said
+    assert not (tmp_path / "strict").exists()
+
+
+def test_eval_accepts_the_latest_pointer(trained_run):
+    out, _ = trained_run
+    data = invoke_json(app, ["eval", str(out / "checkpoints" / "latest"), "-n", "1", "--max-new-tokens", "5"])
+    assert data["prompts"] == 1
+
+
 def test_eval_refuses_a_mismatched_target(trained_run, local_target_dir):
     out, _ = trained_run
     r = invoke(app, ["eval", str(out), "--target", str(local_target_dir)])
     assert r.exit_code == 2 and "does not match the target" in r.stderr and "hidden size 64" in r.stderr
     r = invoke(app, ["eval", str(out.parent / "missing")])
     assert r.exit_code == 2 and "not a dflash checkpoint" in r.stderr
+
+
+def test_qwen3_8b_dry_run_on_the_meta_device(tmp_path):
+    """The full-scale recipe end to end without weights: taps, spec, masks, loss and backward at Qwen3-8B
+    shapes (batch 1 × 3072 tokens, 512 anchors × 16), an export config that reads back; nothing written."""
+    data = invoke_json(app, ["train", "--recipe", "qwen3_8b", "--dry-run", "--out", str(tmp_path / "run")])
+    assert data["target_source"] == "Qwen3-8B shape (built in)" and data["layer_ids"] == [1, 9, 17, 25, 33]
+    h, ffn, layers = 4096, 12288, 5
+    per_layer = 2 * h * h + 2 * h * 1024 + 2 * 128 + 3 * h * ffn + 2 * h  # q,o + k,v + qk-norm + MLP + norms
+    assert data["drafter_params"] == layers * per_layer + 5 * h * h + 2 * h  # + fc (5 taps) + hidden_norm, norm
+    assert data["grads"] == 5 * 11 + 3  # every parameter got a gradient
+    assert data["taps_shape"] == [1, 3072, 5 * h] and data["hidden_shape"] == [1, 512 * 16, h]
+    assert data["export_config"]["dflash_config"]["target_layer_ids"] == [1, 9, 17, 25, 33]
+    assert data["notes"] == [] and not (tmp_path / "run").exists()

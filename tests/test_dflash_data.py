@@ -76,3 +76,20 @@ def test_empty_dataset_is_bad_input(tiny_target, tmp_path):
         build_dataset(convs, tiny_target.tokenizer, DataConfig(path="d.jsonl"), 4, 0)
     with pytest.raises(BadInput, match="does not exist"):
         read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_skips_are_counted_by_reason_with_examples_and_strict_refuses_them(tiny_target, tmp_path):
+    rows = [{"messages": MSGS}, "{not json", {"messages": [{"role": "user", "content": "ba"}]},
+            {"messages": [{"role": "user", "content": "ba"}, {"role": "assistant", "content": "bo"}]}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    convs, warnings = read_jsonl(path)
+    cfg = DataConfig(path=str(path), max_length=64)
+    ds = build_dataset(convs, tiny_target.tokenizer, cfg, 4, 0, warnings)
+    assert ds.stats.kept == 1 and ds.stats.skipped == 3
+    assert set(ds.stats.dropped) == {"unreadable JSONL line", "no assistant turn",
+                                     "no anchor position (too short, or no assistant token in [0, S-B])"}
+    assert "d.jsonl:2" in ds.stats.examples["unreadable JSONL line"][0]
+    assert ds.stats.examples["no assistant turn"] == ["record 2 ('ba')"]
+    strict = DataConfig(path=str(path), max_length=64, strict=True)
+    with pytest.raises(BadInput, match="data.strict: 3 of 4 records would be skipped"):
+        build_dataset(convs, tiny_target.tokenizer, strict, 4, 0, warnings)

@@ -170,3 +170,28 @@ def test_backend_detection_once_with_override():
         detect_backend("cpu", "flex")
     with pytest.raises(BadInput):
         detect_backend("cpu", "fast")
+
+
+def zlab_attention_mask(q_len, kv_len, *, is_causal, sliding_window):
+    """The authors' inference mask (z-lab/dflash `_attention_mask`): queries are the last q_len positions
+    of the keys [context | block]; sliding layers are causal (`is_causal` = sliding_attention) with
+    `q_pos - k_pos < sliding_window`; full layers pass no mask (see everything)."""
+    q_pos = kv_len - q_len + torch.arange(q_len)[:, None]
+    k_pos = torch.arange(kv_len)[None, :]
+    visible = torch.ones(q_len, kv_len, dtype=torch.bool)
+    if is_causal:
+        visible &= k_pos <= q_pos
+    if sliding_window is not None:
+        visible &= q_pos - k_pos < sliding_window
+    return visible
+
+
+@pytest.mark.parametrize("start, bs, window", [(5, 4, 4), (20, 4, 6), (40, 8, 16), (3, 8, 64)])
+def test_sliding_and_full_layers_match_the_reference_inference_mask(start, bs, window):
+    """One block at inference (anchor = start, context = positions 0..start-1): our masks equal the
+    reference's for both layer kinds; training blocks use the same mask_mod per anchor."""
+    anchors = torch.tensor([[start]])
+    m = build_masks(anchors, start, bs, "sdpa", window, need_sliding=True)
+    ref_sliding = zlab_attention_mask(bs, start + bs, is_causal=True, sliding_window=window)
+    assert torch.equal(m["sliding"][0, 0], ref_sliding)
+    assert bool(m["full"][0, 0].all())  # full layers: whole context and the whole block, bidirectional

@@ -33,6 +33,31 @@ def test_default_taps(layers, draft, expected):
     assert default_layer_ids(layers, draft) == expected
 
 
+def test_default_taps_are_distinct_and_spread_for_any_depth():
+    for layers in range(1, 65):
+        for draft in range(1, layers + 1):
+            ids = default_layer_ids(layers, draft)
+            assert len(ids) == draft and list(ids) == sorted(set(ids)) and all(0 <= i < layers for i in ids), (layers, draft)
+            if draft > 1:  # spread: from the first layers to the last ones (the formula's 1 .. L-3)
+                assert ids[0] <= 1 and ids[-1] >= layers - 3, (layers, draft, ids)
+    assert default_layer_ids(4, 4) == (0, 1, 2, 3)  # was [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="5 taps cannot be distinct layers of a 4-layer target"):
+        default_layer_ids(4, 5)
+
+
+def test_impossible_or_repeated_taps_are_bad_input():
+    from compilewatch.errors import BadInput
+    from dflash.target import choose_taps
+
+    with pytest.raises(BadInput, match="5 draft layers need 5 distinct target layers"):
+        choose_taps(None, 4, 5)
+    with pytest.raises(BadInput, match="repeats a layer"):
+        choose_taps((1, 1), 6, 2)
+    with pytest.raises(BadInput, match="out of range"):
+        choose_taps((1, 6), 6, 2)
+    assert choose_taps((0, 5), 6, 5) == (0, 5)
+
+
 def test_parameter_names_are_the_reference_format():
     names = set(make_drafter().state_dict())
     expected = {"fc.weight", "hidden_norm.weight", "norm.weight"}
@@ -130,3 +155,88 @@ def test_drafter_compiles_as_one_graph():
         torch.testing.assert_close(compiled(blocks, ctx, pos, torch.arange(seq)[None], masks=flex_masks), ref,
                                    atol=1e-5, rtol=1e-4)
     torch._dynamo.reset()
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+
+
+@pytest.mark.parametrize("scaling", [None, YARN, {"rope_type": "linear", "factor": 2.0}])
+def test_rope_follows_the_targets_scaling_as_transformers_computes_it(scaling):
+    """cos/sin equal transformers' Qwen3RotaryEmbedding for the same config (YaRN's attention factor included)."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    from dflash.model import rope_cos_sin, rope_frequencies
+
+    spec = small_spec(rope_scaling=scaling, max_position_embeddings=1024)
+    pos = torch.arange(0, 900, 7)[None]  # (1, T), past the original 256 positions
+    cos, sin = rope_cos_sin(pos, *rope_frequencies(spec))
+    cfg = Qwen3Config(hidden_size=32, num_attention_heads=4, head_dim=8, max_position_embeddings=1024,
+                      rope_theta=10000.0, rope_scaling=scaling)
+    ref_cos, ref_sin = Qwen3RotaryEmbedding(cfg)(torch.zeros(1, pos.shape[1], 8), pos)
+    # same fp32 formula on both sides; tolerance for the order of the position * frequency product
+    torch.testing.assert_close(cos, ref_cos, rtol=0, atol=2e-5)
+    torch.testing.assert_close(sin, ref_sin, rtol=0, atol=2e-5)
+    if scaling == YARN:
+        assert float(cos[0, 0, 0]) > 1.0  # YaRN's attention factor scales cos/sin (cos 0 = 1 * factor)
+
+
+def test_attention_bias_gives_reference_named_biases():
+    d = make_drafter(attention_bias=True)
+    names = set(d.state_dict())
+    for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert f"layers.0.self_attn.{p}.bias" in names  # the reference/vLLM put it on all four
+        assert torch.count_nonzero(d.layers[1].self_attn.__getattr__(p).bias) == 0  # zero at init
+    assert not any(n.endswith(".bias") and "self_attn" not in n for n in names)  # MLP, fc: no bias
+    assert not any(n.endswith(".bias") for n in make_drafter().state_dict())
+
+
+def test_export_says_rope_scaling_and_bias_in_the_fields_loaders_read(tmp_path):
+    from transformers import Qwen3Config
+
+    from dflash import checkpoint as ckpt
+
+    spec = small_spec(rope_scaling=YARN, attention_bias=True, max_position_embeddings=1024, rope_theta=5e5)
+    cfg = ckpt.export_config(spec, torch.float32)
+    assert cfg["attention_bias"] is True and cfg["rope_theta"] == 5e5
+    assert cfg["rope_scaling"] == YARN  # transformers 4.x and SGLang's get_rope_config
+    assert cfg["rope_parameters"] == {**YARN, "rope_theta": 5e5}  # transformers 5 and vLLM
+    assert ckpt.spec_from_config(cfg) == spec
+    hf = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("dflash_config", "architectures")})
+    assert hf.rope_parameters["rope_type"] == "yarn" and hf.rope_parameters["factor"] == 4.0 and hf.attention_bias
+    d = DFlashDrafter(spec)
+    d.init_weights(torch.Generator().manual_seed(0))
+    ckpt.write_export(tmp_path, d, torch.float32)
+    back = ckpt.load_export(tmp_path)  # strict: the biases round-trip under their reference names
+    assert back.spec == spec and torch.equal(back.layers[0].self_attn.q_proj.bias, d.layers[0].self_attn.q_proj.bias)
+
+
+def test_drafter_spec_follows_the_targets_config():
+    from types import SimpleNamespace
+
+    from dflash.trainer import target_rope_scaling
+
+    v5 = SimpleNamespace(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                                          "original_max_position_embeddings": 32768})
+    assert target_rope_scaling(v5) == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    v4 = SimpleNamespace(rope_scaling={"type": "linear", "factor": 2.0}, rope_theta=1e4)
+    assert target_rope_scaling(v4) == {"type": "linear", "factor": 2.0, "rope_type": "linear"}
+    assert target_rope_scaling(SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6})) is None
+    per_layer = SimpleNamespace(rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    assert target_rope_scaling(per_layer) == {"rope_type": "linear", "factor": 8.0}
+
+
+def test_trainer_builds_the_drafter_from_a_yarn_biased_target():
+    from types import SimpleNamespace
+
+    from dflash.config import tiny
+    from dflash.target import tiny_target_config
+    from dflash.trainer import drafter_spec
+
+    tc = tiny_target_config(320, attention_bias=True, rope_theta=5e5, max_position_embeddings=4096,
+                            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024})
+    target = SimpleNamespace(config=tc, hidden_size=64, vocab_size=320, num_layers=6, layer_ids=(1, 3), mask_token_id=5)
+    spec = drafter_spec(tiny(), target)
+    assert spec.attention_bias is True and spec.rope_theta == 5e5
+    assert spec.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}

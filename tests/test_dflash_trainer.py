@@ -54,6 +54,65 @@ def test_kill_and_resume_gives_the_same_losses(tmp_path, chat_file):
     # layout) the same kernels in the same order; a claim about resume, not about other CPUs
     assert resumed == full[3:]
     assert ckpt.latest_checkpoint(tmp_path / "b").name == "step_000006"
+    rows = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "event" not in r]
+    assert steps == [1, 2, 3, 4, 5, 6]  # the killed segment's rows for steps 4-5 were replaced, not duplicated
+    assert [r["loss"] for r in rows if "event" not in r] == [loss for _, loss in full]
+    assert not (tmp_path / "b" / ".lock").exists()  # released by close()
+
+
+def test_one_trainer_per_run_dir_and_a_stale_lock_is_reported(tmp_path, chat_file):
+    import subprocess
+    import sys
+
+    from dflash.runlock import RunLock
+
+    a = Trainer.from_config(small_config(tmp_path, chat_file))
+    try:
+        lock = json.loads((tmp_path / ".lock").read_text())
+        assert lock["pid"] == __import__("os").getpid() and lock["host"]
+        with pytest.raises(BadInput, match="in use by another trainer: pid"):
+            Trainer.from_config(small_config(tmp_path, chat_file))
+    finally:
+        a.close()
+    assert not (tmp_path / ".lock").exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = {"pid": int(dead.stdout), "host": __import__("socket").gethostname(), "started": "then"}
+    (tmp_path / ".lock").write_text(json.dumps(stale))
+    with pytest.raises(BadInput, match="stale lock: process") as e:
+        RunLock(tmp_path).acquire()
+    assert "delete" in e.value.hint and "--resume" in e.value.hint
+    assert json.loads((tmp_path / ".lock").read_text()) == stale  # reported, not taken over
+
+
+def test_bad_input_leaves_no_run_dir_and_no_lock(tmp_path, chat_file):
+    with pytest.raises(BadInput, match="distinct target layers"):
+        Trainer.from_config(small_config(tmp_path / "run", chat_file, **{"drafter.num_layers": 7}))
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_accepts_the_latest_pointer_and_the_checkpoints_dir(tmp_path, chat_file):
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{"train.max_steps": 1}))
+    t.train()
+    t.close()
+    want = tmp_path / "checkpoints" / "step_000001"
+    for p in (tmp_path, tmp_path / "checkpoints", tmp_path / "checkpoints" / "latest", want):
+        assert ckpt.resolve_checkpoint(p) == want
+    (tmp_path / "checkpoints" / "latest").write_text("../../elsewhere\n")  # never followed out of checkpoints/
+    assert ckpt.latest_checkpoint(tmp_path) == want
+
+
+def test_tensorboard_is_off_by_default_and_a_clear_error_when_missing():
+    from dflash.config import MetricsConfig
+    from dflash.metrics import check_tensorboard, tensorboard_available
+
+    assert MetricsConfig().tensorboard is False
+    check_tensorboard(MetricsConfig())
+    if tensorboard_available():
+        pytest.skip("tensorboard is installed here")
+    with pytest.raises(BadInput, match="tensorboard package is not installed") as e:
+        check_tensorboard(MetricsConfig(tensorboard=True))
+    assert "pip install tensorboard" in e.value.hint
 
 
 def test_export_config_and_safetensors_names(tmp_path, chat_file):
@@ -126,7 +185,7 @@ def test_train_on_a_local_hf_target_dir(tmp_path, chat_file, local_target_dir):
     assert r.steps == 2 and t.drafter.spec.hidden_size == 32
     cfg = json.loads((ckpt.latest_checkpoint(tmp_path) / "config.json").read_text())
     assert cfg["hidden_size"] == 32 and cfg["num_target_layers"] == 4
-    assert cfg["dflash_config"]["target_layer_ids"] == [1, 1]  # round(1 + i*(4-4)/1): the formula, even when degenerate
+    assert cfg["dflash_config"]["target_layer_ids"] == [0, 3]  # the formula would repeat layer 1: spread instead
 
 
 def test_lr_schedules():
@@ -178,3 +237,47 @@ def test_prewarm_runs_every_bucket_without_updating(tmp_path, chat_file):
     assert seen == list(t.dataset.buckets) and all(p.grad is None for p in t.drafter.parameters())
     for k, v in t.drafter.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+def test_multi_turn_think_data_on_a_target_with_qwen3s_real_template_drops_nothing(tmp_path):
+    """The issue's case: a random Qwen3 whose tokenizer carries Qwen3's real chat template, ShareGPT
+    multi-turn records with <think> blocks. The old prefix check dropped every multi-turn record (96 of
+    192); now all train (data.strict would refuse any skip), the last turn's think block included."""
+    import random
+    from pathlib import Path
+
+    from transformers import Qwen3ForCausalLM
+
+    from dflash.target import build_tiny_tokenizer, tiny_target_config, tiny_words
+    from tests.dflash_helpers import write_jsonl
+
+    tok = build_tiny_tokenizer()
+    tok.chat_template = (Path(__file__).parent / "fixtures" / "chat_templates" / "qwen3.jinja").read_text()
+    target_dir = tmp_path / "qwen3-real-template"
+    Qwen3ForCausalLM(tiny_target_config(len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                        head_dim=8)).save_pretrained(target_dir)
+    tok.save_pretrained(target_dir)
+    rng, words = random.Random(0), tiny_words()
+
+    def say(n):
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    rows = []
+    for i in range(192):
+        turns = [{"from": "human", "value": say(5)}, {"from": "gpt", "value": f"<think>\n{say(6)}\n</think>\n\n{say(12)}"}]
+        if i % 2:  # half multi-turn, as in the issue
+            turns += [{"from": "human", "value": say(4)}, {"from": "gpt", "value": f"<think>\n{say(5)}\n</think>\n\n{say(10)}"}]
+        rows.append({"conversations": turns})
+    data = write_jsonl(tmp_path / "sharegpt.jsonl", rows)
+    t = Trainer.from_config(small_config(tmp_path / "run", data, **{"target.path": str(target_dir), "data.strict": True,
+                                                                  "train.max_steps": 1}))
+    try:
+        stats = t.dataset.stats
+        assert stats.records == 192 and stats.kept == 192 and stats.dropped == {}
+        sample = next(s for s in t.dataset.samples if (s.input_ids == tok.convert_tokens_to_ids("<|im_end|>")).sum() >= 4)
+        trained = tok.convert_ids_to_tokens(sample.input_ids[sample.loss_mask].tolist())
+        assert trained.count("<|im_end|>") == 2  # both answers end with their end-of-turn token
+        assert trained.count("[UNK]") == 2  # only the last turn's <think> ... </think> (not in this vocabulary)
+        assert t.train().steps == 1
+    finally:
+        t.close()

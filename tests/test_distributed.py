@@ -23,7 +23,7 @@ from tests.numerics import reduction_tol
 from compilewatch.errors import BadInput
 from dflash import replicas
 from dflash.config import apply_overrides, tiny
-from dflash.distributed import rank_info
+from dflash.distributed import rank_device, rank_info
 from dflash.distributed_train import check_agreement
 from dflash.rank_report import CacheState, RankCache, cache_state, cache_verdicts
 from dflash.trainer import Trainer
@@ -242,3 +242,15 @@ def test_cache_verdicts_name_a_cold_rank_and_a_foreign_machine(tmp_path):
     v = cache_verdicts([RankCache(0, "n0", warm), RankCache(1, "n1", other)])
     assert any("different machine types" in x for x in v) and any("3 cache entries" in x for x in v)
     assert cache_state(str(tmp_path / "nothing")).status == "missing"
+
+
+def test_device_cuda_under_torchrun_means_the_local_rank(monkeypatch):
+    info = rank_info({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                      "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert rank_device(info, "cuda") == rank_device(info, "auto") == "cuda:1"
+    assert rank_device(info, "cuda:0") == "cuda:0" and rank_device(info, "cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BadInput, match="no CUDA device"):
+        rank_device(info, "cuda")
