@@ -73,6 +73,11 @@ def _thread_start(t: Any) -> float | None:
     return seen
 
 
+def _thread_key(ident: int) -> tuple[int, float | None]:
+    """A Python thread's identity: its ident (reused by later threads) and when the watcher first saw it."""
+    return ident, _thread_start(threading._active.get(ident))  # type: ignore[attr-defined]
+
+
 def _in_dynamo_compile(frames: list[Frame] | tuple[Frame, ...]) -> bool:
     """The trace runs inside a dynamo compile (AOTAutograd / Inductor), not a plain make_fx / symbolic_trace."""
     return any(f.file == "torch/_dynamo/convert_frame.py" for f in frames)
@@ -298,10 +303,10 @@ class Watcher:
         self._prev_excepthook(args)
 
     @staticmethod
-    def _setter_threads(exclude_thread: int) -> tuple[int, ...]:
+    def _setter_threads(exclude_thread: int) -> tuple[tuple[int, float | None], ...]:
         """Threads (other than `exclude_thread`) inside an outermost Tracer.trace now: cheap, no stacks."""
-        return tuple(sorted({w.thread_id for w in tracehooks.active_windows()
-                             if w.thread_id != exclude_thread and w.outer_window is None}))
+        return tuple(sorted({_thread_key(w.thread_id) for w in tracehooks.active_windows()
+                             if w.thread_id != exclude_thread and w.outer_window is None}, key=str))
 
     def _setters(self, exclude_thread: int | None = None, only_thread: int | None = None) -> list[dict[str, Any]]:
         out = []
@@ -354,7 +359,7 @@ class Watcher:
             self._check_stuck("flag_read")
             return
         if not read.effective:
-            key = ("leak_prevented", me, setter_threads, call)
+            key = ("leak_prevented", _thread_key(me), setter_threads, call)
             if self._first(key):
                 self._emit_first(key, "leak_prevented", {"reader": read.reader, "call": call,
                                                          "setters": self._setters(exclude_thread=me)})
@@ -365,7 +370,7 @@ class Watcher:
             if getattr(dcfg, "force_compile_during_fx_trace", False):
                 return
             if not getattr(dcfg, "error_on_nested_fx_trace", True):
-                key = ("eager_fallback", me, setter_threads, call)
+                key = ("eager_fallback", _thread_key(me), setter_threads, call)
                 if self._first(key):
                     self._emit_first(key, "eager_fallback", {
                         "call": call, "cross_thread": True, "setters": self._setters(exclude_thread=me),
@@ -376,7 +381,7 @@ class Watcher:
             caller = read.caller
             outcome = (f"{read.reader}() returned True in a thread that is not tracing"
                        + (f" (called from {caller.f_code.co_name})" if caller is not None else ""))
-        key = ("flag_leak", me, setter_threads, call)
+        key = ("flag_leak", _thread_key(me), setter_threads, call)
         if self._first(key):
             self._emit_first(key, "flag_leak", {"reader": read.reader, "call": call, "outcome": outcome,
                                                 "setters": self._setters(exclude_thread=me),
@@ -391,7 +396,7 @@ class Watcher:
     def on_foreign_module_call(self, call: fxpatch.ForeignModuleCall) -> None:
         me = threading.get_ident()
         error_type = call.error.split(":", 1)[0] if call.error else None
-        key = ("module_call_leak", me, call.owner_thread_id, call.module, error_type)
+        key = ("module_call_leak", _thread_key(me), _thread_key(call.owner_thread_id), call.module, error_type)
         if self._first(key):
             self._emit_first(key, "module_call_leak", {
                 "module": call.module, "error": call.error, "setters": self._setters(only_thread=call.owner_thread_id),
