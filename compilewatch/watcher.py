@@ -278,7 +278,7 @@ class Watcher:
             ev = self._seen.get(key)
             if ev is not None and n:
                 self._emit("repeat", {"of_seq": ev.seq, "of_pid": ev.pid, "of_kind": ev.kind, "count": n},
-                           thread=_NamedThread(ev.thread, ev.thread_id))
+                           thread=_NamedThread(ev.thread, ev.thread_id, ev.thread_start))
         self.repeats.clear()
 
     def _on_thread_exception(self, args: Any) -> None:
@@ -479,7 +479,7 @@ class Watcher:
             self._emit("stall", {"what": what, "since": start, "open_for_s": now - start,
                                  "stall_after_s": self.stall_after, "threads_in_compile": in_compile,
                                  "stacks": {k: [str(f) for f in v] for k, v in all_stacks.items()}},
-                       thread=thread or _NamedThread(tname, tid))
+                       thread=thread or _NamedThread(tname, tid, _thread_key(tid)[1]))
         if tracehooks.active_windows():
             self._stuck_ticks = 0
         elif fxpatch.stuck_state().stuck:
@@ -502,8 +502,10 @@ def notify_all(kind: str, detail: dict[str, Any]) -> None:
 class _NamedThread:
     """Stands in for a thread that has ended, so an event can still carry its name and id."""
 
-    def __init__(self, name: str, ident: int) -> None:
+    def __init__(self, name: str, ident: int, start: float | None = None) -> None:
         self.name, self.ident = name, ident
+        if start is not None:
+            self._compilewatch_seen = start
 
 
 def watch(report: str | os.PathLike[str] | None = None, *, stall_after: float = 300.0, repair: bool = False,
