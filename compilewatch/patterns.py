@@ -41,7 +41,7 @@ PATTERNS: tuple[Pattern, ...] = (
         name="recompile_dynamic_symint_assert",
         regex=r"NYI SymInt equality",
         kind=None, race=False,
-        cause="a torch bug, not a thread race: the second compile of the same code is made dynamic by automatic "
+        cause="a torch bug: the second compile of the same code is made dynamic by automatic "
               "dynamic shapes, and AOTAutograd's backward trace hits an internal assert (e.g. in PowBackward0); "
               "it fails the same way with one thread",
         fix="torch.compile(..., dynamic=False), or TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0 in the environment, or "

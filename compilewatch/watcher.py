@@ -415,7 +415,8 @@ class Watcher:
             inner = [x.error for x in self._recent if x.error and x.thread_id == w.thread_id and x.start >= w.start]
             self._emit("compile_failed", {"compile_id": w.compile_id, "trigger": w.trigger, "function": w.function,
                                           "error": w.error, "trace_errors": inner[-3:],
-                                          "stack": _frames(stacks.current_stack(skip=2))})
+                                          "stack": _frames([f for f in stacks.current_stack(skip=2)
+                                                            if not f.file.endswith(("callback.py", "contextlib.py"))])})
         if self._warm_snapshot is not None:
             from compilewatch import counters
 
