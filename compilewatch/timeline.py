@@ -141,7 +141,9 @@ def to_trace_events(events: Iterable[WatchEvent]) -> dict[str, Any]:
     ids = _Ids()
     if not events:
         return {"traceEvents": [], "displayTimeUnit": "ms", "otherData": {"source": "compilewatch", "t0": None}}
-    t0 = min(min(e.time, float(e.detail.get("start", e.time) or e.time)) for e in events)
+    t0 = min(min(e.time, float(e.detail.get("start", e.time) or e.time),
+                 *(float(s["since"]) for s in e.detail.get("setters") or [] if isinstance(s, dict) and s.get("since")))
+             for e in events)
     counters: list[tuple[float, int, int, int]] = []  # time, pid, +1/-1 open windows, flag after (-1: n/a)
     flows: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = []  # (s, f, setter) per arrow
     for e in events:
