@@ -92,10 +92,18 @@ def _compiled_call_name(frame: Any) -> str | None:
     if frame is None or frame.f_code.co_name != "compile_wrapper":
         return None
     fn = frame.f_locals.get("fn")
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     code = getattr(fn, "__code__", None)
-    where = f" ({stacks._short(code.co_filename)}:{code.co_firstlineno})" if code is not None else ""
-    return f"{name}{where}"
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    if code is None:
+        return name
+    key = (code, name)
+    text = _call_names.get(key)
+    if text is None:  # paths are shortened once per function: a failing loop repeats this per call
+        text = _call_names[key] = f"{name} ({stacks._short(code.co_filename)}:{code.co_firstlineno})"
+    return text
+
+
+_call_names: dict[tuple[Any, str], str] = {}
 
 
 class Watcher:
@@ -266,6 +274,15 @@ class Watcher:
             self._seen[key] = None
             return True
 
+    def _repeat_of(self, *keys: tuple) -> bool:
+        """Count a repeat of whichever of `keys` was reported already; False if none was."""
+        with self._lock:
+            for key in keys:
+                if key in self._seen:
+                    self.repeats[key] = self.repeats.get(key, 0) + 1
+                    return True
+        return False
+
     def _emit_first(self, key: tuple, kind: str, detail: dict[str, Any]) -> None:
         ev = self._emit(kind, detail)
         with self._lock:
@@ -358,6 +375,10 @@ class Watcher:
         if not setter_threads:  # the flag is set and nobody is tracing: stuck
             self._check_stuck("flag_read")
             return
+        victim = _thread_key(me)
+        if read.effective and self._repeat_of(("flag_leak", victim, setter_threads, call),
+                                              ("eager_fallback", victim, setter_threads, call)):
+            return  # seen already for this (setter, victim) pair: counted, nothing else to do
         if not read.effective:
             key = ("leak_prevented", _thread_key(me), setter_threads, call)
             if self._first(key):
