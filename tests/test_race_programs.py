@@ -24,6 +24,20 @@ _TL_OK, _TL_WHY = fxpatch.readers_patchable()
 TORCH_2_13_PLUS = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13)
 
 
+def _watcher_installs() -> str | None:
+    from compilewatch.errors import CompilewatchError
+
+    try:
+        Watcher().install().close()
+    except CompilewatchError as e:
+        return str(e)
+    return None
+
+
+_NO_WATCHER = _watcher_installs()
+pytestmark = pytest.mark.skipif(_NO_WATCHER is not None, reason=f"the watcher cannot install here: {_NO_WATCHER}")
+
+
 def watched(name: str) -> tuple[dict, WatchSummary]:
     """Run tests/race_programs/<name>.py's main() under a fresh watcher and dynamo state."""
     torch._dynamo.reset()
@@ -49,16 +63,19 @@ def assert_honest(truth: dict, s: WatchSummary) -> None:
 
 def test_recompile_assert_leads_and_is_not_called_a_race():
     truth, s = watched("recompile_assert_beside_hot_thread")
-    assert truth["errors"].keys() == {"trainer"} and all("NYI SymInt equality" in e for e in truth["errors"]["trainer"])
+    assert truth["errors"]["trainer"] and all("NYI SymInt equality" in e for e in truth["errors"]["trainer"])
     assert_honest(truth, s)
-    first = s.findings[0]
-    assert first.kind == "compile_failed" and first.threads == ("trainer",) and first.race is False
-    assert first.pattern == "recompile_dynamic_symint_assert" and "<lambda>" in (first.function or "")
-    assert first.count == len(truth["errors"]["trainer"])  # one per failed compile
-    assert s.advice[0] == patterns.by_name("recompile_dynamic_symint_assert").fix  # dynamic=False / env var
-    assert s.verdicts[0].startswith("failure: compile of <lambda>")
-    # the hot thread did nothing wrong: at most risks, never a failure
-    assert all(f.severity != FAILURE for f in s.findings if "hot" in f.threads)
+    cf = next(f for f in s.findings if f.kind == "compile_failed")
+    assert cf.threads == ("trainer",) and cf.race is False and cf.severity == FAILURE
+    assert cf.pattern == "recompile_dynamic_symint_assert" and "<lambda>" in (cf.function or "")
+    assert cf.count == len(truth["errors"]["trainer"])  # one per failed compile
+    assert patterns.by_name("recompile_dynamic_symint_assert").fix in s.advice  # dynamic=False / env var
+    if "hot" not in truth["errors"]:  # torch 2.13: the hot thread is unharmed, the compile failure leads
+        assert s.findings[0] is cf and s.verdicts[0].startswith("failure: compile of <lambda>")
+        assert s.advice[0] == cf.fix
+        assert all(f.severity != FAILURE for f in s.findings if "hot" in f.threads)  # at most risks
+    # torch 2.11: the hot thread really fails too (the flag leaks from the trainer's AOT trace): both
+    # are failures, in the order they happened (assert_honest checked that "hot" is named)
 
 
 def test_trace_held_open_beside_a_warm_call_advises_the_thread_local_fix_only():
@@ -127,8 +144,10 @@ def test_compilewatch_run_leads_with_the_compile_failure(tmp_path):
     assert res.returncode == 1, res.stderr  # the program exits 0; --strict fails on the failure
     s = json.loads(res.stdout)["summary"]
     assert not s["ok"] and s["failures"] >= 1
-    assert s["findings"][0]["pattern"] == "recompile_dynamic_symint_assert" and s["findings"][0]["threads"] == ["trainer"]
-    assert "dynamic=False" in s["advice"][0]
+    cf = next(f for f in s["findings"] if f["kind"] == "compile_failed")
+    assert cf["pattern"] == "recompile_dynamic_symint_assert" and cf["threads"] == ["trainer"] and cf["race"] is False
+    if TORCH_2_13_PLUS:  # nothing else fails there: the compile failure leads
+        assert s["findings"][0] == cf and "dynamic=False" in s["advice"][0]
 
 
 def _result(events) -> "runner.RunResult":
