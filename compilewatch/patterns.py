@@ -46,7 +46,7 @@ PATTERNS: tuple[Pattern, ...] = (
               "it fails the same way with one thread",
         fix="torch.compile(..., dynamic=False), or TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0 in the environment, or "
             "compile each code object once (do not recompile the same lambda/function with new shapes)",
-        torch_versions="2.13 CPU (aot_eager, fwd+bwd; FACTS.md §1); not checked on 2.11 / 2.15",
+        torch_versions="2.11 and 2.13 CPU (aot_eager, fwd+bwd; FACTS.md §1); the same program passes on 2.14.1 and 2.15.0",
     ),
     Pattern(
         name="nested_fx_trace",

@@ -234,6 +234,9 @@ def test_probe_threads_reports_errors_the_function_returns(tmp_path):
     target.write_text(KEEPS_ITS_ERRORS)
     report = probe_lib.probe_threads(f"{target}:run", 3, backend="aot_eager", timeout=120)
     returned = [o for o in report.threads if o.returned_errors]
+    if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 14):  # the assert is fixed there
+        assert not returned and not report.failed and report.verdicts[0].startswith("all 3 threads finished")
+        return
     assert returned and report.failed
     assert all(o.outcome == "error" and "NYI SymInt equality" in o.returned_errors[0] for o in returned)
     assert report.compile_failures and all("NYI SymInt equality" in c.error for c in report.compile_failures)

@@ -21,7 +21,9 @@ from compilewatch.watcher import Watcher
 
 ROOT = Path(__file__).resolve().parent.parent
 _TL_OK, _TL_WHY = fxpatch.readers_patchable()
-TORCH_2_13_PLUS = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13)
+_TORCH = tuple(int(p) for p in torch.__version__.split(".")[:2])
+TORCH_2_13_PLUS = _TORCH >= (2, 13)
+NYI_ASSERT = _TORCH < (2, 14)  # the "NYI SymInt equality" recompile assert: 2.11, 2.13; gone in 2.14.1, 2.15.0
 
 
 def _watcher_installs() -> str | None:
@@ -63,6 +65,10 @@ def assert_honest(truth: dict, s: WatchSummary) -> None:
 
 def test_recompile_assert_leads_and_is_not_called_a_race():
     truth, s = watched("recompile_assert_beside_hot_thread")
+    assert_honest(truth, s)
+    if not NYI_ASSERT:  # fixed in torch 2.14: nothing fails, and nothing may be called a failure
+        assert truth["errors"] == {} and s.ok, s.verdicts
+        return
     assert truth["errors"]["trainer"] and all("NYI SymInt equality" in e for e in truth["errors"]["trainer"])
     assert_honest(truth, s)
     cf = next(f for f in s.findings if f.kind == "compile_failed")
@@ -141,8 +147,11 @@ def test_compilewatch_run_leads_with_the_compile_failure(tmp_path):
     prog = ROOT / "tests" / "race_programs" / "recompile_assert_beside_hot_thread.py"
     res = subprocess.run([sys.executable, "-m", "cli.main", "run", "--json", "--strict", "--", sys.executable,
                           str(prog)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 1, res.stderr  # the program exits 0; --strict fails on the failure
     s = json.loads(res.stdout)["summary"]
+    if not NYI_ASSERT:
+        assert res.returncode == 0 and s["ok"], (res.stderr, s["verdicts"])
+        return
+    assert res.returncode == 1, res.stderr  # the program exits 0; --strict fails on the failure
     assert not s["ok"] and s["failures"] >= 1
     cf = next(f for f in s["findings"] if f["kind"] == "compile_failed")
     assert cf["pattern"] == "recompile_dynamic_symint_assert" and cf["threads"] == ["trainer"] and cf["race"] is False
