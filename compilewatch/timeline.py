@@ -27,7 +27,7 @@ from compilewatch.watch_events import PROBLEM_KINDS, WatchEvent, read_events
 _INSTANT_SCOPE = {"stuck_state": "p", "stall": "p"}  # process-wide state; the rest are thread events
 # problems that are a call in the victim thread: drawn as a short slice (its real length is unknown)
 _FAILED_CALL = {"flag_leak": "compiled call saw the FX flag", "eager_fallback": "compiled call ran eagerly",
-                "module_call_leak": "module call through a foreign tracer"}
+                "module_call_leak": "module call through a foreign tracer"}  # args.severity: failure or risk
 _FAILED_CALL_US = 100.0
 
 
@@ -170,8 +170,9 @@ def to_trace_events(events: Iterable[WatchEvent]) -> dict[str, Any]:
             if e.kind in _FAILED_CALL:  # the victim's call, as a short slice the leak arrow ends on
                 out.append({"ph": "X", "cat": "failed call", "name": f"{_FAILED_CALL[e.kind]}: "
                             f"{d.get('call') or d.get('module') or d.get('reader')}", "pid": e.pid, "tid": tid,
-                            "ts": _us(e.time, t0), "dur": _FAILED_CALL_US, "args": {"outcome": d.get("outcome"),
-                                                                                   "duration_unknown": True}})
+                            "ts": _us(e.time, t0), "dur": _FAILED_CALL_US, "args": {
+                                "outcome": d.get("outcome") or d.get("error") or "returned normally",
+                                "severity": e.severity, "duration_unknown": True}})
             out.append({"ph": "i", "s": scope, "cat": "problem" if e.kind in PROBLEM_KINDS else "info",
                         "name": _problem_name(e), "pid": e.pid, "tid": tid, "ts": _us(e.time, t0), "args": d})
             if e.kind not in _FAILED_CALL:

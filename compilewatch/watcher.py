@@ -13,6 +13,14 @@ What it listens to (each through the one module that owns that patch point):
 - compile_events: dynamo compile windows (for stalls and compiles after `mark_warm()`);
 - a watchdog thread that wakes every `min(0.5, stall_after / 4)` s: a compile or trace open longer
   than `stall_after` is reported with every thread's stack; stuck tracing state is checked too.
+- compile failures (the exception in flight when dynamo's end callback runs), traces that raise
+  outside dynamo, and threads that die with an uncaught exception (`threading.excepthook`, chained).
+
+Each finding is a failure (an exception or harm was seen) or a risk (nothing failed), see
+watch_events.severity(); the summary ranks failures first and names known torch failures
+(compilewatch.patterns). A finding that repeats for the same (setter thread, victim thread) pair is
+reported once with its stacks and then only counted (`repeat` events at close), so a failing loop
+pays a dictionary lookup per repeat, not a stack capture.
 
 Events go to `report` (JSONL, schema in watch_events) as they happen; `close()` writes an `end`
 event with the summary. The watcher never changes what the program does, except `repair=True`,
