@@ -125,8 +125,9 @@ def _render_threads(r: probe_lib.ThreadsReport) -> None:
         table.add_row(t.name, t.device, f"[{style}]{t.outcome}[/]", output.fmt_seconds(t.wall_s),
                       escape((t.error or "").splitlines()[0][:160]) if t.error else "")
     o.print(table)
-    o.print(f"Tracer.trace entries: {r.traces} {r.traces_per_thread}; dynamo frames compiled: "
-            f"{r.counters.frames_total}; _is_fx_tracing_flag stuck: {r.fx_flag_stuck}")
+    o.print(f"Tracer.trace entries: {len(r.traces)} {r.traces_per_thread}; dynamo frames compiled ok: "
+            f"{r.counters.frames_ok} of {r.counters.frames_total}; compiles that raised: {len(r.compile_failures)}; "
+            f"_is_fx_tracing_flag stuck: {r.fx_flag_stuck}")
     if r.stacks:
         o.print("[bold]stacks of every thread at the timeout:[/]")
         for name, frames in r.stacks.items():

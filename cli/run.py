@@ -18,12 +18,24 @@ from compilewatch import runner
 from compilewatch.watch_events import WatchEvent, WatchSummary
 
 
-def _live(ev: WatchEvent) -> None:
-    if ev.problem:
+class _Live:
+    """Prints each finding once while the program runs (the same line from many events: once)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, ev: WatchEvent) -> None:
+        if not ev.problem:
+            return
         from compilewatch.watch_events import summarize
 
-        for v in summarize([ev]).verdicts:
-            output.err.print(f"[yellow]compilewatch[/] (pid {ev.pid}): {escape(v)}")
+        for f in summarize([ev]).findings:
+            line = f.text.split(" — known torch failure", 1)[0]
+            if line in self.seen:
+                continue
+            self.seen.add(line)
+            style = "red" if f.severity == "failure" else "yellow"
+            output.err.print(f"[{style}]compilewatch[/] (pid {ev.pid}): {escape(line)}")
 
 
 def _child_stdout_to_stderr():
@@ -44,7 +56,8 @@ def run_cmd(
     timeline: Annotated[Optional[str], typer.Option("--timeline", help="Write a Chrome trace-event timeline (Perfetto) to FILE.json.")] = None,
     stall_after: Annotated[float, typer.Option("--stall-after", help="Seconds a compile may run before it counts as a stall (all stacks dumped).")] = 300.0,
     repair: Annotated[bool, typer.Option("--repair", help="Put stuck FX tracing state back when it is found.")] = False,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when the program exited 0 but the watcher found a problem.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when the program exited 0 but the watcher saw a failure (an exception, stuck state, a stall).")] = False,
+    strict_risks: Annotated[bool, typer.Option("--strict-risks", help="Like --strict, and also exit 1 on risks (no harm observed).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a Python program with the cross-thread watcher installed, without editing it.
@@ -62,22 +75,25 @@ def run_cmd(
       compilewatch run --timeline race.json -- torchrun --nproc-per-node 2 train.py
     """
     result = runner.run_watched(command or [], report=report, timeline=timeline, stall_after=stall_after,
-                                repair=repair, on_event=None if as_json else _live,
+                                repair=repair, on_event=None if as_json else _Live(),
                                 stdout=_child_stdout_to_stderr() if as_json else None)
     if as_json:
         output.print_json(result)
     else:
         _render(result)
     code = result.exit_code
-    if strict and code == 0 and not result.summary.ok:
+    if code == 0 and ((strict or strict_risks) and not result.summary.ok or strict_risks and result.summary.risks):
         code = 1
     raise typer.Exit(code)
 
 
 def render_summary(s: WatchSummary, console) -> None:
     style = "green" if s.ok else "red"
-    console.print(f"[{style}][bold]{'ok' if s.ok else f'{s.problems} problem(s)'}[/][/]  "
-                  + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items()) if k not in ("start", "end")))
+    head = "ok" if s.ok else f"{s.failures} failure(s)"
+    if s.risks:
+        head += f", {s.risks} risk(s) (no harm observed)"
+    console.print(f"[{style}][bold]{head}[/][/]  "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items()) if k not in ("start", "end", "repeat")))
     if s.setter_threads:
         console.print(f"setter thread(s): {escape(', '.join(s.setter_threads))}")
     if s.victim_threads:
@@ -87,6 +103,10 @@ def render_summary(s: WatchSummary, console) -> None:
     for v in s.verdicts:
         console.print(f"[bold]→[/] {escape(v)}")
     for p in s.first_problems[:3]:
+        if p.get("error") and p.get("kind") in ("compile_failed", "trace_failed"):
+            console.print(f"  {escape(p['thread'])} stack ({escape(p['kind'])}):")
+            for f in p.get("stack", [])[-6:]:
+                console.print(f"      {escape(f)}")
         for key in ("victim_stack",):
             if p.get(key):
                 console.print(f"  {escape(p['thread'])} stack:")
@@ -104,6 +124,11 @@ def _render(r: runner.RunResult) -> None:
     e = output.err
     e.print(f"[bold]compilewatch run[/] {escape(' '.join(r.command))}: exit {r.exit_code} after {output.fmt_seconds(r.wall_s)}, "
             f"watched {len(r.processes)} process(es) {list(r.processes)}")
+    if r.signals:
+        import signal
+
+        names = ", ".join(signal.Signals(s).name for s in r.signals)
+        e.print(f"forwarded {names} to the program's process group")
     if not r.processes:
         e.print("no watched process imported torch: nothing to report")
         return

@@ -7,6 +7,7 @@ backward inside a forward compile) collapse into the outer window, as torch repo
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,12 +21,35 @@ class CompileWindow:
     thread_name: str
     start: float
     end: float | None = None
+    function: str | None = None  # "name (file:line)" of the frame dynamo compiles, when found
+    error: str | None = None  # "Type: message" when the compile raised (torch runs the end callback in `finally`)
+    _exc_at_start: object = field(default=None, repr=False)  # an exception already being handled at start
 
     @property
     def is_recompile(self) -> bool:
         part = self.compile_id.split("/")[-1] if "/" in self.compile_id else "0"
         digits = "".join(ch for ch in part if ch.isdigit())
         return bool(digits) and int(digits) > 0
+
+
+def _error_text(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip()
+    return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
+def _compiled_function(frame) -> str | None:
+    """Name the code object dynamo's `_compile` is compiling (a local named `code`), from the stack."""
+    depth = 0
+    while frame is not None and depth < 40:
+        if frame.f_code.co_name == "_compile" and frame.f_code.co_filename.endswith("convert_frame.py"):
+            code = frame.f_locals.get("code")
+            if code is not None and hasattr(code, "co_filename"):
+                from compilewatch.stacks import _short
+
+                return f"{code.co_name} ({_short(code.co_filename)}:{code.co_firstlineno})"
+            return None
+        frame, depth = frame.f_back, depth + 1
+    return None
 
 
 @dataclass
@@ -47,6 +71,8 @@ class CompileRecorder:
             thread_id=t.ident or 0,
             thread_name=t.name,
             start=time.time(),
+            function=_compiled_function(sys._getframe(1)),
+            _exc_at_start=sys.exc_info()[1],
         )
         with self._lock:
             self._open = w
@@ -58,6 +84,12 @@ class CompileRecorder:
             w, self._open = self._open, None
             if w is not None:
                 w.end = time.time()
+                # the end callback runs in install_callbacks' `finally`: an exception in flight is the
+                # compile's own failure (one that was already being handled at the start is not)
+                exc = sys.exc_info()[1]
+                if exc is not None and exc is not w._exc_at_start:
+                    w.error = _error_text(exc)
+                w._exc_at_start = None
         if w is not None:
             self._notify("on_compile_end", w)
 

@@ -58,6 +58,7 @@ class ForeignModuleCall:
 
     module: str  # class name of the module called
     owner_thread_id: int  # the thread whose Tracer.trace installed the patch
+    error: str | None = None  # "Type: message" when the call raised (e.g. NameError: not a submodule), else None
 
 
 class FlagObserver(Protocol):
@@ -193,15 +194,24 @@ def _set_dispatcher(name: str, on: bool) -> None:
 def _observed_call(new_fn: Callable[..., Any], owner: int) -> Callable[..., Any]:
     """Wrap a tracer's `module_call_wrapper` so calls from other threads are reported."""
 
+    def notify(mod, error: str | None) -> None:
+        call = ForeignModuleCall(type(mod).__name__, owner, error)
+        for obs in list(_observers):
+            try:
+                obs.on_foreign_module_call(call)
+            except Exception as e:  # noqa: BLE001
+                tracehooks.listener_errors.append(f"{type(obs).__name__}.on_foreign_module_call: {e!r}")
+
     def module_call_wrapper(mod, *args, **kwargs):
-        if threading.get_ident() != owner and _observers:
-            call = ForeignModuleCall(type(mod).__name__, owner)
-            for obs in list(_observers):
-                try:
-                    obs.on_foreign_module_call(call)
-                except Exception as e:  # noqa: BLE001
-                    tracehooks.listener_errors.append(f"{type(obs).__name__}.on_foreign_module_call: {e!r}")
-        return new_fn(mod, *args, **kwargs)
+        if threading.get_ident() == owner or not _observers:
+            return new_fn(mod, *args, **kwargs)
+        try:  # observed after the call, so the report says whether it did harm
+            out = new_fn(mod, *args, **kwargs)
+        except Exception as e:
+            notify(mod, f"{type(e).__name__}: {e}"[:2000])
+            raise
+        notify(mod, None)
+        return out
 
     module_call_wrapper.__wrapped__ = new_fn  # type: ignore[attr-defined]
     return module_call_wrapper

@@ -1,6 +1,6 @@
 """The compile barrier: make threaded torch.compile programs safe instead of lucky.
 
-    guard = CompileGuard()                        # thread-local FX flag where this torch allows it
+    guard = CompileGuard()                        # installed now: thread-local FX flag where this torch allows it
     guard.warm({"step": step_fn}, devices=["cuda:0", "cuda:1"])   # every entry point x device, here
     guard.freeze()                                # from now on a compile in any thread raises GuardError
     ... start worker threads ...
@@ -226,8 +226,11 @@ class CompileGuard:
     """See the module docstring. One guard is active per process at a time."""
 
     def __init__(self, *, thread_local: bool | None = None, serialize: bool = False) -> None:
-        """thread_local: make the FX flag per thread (None: where this torch allows it, else off;
-        True: required, raises CompilewatchError when unsupported). serialize: the RW-lock mode."""
+        """Installs the guard now: from this line on the thread-local FX state (and serialize) protect
+        every thread; `warm()` / `freeze()` add the compile barrier. thread_local: make the FX state
+        per thread (None: where this torch allows it, else off; True: required, raises
+        CompilewatchError when unsupported). serialize: the RW-lock mode. Raises BadInput while
+        another guard is installed; `close()` (or `with`) removes it, `install()` puts it back."""
         self._thread_local_req = thread_local
         self.serialize = serialize
         self.thread_local = False
@@ -237,6 +240,7 @@ class CompileGuard:
         self._installed = False
         self.blocked: list[str] = []  # messages of every GuardError raised
         self.serialized_compiles = 0
+        self.install()
 
     # --- lifecycle ------------------------------------------------------------------------------
     def install(self) -> "CompileGuard":

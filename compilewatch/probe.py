@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 import threading
 import time
@@ -61,11 +62,13 @@ class CompileEntry:
     trigger: str
     recompile: bool
     duration_s: float | None
+    function: str | None = None  # "name (file:line)" of the compiled frame
+    error: str | None = None  # "Type: message" when this compile raised
 
     @staticmethod
     def from_window(w: CompileWindow) -> "CompileEntry":
         return CompileEntry(w.thread_name, w.compile_id, w.trigger, w.is_recompile,
-                            None if w.end is None else w.end - w.start)
+                            None if w.end is None else w.end - w.start, w.function, w.error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +99,10 @@ class ThreadOutcome:
     name: str
     device: str
     outcome: Outcome
-    error: str | None = None  # "Type: message" of the exception
+    error: str | None = None  # "Type: message" of the exception (or of the first error the function returned)
     error_traceback: str | None = None
     wall_s: float | None = None
+    returned_errors: tuple[str, ...] = ()  # errors the function returned instead of raising (kept its own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,16 +115,18 @@ class ThreadsReport:
     timeout_s: float
     wall_s: float
     fx_flag_stuck: bool  # _is_fx_tracing_flag True after every thread finished/was abandoned
-    traces: int
+    traces: tuple[TraceEntry, ...]  # every Tracer.trace entry, as in ProbeReport
     traces_per_thread: dict[str, int]
-    counters: _counters.CompileCounters
+    counters: _counters.CompileCounters  # frames_ok of frames_total: how many dynamo frame compiles succeeded
+    compiles: tuple[CompileEntry, ...]
+    compile_failures: tuple[CompileEntry, ...]  # compiles that raised (even when the function swallowed it)
     stacks: dict[str, tuple[Frame, ...]]  # every thread's stack, dumped when something hung
     cache_dir: str
     verdicts: tuple[str, ...]
 
     @property
     def failed(self) -> bool:
-        return self.fx_flag_stuck or any(t.outcome != "ok" for t in self.threads)
+        return self.fx_flag_stuck or bool(self.compile_failures) or any(t.outcome != "ok" for t in self.threads)
 
 
 @contextlib.contextmanager
@@ -197,14 +203,16 @@ def probe(target: str | Target, *, device: str = "cpu", backend: str = "inductor
         delta = _counters.delta(before)
     traces = [TraceEntry.from_window(w) for w in rec.windows]
     flag = torchinfo.fx_flag()
+    compiles = [CompileEntry.from_window(w) for w in comp.windows]
+    failed = [c for c in compiles if c.error]
     return ProbeReport(
         target=tgt.name, device=dev, backend=backend, torch_version=_torch_version(), wall_s=wall,
-        ok=error is None and not flag, error=error, traces=tuple(traces),
+        ok=error is None and not flag and not failed, error=error, traces=tuple(traces),
         traces_per_thread=dict(Counter(t.thread for t in traces)),
         traces_per_tracer=dict(Counter(t.tracer for t in traces)),
-        compiles=tuple(CompileEntry.from_window(w) for w in comp.windows), counters=delta,
+        compiles=tuple(compiles), counters=delta,
         fx_flag_after=flag, cache_dir=cache_dir,
-        verdicts=tuple(_verdicts_single(tgt.name, traces, delta, error, flag)),
+        verdicts=tuple(_failure_lines(failed, error, "the target") + _verdicts_single(tgt.name, traces, delta, None, flag)),
     )
 
 
@@ -220,6 +228,28 @@ class _Slot:
     error: str | None = None
     tb: str | None = None
     wall: float | None = None
+    returned: tuple[str, ...] = ()
+
+
+_ERROR_TEXT = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failed|Interrupt)\b")
+
+
+def returned_errors(value: Any, _depth: int = 0) -> list[str]:
+    """Errors a function returned instead of raising: exception objects, or "SomeError: ..." strings,
+    alone or inside lists, tuples, sets and dict values (3 levels deep, 100 at most)."""
+    if isinstance(value, BaseException):
+        return [_error_text(value)]
+    if isinstance(value, str):
+        return [value[:2000]] if _ERROR_TEXT.match(value) else []
+    if _depth >= 3:
+        return []
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set)) else ()
+    out: list[str] = []
+    for item in items:
+        out += returned_errors(item, _depth + 1)
+        if len(out) >= 100:
+            break
+    return out[:100]
 
 
 def run_threads(fns: list[Callable[[], Any]], *, timeout: float, names: list[str] | None = None,
@@ -241,8 +271,12 @@ def run_threads(fns: list[Callable[[], Any]], *, timeout: float, names: list[str
             barrier.wait()
             t0 = time.perf_counter()
             try:
-                fns[i]()
-                slots[i].outcome = "ok"
+                returned = returned_errors(fns[i]())
+                if returned:
+                    slots[i].outcome, slots[i].error = "error", f"returned {len(returned)} error(s): {returned[0]}"
+                    slots[i].returned = tuple(returned)
+                else:
+                    slots[i].outcome = "ok"
             except BaseException as e:  # noqa: BLE001 - reported as the thread's outcome
                 slots[i].outcome, slots[i].error, slots[i].tb = "error", _error_text(e), traceback.format_exc()
             slots[i].wall = time.perf_counter() - t0
@@ -258,7 +292,7 @@ def run_threads(fns: list[Callable[[], Any]], *, timeout: float, names: list[str
     hung = [i for i in range(n) if not done[i].is_set()]
     dumped = {k: tuple(v) for k, v in stacks.all_thread_stacks().items()} if hung else {}
     outcomes = [ThreadOutcome(i, names[i], devices[i], "hang" if i in hung else slots[i].outcome,
-                              slots[i].error, slots[i].tb, slots[i].wall) for i in range(n)]
+                              slots[i].error, slots[i].tb, slots[i].wall, slots[i].returned) for i in range(n)]
     return outcomes, dumped
 
 
@@ -279,7 +313,7 @@ def probe_threads(target: str | Target, n: int, *, devices: str | list[str] = "c
     with cache_dir_env(tmp) as cache_dir:
         before = _counters.snapshot()
         t0 = time.perf_counter()
-        with TraceRecorder() as rec:
+        with TraceRecorder() as rec, CompileRecorder() as comp:
             fns = [(lambda d=d: tgt.fn(d)) for d in per_thread]
             outcomes, dumped = run_threads(fns, timeout=timeout, names=[f"worker-{i}" for i in range(n)],
                                            devices=per_thread)
@@ -288,7 +322,9 @@ def probe_threads(target: str | Target, n: int, *, devices: str | list[str] = "c
     hung = any(o.outcome == "hang" for o in outcomes)
     stuck = torchinfo.fx_flag() and not hung
     per_thread_traces = dict(Counter(w.thread_name for w in rec.windows))
-    verdicts = _verdicts_threads(tgt.name, outcomes, stuck, timeout)
+    compiles = tuple(CompileEntry.from_window(w) for w in comp.windows)
+    plain_traces = any(not any(f.file == "torch/_dynamo/convert_frame.py" for f in w.stack) for w in rec.windows)
+    verdicts = _verdicts_threads(tgt.name, outcomes, stuck, timeout, compiles, delta, plain_traces)
     if tmp is not None and not hung:
         import shutil
 
@@ -296,29 +332,90 @@ def probe_threads(target: str | Target, n: int, *, devices: str | list[str] = "c
     return ThreadsReport(
         target=tgt.name, devices=tuple(per_thread), backend=backend, torch_version=_torch_version(),
         threads=tuple(outcomes), timeout_s=timeout, wall_s=wall, fx_flag_stuck=stuck,
-        traces=len(rec.windows), traces_per_thread=per_thread_traces, counters=delta, stacks=dumped,
+        traces=tuple(TraceEntry.from_window(w) for w in rec.windows), traces_per_thread=per_thread_traces,
+        counters=delta, compiles=compiles, compile_failures=tuple(c for c in compiles if c.error), stacks=dumped,
         cache_dir=cache_dir, verdicts=tuple(verdicts),
     )
 
 
-def _verdicts_threads(name: str, outcomes: list[ThreadOutcome], stuck: bool, timeout: float) -> list[str]:
+def _known(message: str | None) -> str:
+    """' — known torch failure NAME (not a thread race): cause' for a known pattern, else ''."""
+    from compilewatch import patterns
+
+    p = patterns.match(message)
+    if p is None:
+        return ""
+    return f" — known torch failure '{p.name}'{'' if p.race else ' (not a thread race)'}: {p.cause}"
+
+
+def _failure_lines(compile_failures: list[CompileEntry], error: str | None, who: str) -> list[str]:
+    """What failed, first: the exception, then every compile that raised (thread, function, message)."""
+    from compilewatch.watch_events import headline
+
+    out = []
+    if error:
+        out.append(f"failure: {who} raised {headline(error)}{_known(error)}")
+    for c in compile_failures:
+        out.append(f"failure: compile {c.compile_id} of {c.function or 'a frame'} in thread {c.thread} raised "
+                   f"{headline(c.error)}{_known(c.error)}")
+    return out
+
+
+def _fixes(messages: list[str], plain_traces: bool) -> list[str]:
+    """The fix for each known pattern seen; the nested-FX error's fix depends on who traced."""
+    from compilewatch import patterns
+
+    out: list[str] = []
+    for m in messages:
+        p = patterns.match(m)
+        if p is None:
+            continue
+        if p.name == "nested_fx_trace":
+            out.append(patterns.THREAD_LOCAL_FIX if plain_traces else patterns.WARM_FREEZE_FIX)
+        else:
+            out.append(p.fix)
+    return list(dict.fromkeys(out))
+
+
+def _verdicts_threads(name: str, outcomes: list[ThreadOutcome], stuck: bool, timeout: float,
+                      compiles: tuple[CompileEntry, ...] = (), c: _counters.CompileCounters | None = None,
+                      plain_traces: bool = False) -> list[str]:
+    from compilewatch import patterns
+    from compilewatch.watch_events import headline
+
     out = []
     errs = [o for o in outcomes if o.outcome == "error"]
     hangs = [o for o in outcomes if o.outcome == "hang"]
-    if not errs and not hangs and not stuck:
-        out.append(f"all {len(outcomes)} threads finished {name} without error.")
-    for o in errs:
-        first = (o.error or "").splitlines()[0]
-        out.append(f"{o.name} ({o.device}) failed: {first}")
-    if any("symbolically trace a dynamo-optimized function" in (o.error or "") for o in errs):
-        out.append("that is the cross-thread FX-flag race: another thread's trace held the module-global "
-                   "_is_fx_tracing_flag while the failing thread called a compiled function.")
+    failed_compiles = [x for x in compiles if x.error]
+    for o in errs:  # exceptions first: raised, then returned
+        if o.returned_errors:
+            kinds = Counter(headline(e) for e in o.returned_errors)
+            out.append(f"failure: {o.name} ({o.device}) returned {len(o.returned_errors)} error(s): "
+                       + "; ".join(f"{k}" + (f" x{v}" if v > 1 else "") for k, v in kinds.items())
+                       + _known(o.returned_errors[0]))
+        else:
+            out.append(f"failure: {o.name} ({o.device}) raised {headline(o.error)}{_known(o.error)}")
+    out += _failure_lines(failed_compiles, None, name)
     for o in hangs:
-        out.append(f"{o.name} ({o.device}) did not finish within {timeout:g} s: hang (all stacks dumped).")
+        out.append(f"failure: {o.name} ({o.device}) did not finish within {timeout:g} s: hang (all stacks dumped)"
+                   f" — {patterns.by_name('compile_hang').cause}")
     if stuck:
-        out.append("_is_fx_tracing_flag was left True after all threads finished (overlapping traces restored it "
-                   "in the wrong order): every later compiled call in this process will fail.")
-    if errs or hangs or stuck:
-        out.append("fix: compile every entry point for every device in one thread first "
-                   "(`compilewatch warm`, or compilewatch.guard), then start the threads.")
+        out.append("failure: _is_fx_tracing_flag was left True after all threads finished (overlapping traces restored "
+                   "it in the wrong order): every later compiled call in this process will fail.")
+    if c is not None and c.frames_total:
+        out.append(f"dynamo frames compiled ok: {c.frames_ok} of {c.frames_total}"
+                   + (f" ({c.frames_total - c.frames_ok} failed or fell back)" if c.frames_ok < c.frames_total else "") + ".")
+    if not errs and not hangs and not stuck and not failed_compiles:
+        out.insert(0, f"all {len(outcomes)} threads finished {name} without error.")
+        return out
+    messages = [e for o in errs for e in (o.returned_errors or (o.error,)) if e] + [x.error for x in failed_compiles if x.error]
+    fixes = _fixes(messages, plain_traces)
+    if hangs:
+        fixes.append(patterns.by_name("compile_hang").fix)
+    if stuck:
+        fixes.append(patterns.by_name("stuck_flag").fix)
+    if not fixes:
+        fixes.append("run the target once in one thread (`compilewatch probe TARGET`) to see whether threads matter; "
+                     "if only the threaded run fails: " + patterns.WARM_FREEZE_FIX)
+    out += [f"fix: {f}" for f in dict.fromkeys(fixes)]
     return out

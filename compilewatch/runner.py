@@ -5,19 +5,23 @@ autowatch) and COMPILEWATCH_RUN_DIR, a fresh directory where every process that 
 writes `watch-<pid>.jsonl`. While the child runs, problem events are handed to `on_event` as they
 appear (so a stall is visible while the program still hangs); when it exits, the per-process
 reports are merged by time into one report and summarized. The child's exit code is passed through.
+The child runs in its own process group; SIGTERM, SIGHUP and SIGINT sent to `compilewatch run` are
+forwarded to that group, and the report is still written and the run directory removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import compilewatch
 from compilewatch.errors import BadInput
@@ -36,6 +40,7 @@ class RunResult:
     timeline: str | None
     processes: tuple[int, ...]  # pids that were watched (imported torch)
     summary: WatchSummary
+    signals: tuple[int, ...] = ()  # signals we received and forwarded to the program's process group
 
 
 class _Tail:
@@ -92,11 +97,19 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
     run_dir = Path(tempfile.mkdtemp(prefix="compilewatch-run-"))
     tail = _Tail(run_dir)
     t0 = time.perf_counter()
+    forwarded: list[int] = []
     try:
-        proc = subprocess.Popen(list(command), env=child_env(run_dir, stall_after, repair), stdout=stdout)
-        # Ctrl-C reaches the child through the terminal's process group; we stay to write the report.
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
+        # The child runs in its own session and process group, so that a signal meant for the run
+        # (SIGTERM from timeout/Slurm/Kubernetes, SIGHUP, Ctrl-C's SIGINT) reaches the whole program,
+        # torchrun's workers included, through us: we forward it to the group, wait for the program to
+        # exit, and still write the report.
+        with _forward_signals(forwarded) as group:
+            proc = subprocess.Popen(list(command), env=child_env(run_dir, stall_after, repair), stdout=stdout,
+                                    start_new_session=True)
+            group.append(proc.pid)
+            for sig in list(forwarded):  # arrived while the child was starting
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
             while True:
                 try:
                     code = proc.wait(timeout=0.5)
@@ -106,8 +119,6 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
                 if on_event is not None:
                     for ev in tail.poll():
                         on_event(ev)
-        finally:
-            signal.signal(signal.SIGINT, old)
         if on_event is not None:
             for ev in tail.poll():
                 on_event(ev)
@@ -136,4 +147,31 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
         shutil.rmtree(run_dir, ignore_errors=True)
     exit_code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
     return RunResult(command, exit_code, wall, report_path, timeline_path,
-                     tuple(sorted({e.pid for e in events})), summary)
+                     tuple(sorted({e.pid for e in events})), summary, tuple(forwarded))
+
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _forward_signals(forwarded: list[int]) -> Iterator[list[int]]:
+    """While the child runs, SIGTERM / SIGHUP / SIGINT sent to us go to the child's process group
+    (the pid the caller appends to the yielded list; Python handlers only work in the main thread:
+    elsewhere nothing is installed)."""
+    group: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield group
+        return
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
+        if group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group[0], signum)
+
+    old = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        yield group
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

@@ -22,13 +22,14 @@ from compilewatch.errors import BadInput
 
 SCHEMA_VERSION = 1
 
-# kinds that mean something went wrong (they make a summary not ok)
-PROBLEM_KINDS = ("flag_leak", "module_call_leak", "eager_fallback", "stuck_state", "stall", "recompile_after_warm",
-                 "guard_blocked")
-# kinds that describe what happened
-INFO_KINDS = ("start", "trace", "compile", "span", "warm", "leak_prevented", "repair", "end")
+# kinds that are findings: each is a failure (an exception or harm seen) or a risk (no harm seen), see severity()
+PROBLEM_KINDS = ("compile_failed", "trace_failed", "thread_error", "flag_leak", "module_call_leak", "eager_fallback",
+                 "stuck_state", "stall", "recompile_after_warm", "guard_blocked")
+# kinds that describe what happened (`repeat`: how often a finding recurred after its first event)
+INFO_KINDS = ("start", "trace", "compile", "span", "warm", "leak_prevented", "repair", "repeat", "end")
 KINDS = PROBLEM_KINDS + INFO_KINDS
-_COMMON = ("schema_version", "seq", "kind", "time", "pid", "thread", "thread_id")
+FAILURE, RISK = "failure", "risk"
+_COMMON = ("schema_version", "seq", "kind", "time", "pid", "thread", "thread_id", "thread_start")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,20 +41,32 @@ class WatchEvent:
     thread_id: int
     seq: int
     detail: dict[str, Any] = field(default_factory=dict)
+    # when the watcher first saw this Python thread (Python keeps no start time); with pid, thread_id
+    # and the name it tells two threads apart that got the same (reused) ident
+    thread_start: float | None = None
 
     @property
     def problem(self) -> bool:
         return self.kind in PROBLEM_KINDS
 
+    @property
+    def severity(self) -> str | None:
+        return severity(self)
+
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": SCHEMA_VERSION, "seq": self.seq, "kind": self.kind, "time": self.time,
-                "pid": self.pid, "thread": self.thread, "thread_id": self.thread_id, **self.detail}
+        d = {"schema_version": SCHEMA_VERSION, "seq": self.seq, "kind": self.kind, "time": self.time,
+             "pid": self.pid, "thread": self.thread, "thread_id": self.thread_id}
+        if self.thread_start is not None:
+            d["thread_start"] = self.thread_start
+        return {**d, **self.detail}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "WatchEvent":
+        ts = d.get("thread_start")
         return WatchEvent(kind=str(d["kind"]), time=float(d["time"]), pid=int(d.get("pid", 0)),
                           thread=str(d.get("thread", "?")), thread_id=int(d.get("thread_id", 0)),
-                          seq=int(d.get("seq", 0)), detail={k: v for k, v in d.items() if k not in _COMMON})
+                          seq=int(d.get("seq", 0)), detail={k: v for k, v in d.items() if k not in _COMMON},
+                          thread_start=float(ts) if isinstance(ts, (int, float)) else None)
 
 
 class EventLog:
@@ -109,84 +122,201 @@ def read_events(path: str | os.PathLike[str]) -> list[WatchEvent]:
     return events
 
 
+# findings that are an exception some thread saw (they lead a verdict), then harm without an exception
+_EXCEPTION_KINDS = ("compile_failed", "thread_error", "flag_leak", "module_call_leak", "trace_failed", "guard_blocked")
+_MAX_FINDINGS = 20
+
+
+def severity(e: WatchEvent) -> str | None:
+    """`failure`: an exception or harm was observed (a compiled call or compile raised, a module call
+    raised, stuck state, a stall, an uncompiled fallback); `risk`: the race's precondition was seen and
+    nothing failed (a module call that went through another thread's tracer and returned, a compile
+    after warm-up). None for info events."""
+    if e.kind not in PROBLEM_KINDS:
+        return None
+    d = e.detail
+    if e.kind == "module_call_leak":
+        return FAILURE if d.get("error") else RISK
+    if e.kind == "flag_leak":  # a compiled call raises right after the read; another reader: harm unknown
+        return FAILURE if d.get("call") else RISK
+    if e.kind == "recompile_after_warm":
+        return RISK
+    return FAILURE
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One verdict line: what failed (or could), where, torch's message, the known cause and the fix."""
+
+    severity: str  # "failure" | "risk"
+    kind: str  # the event kind (compile_failed, flag_leak, ...)
+    threads: tuple[str, ...]  # the threads it happened in
+    function: str | None  # the compiled function / module / traced target involved
+    message: str  # torch's message (headline) or what was seen
+    count: int  # occurrences (first event + its repeats, over every thread listed)
+    pattern: str | None  # compilewatch.patterns name, when the message is a known torch failure
+    race: bool | None  # the pattern's verdict: caused by threads (None: unknown)
+    cause: str | None
+    fix: str
+    text: str  # the rendered verdict line
+    first: dict[str, Any]  # the first event, in full (stacks, setters)
+
+
 @dataclass(frozen=True, slots=True)
 class WatchSummary:
-    """What a watched run amounted to: counts, the threads involved, verdicts and advice."""
+    """What a watched run amounted to: findings ranked failures first, the threads involved, advice.
+    `ok` is False only when something failed; risks alone leave it True (`risks` counts them)."""
 
     schema_version: int
     ok: bool
     counts: dict[str, int]  # events per kind
-    problems: int
+    problems: int  # finding events (failures + risks)
+    failures: int  # failure events, repeats included
+    risks: int  # risk events, repeats included
     setter_threads: tuple[str, ...]  # threads whose trace held the flag / patched Module.__call__
     victim_threads: tuple[str, ...]  # threads whose calls saw another thread's trace state
     stalled_threads: tuple[str, ...]  # threads inside compilation when a stall was reported
     pids: tuple[int, ...]
-    verdicts: tuple[str, ...]
-    advice: tuple[str, ...]
-    first_problems: tuple[dict[str, Any], ...]  # the first few problem events, in full
+    findings: tuple[Finding, ...]  # failures first (exceptions before other harm), then risks
+    verdicts: tuple[str, ...]  # the findings' text, same order
+    advice: tuple[str, ...]  # the fixes, same order, deduplicated
+    first_problems: tuple[dict[str, Any], ...]  # the first event of each of the first findings, in full
 
 
-def _first_line(text: str | None) -> str:
-    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+def headline(text: str | None) -> str:
+    """The first line of an exception text; when it ends in ':' (BackendCompilerFailed's "backend='x'
+    raised:"), the line that holds the real error is joined to it."""
+    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    out = lines[0]
+    if out.endswith(":") and len(lines) > 1:
+        out = f"{out} {lines[1]}"
+    return out if len(out) <= 400 else out[:400] + " ..."
 
 
 def _setter_text(setters: list[dict[str, Any]]) -> str:
     parts = []
     for s in setters:
         where = f" at {s['where']}" if s.get("where") else ""
-        parts.append(f"thread {s.get('thread')!r} ({s.get('tracer')} tracing {s.get('target')}{where})")
+        how = "dynamo compile: " if s.get("dynamo_compile") else ""
+        parts.append(f"thread {s.get('thread')!r} ({how}{s.get('tracer')} tracing {s.get('target')}{where})")
     return ", ".join(parts) or "no thread (the flag was stuck)"
 
 
-def _verdict(e: WatchEvent) -> str:
-    d = e.detail
-    if e.kind == "flag_leak":
-        return (f"flag leak: {_setter_text(d.get('setters', []))} held the FX tracing flag while thread {e.thread!r} "
-                f"called {d.get('call') or 'a compiled function'}: {d.get('outcome')}")
-    if e.kind == "eager_fallback":
-        src = _setter_text(d.get("setters", [])) if d.get("cross_thread") else f"thread {e.thread!r}'s own trace"
-        return (f"silent eager fallback: thread {e.thread!r} called {d.get('call') or 'a compiled function'} while "
-                f"{src} held the FX flag; error_on_nested_fx_trace=False ran it uncompiled")
-    if e.kind == "module_call_leak":
-        return (f"module call leak: thread {e.thread!r} called a {d.get('module')} while "
-                f"{_setter_text(d.get('setters', []))} had nn.Module.__call__ patched on the class; the call went "
-                "through that tracer")
-    if e.kind == "stuck_state":
-        what = [k for k in ("flag", "module_call_patched", "module_getattr_patched", "patcher_left") if d.get(k)]
-        fixed = " (repaired)" if d.get("repaired") else ""
-        return (f"stuck tracing state{fixed}: {', '.join(what)} with no trace running (seen at {d.get('seen_at')}); "
-                "overlapping traces restored it in the wrong order and every later compiled call fails")
-    if e.kind == "stall":
-        return (f"compile stall: {d.get('what')} in thread {e.thread!r} running for {d.get('open_for_s', 0):.1f} s; "
-                f"threads inside compilation: {', '.join(d.get('threads_in_compile', [])) or 'none'} (all stacks in the report)")
-    if e.kind == "recompile_after_warm":
-        reasons = "; ".join(d.get("reasons", [])[:3]) or "no guard failure recorded (a new frame)"
-        return f"compile after warm: {d.get('compile_id')} in thread {e.thread!r}: {reasons}"
-    if e.kind == "guard_blocked":
-        why = "; ".join(d.get("reasons") or []) or _first_line(d.get("reasons_text"))
-        return f"guard blocked a compile of {d.get('function')} in thread {e.thread!r}: {why}"
-    return e.kind
+def _setters_compile(setters: list[dict[str, Any]]) -> bool | None:
+    """True: every setter was a dynamo compile; False: a plain make_fx / symbolic_trace; None: none."""
+    if not setters:
+        return None
+    return all(bool(s.get("dynamo_compile")) for s in setters)
+
+
+def _leak_fix(setters: list[dict[str, Any]]) -> str:
+    from compilewatch import patterns
+
+    kind = _setters_compile(setters)
+    if kind is None:
+        return patterns.by_name("stuck_flag").fix
+    return patterns.WARM_FREEZE_FIX if kind else patterns.THREAD_LOCAL_FIX
 
 
 _ADVICE = {
-    "flag_leak": "compile every entry point for every device in one thread before starting threads "
-                 "(compilewatch.guard: warm() then freeze()), or make the flag thread-local (CompileGuard(thread_local=True))",
-    "module_call_leak": "do not run fx.symbolic_trace/make_fx while other threads run modules, or use CompileGuard(thread_local=True)",
     "eager_fallback": "the compiled function ran eagerly (slow path): warm it before the threads start; "
                       "leave error_on_nested_fx_trace=True to see the failure",
-    "stuck_state": "repair with compilewatch.fxpatch.repair_state() (Watcher(repair=True) does it), and never run two "
-                   "traces at once: CompileGuard(thread_local=True) or serialize=True",
-    "stall": "the stacks show which threads wait on which: warm compiles sequentially (`compilewatch warm`) and keep "
-             "the inductor cache warm",
     "recompile_after_warm": "the guard reasons name what changed (shape, dtype, device): warm that variant too, or mark "
                             "the dimension dynamic",
     "guard_blocked": "warm the variant named in the error before freeze(), or use CompileGuard(serialize=True)",
+    "compile_failed": "the compile itself raised: read torch's message; run the function once in one thread "
+                      "(`compilewatch probe FILE:fn`) to see whether threads matter at all",
+    "trace_failed": "the trace itself raised: run it alone to see whether another thread's trace was involved",
+    "thread_error": "a thread died with an uncaught exception: its traceback is in the report",
 }
+
+
+def _describe(e: WatchEvent) -> tuple[str | None, str, str]:
+    """(function, message, what happened) for one finding event."""
+    d = e.detail
+    if e.kind == "compile_failed":
+        fn = d.get("function") or f"compile {d.get('compile_id')}"
+        msg = headline(d.get("error"))
+        return fn, msg, f"compile of {fn} failed in thread {e.thread!r} ({d.get('compile_id')}): {msg}"
+    if e.kind == "trace_failed":
+        fn = f"{d.get('tracer')} tracing {d.get('target')}"
+        msg = headline(d.get("error"))
+        where = f" at {d['where']}" if d.get("where") else ""
+        return fn, msg, f"{fn} raised in thread {e.thread!r}{where}: {msg}"
+    if e.kind == "thread_error":
+        fn = d.get("where")
+        msg = headline(d.get("error"))
+        return fn, msg, f"thread {e.thread!r} died with an uncaught exception{f' at {fn}' if fn else ''}: {msg}"
+    if e.kind == "flag_leak":
+        fn = d.get("call") or d.get("reader")
+        msg = headline(d.get("outcome"))
+        return fn, msg, (f"flag leak: {_setter_text(d.get('setters', []))} held the FX tracing flag while thread "
+                         f"{e.thread!r} called {d.get('call') or 'a compiled function'}: {msg}")
+    if e.kind == "module_call_leak":
+        fn = d.get("module")
+        outcome = f"it raised {headline(d['error'])}" if d.get("error") else "it returned normally"
+        msg = headline(d.get("error")) or "returned normally"
+        return fn, msg, (f"module call leak: thread {e.thread!r} called a {fn} while "
+                         f"{_setter_text(d.get('setters', []))} had nn.Module.__call__ patched on the class; the call "
+                         f"went through that tracer and {outcome}")
+    if e.kind == "eager_fallback":
+        src = _setter_text(d.get("setters", [])) if d.get("cross_thread") else f"thread {e.thread!r}'s own trace"
+        fn = d.get("call")
+        return fn, "ran uncompiled", (f"silent eager fallback: thread {e.thread!r} called {fn or 'a compiled function'} "
+                                      f"while {src} held the FX flag; error_on_nested_fx_trace=False ran it uncompiled")
+    if e.kind == "stuck_state":
+        what = [k for k in ("flag", "module_call_patched", "module_getattr_patched", "patcher_left") if d.get(k)]
+        fixed = " (repaired)" if d.get("repaired") else ""
+        return None, ", ".join(what), (f"stuck tracing state{fixed}: {', '.join(what)} with no trace running (seen at "
+                                       f"{d.get('seen_at')}); every later compiled call fails")
+    if e.kind == "stall":
+        return d.get("what"), "stall", (
+            f"compile stall: {d.get('what')} in thread {e.thread!r} running for {d.get('open_for_s', 0):.1f} s; "
+            f"threads inside compilation: {', '.join(d.get('threads_in_compile', [])) or 'none'} (all stacks in the report)")
+    if e.kind == "recompile_after_warm":
+        reasons = "; ".join(d.get("reasons", [])[:3]) or "no guard failure recorded (a new frame)"
+        return d.get("compile_id"), reasons, f"compile after warm: {d.get('compile_id')} in thread {e.thread!r}: {reasons}"
+    if e.kind == "guard_blocked":
+        why = "; ".join(d.get("reasons") or []) or headline(d.get("reasons_text"))
+        return d.get("function"), why, f"guard blocked a compile of {d.get('function')} in thread {e.thread!r}: {why}"
+    return None, e.kind, e.kind
+
+
+def _pattern_for(e: WatchEvent, message: str):
+    from compilewatch import patterns
+
+    if e.kind in ("stuck_state", "stall"):
+        return patterns.for_kind(e.kind)
+    if e.kind in ("compile_failed", "trace_failed", "thread_error", "flag_leak", "module_call_leak"):
+        return patterns.match(message)
+    return None
+
+
+def _fix(e: WatchEvent, pattern) -> str:
+    if e.kind in ("flag_leak", "module_call_leak", "eager_fallback"):
+        fix = _leak_fix(e.detail.get("setters", []))
+        return f"{_ADVICE['eager_fallback']}; {fix}" if e.kind == "eager_fallback" else fix
+    if pattern is not None and pattern.name != "nested_fx_trace":
+        return pattern.fix
+    return _ADVICE.get(e.kind, pattern.fix if pattern is not None else "")
+
+
+def _rank(f: Finding) -> tuple[int, int]:
+    if f.severity != FAILURE:
+        return (2, 0)
+    return (0, 0) if f.kind in _EXCEPTION_KINDS else (1, 0)
 
 
 def summarize(events: Iterable[WatchEvent]) -> WatchSummary:
     events = list(events)
     counts = Counter(e.kind for e in events)
+    repeats: dict[tuple[int, int], int] = {}
+    for e in events:
+        if e.kind == "repeat":
+            key = (int(e.detail.get("of_pid", e.pid)), int(e.detail.get("of_seq", 0)))
+            repeats[key] = repeats.get(key, 0) + int(e.detail.get("count", 0))
     problems = [e for e in events if e.problem]
     setters: list[str] = []
     victims: list[str] = []
@@ -196,7 +326,15 @@ def summarize(events: Iterable[WatchEvent]) -> WatchSummary:
         if name and name not in lst:
             lst.append(name)
 
+    groups: dict[tuple, dict[str, Any]] = {}
+    failures = risks = 0
     for e in problems:
+        sev = severity(e)
+        n = 1 + repeats.get((e.pid, e.seq), 0)
+        if sev == FAILURE:
+            failures += n
+        else:
+            risks += n
         if e.kind in ("flag_leak", "module_call_leak", "eager_fallback"):
             add(victims, e.thread)
             for s in e.detail.get("setters", []):
@@ -204,20 +342,48 @@ def summarize(events: Iterable[WatchEvent]) -> WatchSummary:
         elif e.kind == "stall":
             for t in e.detail.get("threads_in_compile", []):
                 add(stalled, t)
-    verdicts: list[str] = []
-    seen: set[str] = set()
-    for e in problems:
-        v = _verdict(e)
-        if v not in seen:
-            seen.add(v)
-            verdicts.append(v)
+        function, message, text = _describe(e)
+        pattern = _pattern_for(e, message)
+        setter_names = tuple(sorted({str(s.get("thread")) for s in e.detail.get("setters", []) or []}))
+        key = (sev, e.kind, function, message, setter_names)
+        if e.kind == "thread_error" and pattern is not None and any(
+                g["event"].thread == e.thread and g["pattern"] is pattern for g in groups.values()):
+            continue  # the same failure already seen where it happened (a compile, a compiled call)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = {"event": e, "sev": sev, "function": function, "message": message, "text": text,
+                           "pattern": pattern, "threads": [e.thread], "count": n}
+        else:
+            g["count"] += n
+            if e.thread not in g["threads"]:
+                g["threads"].append(e.thread)
+    findings: list[Finding] = []
+    for g in groups.values():
+        e, p = g["event"], g["pattern"]
+        label = "failure" if g["sev"] == FAILURE else "risk (no harm observed)"
+        text = g["text"]
+        if len(g["threads"]) > 1:
+            text += f" [also in thread(s) {', '.join(repr(t) for t in g['threads'][1:])}]"
+        if g["count"] > 1:
+            text += f" [x{g['count']}]"
+        if p is not None:
+            text += f" — known torch failure '{p.name}'{'' if p.race else ' (not a thread race)'}: {p.cause}"
+        findings.append(Finding(
+            severity=g["sev"], kind=e.kind, threads=tuple(g["threads"]), function=g["function"], message=g["message"],
+            count=g["count"], pattern=p.name if p else None, race=p.race if p else None,
+            cause=p.cause if p else None, fix=_fix(e, p), text=f"{label}: {text}", first=e.to_json()))
+    findings.sort(key=_rank)  # stable: time order within a rank
+    verdicts = [f.text for f in findings[:_MAX_FINDINGS]]
     if not problems:
-        traces = counts.get("trace", 0)
-        verdicts.append(f"no cross-thread problem seen ({traces} trace window(s), {counts.get('compile', 0)} compile(s) watched).")
-    advice = tuple(dict.fromkeys(_ADVICE[e.kind] for e in problems if e.kind in _ADVICE))
+        verdicts.append(f"no cross-thread problem seen ({counts.get('trace', 0)} trace window(s), "
+                        f"{counts.get('compile', 0)} compile(s) watched).")
+    elif not failures:
+        verdicts.insert(0, f"nothing failed: {risks} risk(s) seen, no exception and no harm observed.")
+    advice = tuple(dict.fromkeys(f.fix for f in findings if f.fix))
     return WatchSummary(
-        schema_version=SCHEMA_VERSION, ok=not problems, counts=dict(counts), problems=len(problems),
-        setter_threads=tuple(setters), victim_threads=tuple(victims), stalled_threads=tuple(stalled),
-        pids=tuple(sorted({e.pid for e in events})), verdicts=tuple(verdicts[:20]), advice=advice,
-        first_problems=tuple(e.to_json() for e in problems[:10]),
+        schema_version=SCHEMA_VERSION, ok=failures == 0, counts=dict(counts), problems=len(problems),
+        failures=failures, risks=risks, setter_threads=tuple(setters), victim_threads=tuple(victims),
+        stalled_threads=tuple(stalled), pids=tuple(sorted({e.pid for e in events})),
+        findings=tuple(findings[:_MAX_FINDINGS]), verdicts=tuple(verdicts), advice=advice,
+        first_problems=tuple(f.first for f in findings[:10]),
     )

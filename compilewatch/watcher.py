@@ -13,6 +13,14 @@ What it listens to (each through the one module that owns that patch point):
 - compile_events: dynamo compile windows (for stalls and compiles after `mark_warm()`);
 - a watchdog thread that wakes every `min(0.5, stall_after / 4)` s: a compile or trace open longer
   than `stall_after` is reported with every thread's stack; stuck tracing state is checked too.
+- compile failures (the exception in flight when dynamo's end callback runs), traces that raise
+  outside dynamo, and threads that die with an uncaught exception (`threading.excepthook`, chained).
+
+Each finding is a failure (an exception or harm was seen) or a risk (nothing failed), see
+watch_events.severity(); the summary ranks failures first and names known torch failures
+(compilewatch.patterns). A finding that repeats for the same (setter thread, victim thread) pair is
+reported once with its stacks and then only counted (`repeat` events at close), so a failing loop
+pays a dictionary lookup per repeat, not a stack capture.
 
 Events go to `report` (JSONL, schema in watch_events) as they happen; `close()` writes an `end`
 event with the summary. The watcher never changes what the program does, except `repair=True`,
@@ -52,8 +60,35 @@ def _where(frames: list[Frame] | tuple[Frame, ...]) -> str | None:
 
 
 def _window_json(w: tracehooks.TraceWindow) -> dict[str, Any]:
-    return {"thread": w.thread_name, "thread_id": w.thread_id, "window_id": w.window_id, "tracer": w.tracer,
-            "target": w.target, "since": w.start, "where": _where(w.stack), "stack": _frames(w.stack)}
+    return {"thread": w.thread_name, "thread_id": w.thread_id,
+            "thread_start": _thread_start(threading._active.get(w.thread_id)),  # type: ignore[attr-defined]
+            "window_id": w.window_id, "tracer": w.tracer, "target": w.target, "since": w.start,
+            "dynamo_compile": _in_dynamo_compile(w.stack), "where": _where(w.stack), "stack": _frames(w.stack)}
+
+
+def _thread_start(t: Any) -> float | None:
+    """When the watcher first saw thread object `t` (kept on the object; Python records no start
+    time). Tells apart two threads that got the same reused ident."""
+    if t is None:
+        return None
+    seen = getattr(t, "_compilewatch_seen", None)
+    if seen is None:
+        seen = time.time()
+        try:
+            t._compilewatch_seen = seen
+        except AttributeError:  # a thread object that takes no attributes
+            return None
+    return seen
+
+
+def _thread_key(ident: int) -> tuple[int, float | None]:
+    """A Python thread's identity: its ident (reused by later threads) and when the watcher first saw it."""
+    return ident, _thread_start(threading._active.get(ident))  # type: ignore[attr-defined]
+
+
+def _in_dynamo_compile(frames: list[Frame] | tuple[Frame, ...]) -> bool:
+    """The trace runs inside a dynamo compile (AOTAutograd / Inductor), not a plain make_fx / symbolic_trace."""
+    return any(f.file == "torch/_dynamo/convert_frame.py" for f in frames)
 
 
 def _in_compile(frames: list[Frame]) -> bool:
@@ -65,10 +100,18 @@ def _compiled_call_name(frame: Any) -> str | None:
     if frame is None or frame.f_code.co_name != "compile_wrapper":
         return None
     fn = frame.f_locals.get("fn")
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     code = getattr(fn, "__code__", None)
-    where = f" ({stacks._short(code.co_filename)}:{code.co_firstlineno})" if code is not None else ""
-    return f"{name}{where}"
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    if code is None:
+        return name
+    key = (code, name)
+    text = _call_names.get(key)
+    if text is None:  # paths are shortened once per function: a failing loop repeats this per call
+        text = _call_names[key] = f"{name} ({stacks._short(code.co_filename)}:{code.co_firstlineno})"
+    return text
+
+
+_call_names: dict[tuple[Any, str], str] = {}
 
 
 class Watcher:
@@ -95,12 +138,13 @@ class Watcher:
         self._installed = False
         self._closed = False
         self._warm_snapshot = None
-        self._seen: set[tuple] = set()  # rate limit: one event per (kind, victim, setter windows)
+        self._seen: dict[tuple, WatchEvent | None] = {}  # rate limit: one event per (kind, victim, setter threads, ...)
         self._stalled: set[tuple] = set()
         self._stuck_reported = False
         self._stuck_ticks = 0
         self._recent: deque[tracehooks.TraceWindow] = deque(maxlen=16)
         self.repeats: dict[tuple, int] = {}
+        self.repeat_total = 0  # detections that repeated a first event (counted, not re-reported)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def install(self) -> "Watcher":
@@ -114,6 +158,8 @@ class Watcher:
         tracehooks.subscribe(self)
         fxpatch.add_observer(self)
         self._compiles.listeners.append(self)
+        self._prev_excepthook = threading.excepthook
+        threading.excepthook = self._on_thread_exception
         from compilewatch.importhook import after_import
 
         after_import("torch._dynamo", self._install_compile_callbacks)
@@ -148,8 +194,11 @@ class Watcher:
             if "torch._dynamo" in sys.modules:
                 self._compiles.uninstall()
             self._compiles.listeners.remove(self)
+            if threading.excepthook == self._on_thread_exception:
+                threading.excepthook = self._prev_excepthook
+            self._emit_repeats()
         summary = self.summary()
-        self._emit("end", {"summary": summary, "repeats": sum(self.repeats.values())})
+        self._emit("end", {"summary": summary, "repeats": self.repeat_total})
         self._log.close()
         if self.timeline is not None:
             from compilewatch.timeline import write_timeline
@@ -214,7 +263,7 @@ class Watcher:
         with self._lock:
             self._seq += 1
             ev = WatchEvent(kind=kind, time=time.time(), pid=os.getpid(), thread=t.name, thread_id=t.ident or 0,
-                            seq=self._seq, detail=detail)
+                            seq=self._seq, detail=detail, thread_start=_thread_start(t))
         self._log.append(ev)
         if self.on_event is not None:
             try:
@@ -224,12 +273,65 @@ class Watcher:
         return ev
 
     def _first(self, key: tuple) -> bool:
+        """True the first time `key` is seen (then emit with `_emit_first`); later: only counted, so
+        a detection that repeats in a hot loop costs a dict lookup, not a stack capture."""
         with self._lock:
             if key in self._seen:
                 self.repeats[key] = self.repeats.get(key, 0) + 1
                 return False
-            self._seen.add(key)
+            self._seen[key] = None
             return True
+
+    def _repeat_of(self, *keys: tuple) -> bool:
+        """Count a repeat of whichever of `keys` was reported already; False if none was."""
+        with self._lock:
+            for key in keys:
+                if key in self._seen:
+                    self.repeats[key] = self.repeats.get(key, 0) + 1
+                    return True
+        return False
+
+    def _emit_first(self, key: tuple, kind: str, detail: dict[str, Any]) -> None:
+        ev = self._emit(kind, detail)
+        with self._lock:
+            self._seen[key] = ev
+
+    def _emit_repeats(self) -> None:
+        """One `repeat` event per finding that recurred: how often after its first event."""
+        for key, n in list(self.repeats.items()):
+            self.repeat_total += n
+            ev = self._seen.get(key)
+            if ev is not None and n:
+                self._emit("repeat", {"of_seq": ev.seq, "of_pid": ev.pid, "of_kind": ev.kind, "count": n},
+                           thread=_NamedThread(ev.thread, ev.thread_id, ev.thread_start))
+        self.repeats.clear()
+
+    def _on_thread_exception(self, args: Any) -> None:
+        try:
+            if args.exc_type is not SystemExit and args.thread is not self._dog:
+                import traceback
+
+                frames = stacks.frames_from(args.exc_traceback.tb_frame) if args.exc_traceback else []
+                tb = args.exc_traceback
+                while tb is not None and tb.tb_next is not None:
+                    tb = tb.tb_next
+                where = None
+                if tb is not None:
+                    where = _where(stacks.frames_from(tb.tb_frame))
+                self._emit("thread_error", {
+                    "error": f"{args.exc_type.__name__}: {args.exc_value}"[:2000], "where": where,
+                    "traceback": "".join(traceback.format_exception(args.exc_type, args.exc_value,
+                                                                    args.exc_traceback))[-8000:],
+                    "stack": _frames(frames)}, thread=args.thread or _NamedThread("?", 0))
+        except Exception as e:  # noqa: BLE001 - the watcher never breaks the program
+            tracehooks.listener_errors.append(f"Watcher thread excepthook: {e!r}")
+        self._prev_excepthook(args)
+
+    @staticmethod
+    def _setter_threads(exclude_thread: int) -> tuple[tuple[int, float | None], ...]:
+        """Threads (other than `exclude_thread`) inside an outermost Tracer.trace now: cheap, no stacks."""
+        return tuple(sorted({_thread_key(w.thread_id) for w in tracehooks.active_windows()
+                             if w.thread_id != exclude_thread and w.outer_window is None}, key=str))
 
     def _setters(self, exclude_thread: int | None = None, only_thread: int | None = None) -> list[dict[str, Any]]:
         out = []
@@ -248,6 +350,11 @@ class Watcher:
 
     def on_trace_exit(self, window: tracehooks.TraceWindow) -> None:
         self._recent.append(window)
+        if window.error and window.outer_window is None and not _in_dynamo_compile(window.stack):
+            # a plain make_fx / symbolic_trace raised (inside a dynamo compile, compile_failed reports it)
+            self._emit("trace_failed", {"tracer": window.tracer, "target": window.target, "window_id": window.window_id,
+                                        "where": _where(window.stack), "error": window.error,
+                                        "stack": _frames(window.stack)})
         if self.record_traces:
             d = _window_json(window)
             d.update(start=window.start, end=window.end, duration_s=window.duration, compiling=window.compiling,
@@ -266,20 +373,25 @@ class Watcher:
             return
         me = threading.get_ident()
         call = _compiled_call_name(read.caller)
-        setters = [] if read.thread_is_tracing else self._setters(exclude_thread=me)
         if read.thread_is_tracing:
             if call is not None and read.effective and self._fallback_configured():
                 if self._first(("eager_fallback", me, call)):
                     self._emit("eager_fallback", {"call": call, "cross_thread": False, "setters": [],
                                                   "victim_stack": _frames(stacks.current_stack(skip=2))})
             return
-        if not setters:  # the flag is set and nobody is tracing: stuck
+        setter_threads = self._setter_threads(exclude_thread=me)
+        if not setter_threads:  # the flag is set and nobody is tracing: stuck
             self._check_stuck("flag_read")
             return
-        key_windows = tuple(s["window_id"] for s in setters)
+        victim = _thread_key(me)
+        if read.effective and self._repeat_of(("flag_leak", victim, setter_threads, call),
+                                              ("eager_fallback", victim, setter_threads, call)):
+            return  # seen already for this (setter, victim) pair: counted, nothing else to do
         if not read.effective:
-            if self._first(("leak_prevented", me, key_windows)):
-                self._emit("leak_prevented", {"reader": read.reader, "call": call, "setters": setters})
+            key = ("leak_prevented", _thread_key(me), setter_threads, call)
+            if self._first(key):
+                self._emit_first(key, "leak_prevented", {"reader": read.reader, "call": call,
+                                                         "setters": self._setters(exclude_thread=me)})
             return
         if call is not None:
             import torch._dynamo.config as dcfg
@@ -287,18 +399,22 @@ class Watcher:
             if getattr(dcfg, "force_compile_during_fx_trace", False):
                 return
             if not getattr(dcfg, "error_on_nested_fx_trace", True):
-                if self._first(("eager_fallback", me, key_windows)):
-                    self._emit("eager_fallback", {"call": call, "cross_thread": True, "setters": setters,
-                                                  "victim_stack": _frames(stacks.current_stack(skip=2))})
+                key = ("eager_fallback", _thread_key(me), setter_threads, call)
+                if self._first(key):
+                    self._emit_first(key, "eager_fallback", {
+                        "call": call, "cross_thread": True, "setters": self._setters(exclude_thread=me),
+                        "victim_stack": _frames(stacks.current_stack(skip=2))})
                 return
             outcome = "RuntimeError: Detected that you are using FX to symbolically trace a dynamo-optimized function"
         else:
             caller = read.caller
             outcome = (f"{read.reader}() returned True in a thread that is not tracing"
                        + (f" (called from {caller.f_code.co_name})" if caller is not None else ""))
-        if self._first(("flag_leak", me, key_windows)):
-            self._emit("flag_leak", {"reader": read.reader, "call": call, "outcome": outcome, "setters": setters,
-                                     "victim_stack": _frames(stacks.current_stack(skip=2))})
+        key = ("flag_leak", _thread_key(me), setter_threads, call)
+        if self._first(key):
+            self._emit_first(key, "flag_leak", {"reader": read.reader, "call": call, "outcome": outcome,
+                                                "setters": self._setters(exclude_thread=me),
+                                                "victim_stack": _frames(stacks.current_stack(skip=2))})
 
     @staticmethod
     def _fallback_configured() -> bool:
@@ -308,11 +424,12 @@ class Watcher:
 
     def on_foreign_module_call(self, call: fxpatch.ForeignModuleCall) -> None:
         me = threading.get_ident()
-        setters = self._setters(only_thread=call.owner_thread_id)
-        key = ("module_call_leak", me, tuple(s["window_id"] for s in setters) or (call.owner_thread_id,))
+        error_type = call.error.split(":", 1)[0] if call.error else None
+        key = ("module_call_leak", _thread_key(me), _thread_key(call.owner_thread_id), call.module, error_type)
         if self._first(key):
-            self._emit("module_call_leak", {"module": call.module, "setters": setters,
-                                            "victim_stack": _frames(stacks.current_stack(skip=2))})
+            self._emit_first(key, "module_call_leak", {
+                "module": call.module, "error": call.error, "setters": self._setters(only_thread=call.owner_thread_id),
+                "victim_stack": _frames(stacks.current_stack(skip=3))})
 
     # --- compile listener -----------------------------------------------------------------------
     def on_compile_start(self, w: CompileWindow) -> None:
@@ -320,8 +437,15 @@ class Watcher:
 
     def on_compile_end(self, w: CompileWindow) -> None:
         d = {"compile_id": w.compile_id, "trigger": w.trigger, "start": w.start, "end": w.end,
-             "duration_s": None if w.end is None else w.end - w.start, "recompile": w.is_recompile}
+             "duration_s": None if w.end is None else w.end - w.start, "recompile": w.is_recompile,
+             "function": w.function, "error": w.error}
         self._emit("compile", d)
+        if w.error:
+            inner = [x.error for x in self._recent if x.error and x.thread_id == w.thread_id and x.start >= w.start]
+            self._emit("compile_failed", {"compile_id": w.compile_id, "trigger": w.trigger, "function": w.function,
+                                          "error": w.error, "trace_errors": inner[-3:],
+                                          "stack": _frames([f for f in stacks.current_stack(skip=2)
+                                                            if not f.file.endswith(("callback.py", "contextlib.py"))])})
         if self._warm_snapshot is not None:
             from compilewatch import counters
 
@@ -385,7 +509,7 @@ class Watcher:
             self._emit("stall", {"what": what, "since": start, "open_for_s": now - start,
                                  "stall_after_s": self.stall_after, "threads_in_compile": in_compile,
                                  "stacks": {k: [str(f) for f in v] for k, v in all_stacks.items()}},
-                       thread=thread or _NamedThread(tname, tid))
+                       thread=thread or _NamedThread(tname, tid, _thread_key(tid)[1]))
         if tracehooks.active_windows():
             self._stuck_ticks = 0
         elif fxpatch.stuck_state().stuck:
@@ -408,8 +532,10 @@ def notify_all(kind: str, detail: dict[str, Any]) -> None:
 class _NamedThread:
     """Stands in for a thread that has ended, so an event can still carry its name and id."""
 
-    def __init__(self, name: str, ident: int) -> None:
+    def __init__(self, name: str, ident: int, start: float | None = None) -> None:
         self.name, self.ident = name, ident
+        if start is not None:
+            self._compilewatch_seen = start
 
 
 def watch(report: str | os.PathLike[str] | None = None, *, stall_after: float = 300.0, repair: bool = False,

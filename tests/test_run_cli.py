@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+
+import pytest
 
 from cli.main import app
 from tests.helpers import invoke
@@ -109,3 +113,39 @@ def test_run_bad_input_exits_2():
 def test_run_prints_user_text_verbatim():
     res = invoke(app, ["run", "--", sys.executable, "-c", "x = [1]; y = '[bold]'"])
     assert res.exit_code == 0 and "x = [1]; y = '[bold]'" in res.stderr  # not eaten as rich markup
+
+
+SIGNALLED = textwrap.dedent("""
+    import subprocess, sys, threading, torch  # torch: the watcher installs in this process
+    grandchild = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"])
+    with open(sys.argv[1], "w") as ready:  # a FIFO: the test reads it, then signals compilewatch
+        ready.write(f"{grandchild.pid}\\n")
+    threading.Event().wait()  # until a signal ends us
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_run_forwards_a_signal_to_the_program_group_and_still_reports(tmp_path, sig):
+    script, fifo, tmp = tmp_path / "prog.py", tmp_path / "ready", tmp_path / "tmp"
+    script.write_text(SIGNALLED)
+    os.mkfifo(fifo)
+    tmp.mkdir()
+    report = tmp_path / "watch.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--report", str(report), "--", sys.executable,
+                             str(script), str(fifo)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    reader.join(120)  # opening the FIFO blocks until the program (torch imported, watcher on) writes it
+    assert got, "the program never signalled readiness"
+    proc.send_signal(sig)
+    # communicate() returns at EOF of stderr, which the grandchild holds too: it returns only once the
+    # whole process group is gone (an orphaned program would keep it open and time out here)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err  # the program died of the forwarded signal
+    assert f"forwarded {signal.Signals(sig).name}" in err
+    kinds = [json.loads(line)["kind"] for line in report.read_text().splitlines()]
+    assert kinds and kinds[0] == "start"  # the report was written from what the program recorded
+    assert not list(tmp.glob("compilewatch-run-*"))  # the run dir was removed

@@ -82,3 +82,51 @@ def test_empty_report_gives_an_empty_valid_timeline(tmp_path):
     from compilewatch.timeline import to_trace_events
 
     assert validate(to_trace_events([])) == []
+
+
+def test_threads_that_reuse_an_ident_get_their_own_tracks():
+    """Python reuses a finished thread's ident: tracks are keyed by ident + first-seen time + name."""
+    from compilewatch.timeline import to_trace_events
+    from compilewatch.watch_events import WatchEvent
+
+    ev = [WatchEvent("span", 1.0, 1, "worker-a", 7, 1, {"name": "a", "start": 1.0, "end": 1.1}, thread_start=1.0),
+          WatchEvent("span", 2.0, 1, "worker-b", 7, 2, {"name": "b", "start": 2.0, "end": 2.1}, thread_start=2.0),
+          WatchEvent("span", 3.0, 1, "worker-a", 7, 3, {"name": "a2", "start": 3.0, "end": 3.1}, thread_start=1.0)]
+    te = to_trace_events(ev)["traceEvents"]
+    tracks = {m["args"]["name"]: m["tid"] for m in te if m.get("name") == "thread_name"}
+    assert set(tracks) == {"worker-a", "worker-b"} and tracks["worker-a"] != tracks["worker-b"]
+    by_name = {e["name"]: e["tid"] for e in te if e["ph"] == "X"}
+    assert by_name == {"a": tracks["worker-a"], "b": tracks["worker-b"], "a2": tracks["worker-a"]}
+
+
+def test_real_threads_with_a_reused_ident_are_told_apart(tmp_path):
+    import threading
+
+    with Watcher() as w:
+        for name in ("first", "second"):  # the second thread usually gets the first one's ident back
+            t = threading.Thread(target=lambda: w._emit("span", {"name": "s", "cat": "span", "start": 0.0, "end": 0.0}),
+                                 name=name)
+            t.start()
+            t.join()
+    spans = [e for e in w.events if e.kind == "span"]
+    assert [e.thread for e in spans] == ["first", "second"]
+    assert spans[0].thread_start != spans[1].thread_start
+
+
+def test_every_flow_end_sits_inside_a_slice():
+    """A setter window that never closed (the program was killed) still anchors its arrow; info
+    events with setters (leak_prevented) draw no arrow, since the victim has no call slice."""
+    from compilewatch.timeline import to_trace_events
+    from compilewatch.watch_events import WatchEvent
+
+    setter = {"thread": "tracer", "thread_id": 9, "thread_start": 0.5, "window_id": 4, "tracer": "Tracer",
+              "target": "f", "since": 1.0, "where": "p.py:3"}
+    ev = [WatchEvent("flag_leak", 2.0, 1, "victim", 8, 1, {"call": "g", "outcome": "RuntimeError: x",
+                                                         "setters": [setter]}, thread_start=0.6),
+          WatchEvent("leak_prevented", 2.5, 1, "victim", 8, 2, {"call": "g", "setters": [setter]}, thread_start=0.6)]
+    data = to_trace_events(ev)
+    assert validate(data) == []
+    flows = [e for e in data["traceEvents"] if e["ph"] in ("s", "f")]
+    assert len(flows) == 2
+    open_slice = next(e for e in data["traceEvents"] if e["ph"] == "X" and e["name"].endswith("(no end recorded)"))
+    assert open_slice["ts"] <= flows[0]["ts"] <= open_slice["ts"] + open_slice["dur"]

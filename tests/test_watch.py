@@ -182,3 +182,40 @@ def test_importing_compilewatch_does_not_import_torch():
             "assert 'torch' not in sys.modules, 'torch imported'; print(callable(compilewatch.watch))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_thread_that_dies_is_a_failure_named_by_its_pattern():
+    def worker():
+        raise NameError("module is not installed as a submodule")
+
+    with Watcher() as w:
+        t = threading.Thread(target=worker, name="dies")
+        t.start()
+        t.join()
+    s = w.summary()
+    assert not s.ok and s.failures == 1
+    f = s.findings[0]
+    assert (f.kind, f.threads, f.pattern) == ("thread_error", ("dies",), "module_not_submodule")
+    assert "in worker" in (f.function or "") and "NameError" in f.first["traceback"]
+
+
+def test_live_output_prints_each_finding_once(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from cli import output
+    from cli.run import _Live
+    from compilewatch.watch_events import WatchEvent
+
+    buf = io.StringIO()
+    monkeypatch.setattr(output, "err", Console(file=buf, width=400))
+    live = _Live()
+    setters = [{"thread": "tracer", "tracer": "Tracer", "target": "f", "where": "p.py:3"}]
+    for seq in range(1, 6):  # the same leak from five trace windows of the same setter
+        live(WatchEvent("flag_leak", float(seq), 1, "victim", 8, seq,
+                        {"call": "g", "outcome": "RuntimeError: x", "setters": setters}))
+    live(WatchEvent("trace", 6.0, 1, "tracer", 9, 6, {}))  # info: never printed
+    lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "failure: flag leak" in lines[0]
