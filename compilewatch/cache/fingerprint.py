@@ -294,11 +294,10 @@ def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, worker
     stamped = [e for name in (*stamps.STAMPED_SUBCACHES, "cache") for e in per_sub.get(name, ())]
     sk = Counter(e.system_key or "unknown" for e in stamped)
     th = Counter(e.torch_hash or "unknown" for e in stamped if not e.rel.startswith("cache/"))
-    torch = torchinfo.torch_module()
     here = torchinfo.system_key()
     return Fingerprint(
         path=str(root), files=len(entries), bytes=sum(s.bytes for s in subs), content_hash=root_hash,
-        subcaches=subs, system_key=here, torch_version=str(torch.__version__),
+        subcaches=subs, system_key=here, torch_version=torchinfo.torch_version(),
         entry_system_keys=dict(sk), entry_torch_hashes=dict(th),
         foreign_entries=sum(n for k, n in sk.items() if k not in ("unknown", here)),
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
