@@ -83,7 +83,9 @@ def fingerprint_cmd(
 
       compilewatch cache fingerprint
 
-      compilewatch cache fingerprint -o before.json   # then later: compilewatch cache diff before.json after.json
+      compilewatch cache fingerprint -o before.json
+
+      compilewatch cache diff before.json after.json
     """
     fp = fp_lib.fingerprint(dir, files=files or out_file is not None, use_index=not no_index)
     if out_file is not None:
@@ -183,7 +185,8 @@ def save_cmd(
 
       compilewatch cache save warm-cache.tar.gz
 
-      compilewatch cache save /shared/caches/h200-torch2.11.tar.zst --dir /tmp/torchinductor_root
+      compilewatch cache save /shared/caches/h200-torch2.11.tar.zst \\
+        --dir /tmp/torchinductor_root
     """
     with output.err.status("saving cache..."):
         result = archive.save(archive_path, dir, mega=not no_mega, level=level, overwrite=overwrite)

@@ -16,7 +16,6 @@ from compilewatch.errors import BadInput
 from compilewatch.serialize import to_jsonable
 from dflash.config import build_config, parse_set, to_dict, to_toml
 from dflash.distributed import DEFAULT_TIMEOUT_S, rank_info
-from dflash.trainer import Trainer, build_config_for_resume
 
 
 def train_cmd(
@@ -44,13 +43,18 @@ def train_cmd(
 
     Examples:
       dflash train
-      dflash train --recipe qwen3_8b --target /models/Qwen3-8B --data data/regen.jsonl --out runs/q8
+      dflash train --recipe qwen3_8b --target /models/Qwen3-8B \\
+        --data data/regen.jsonl --out runs/q8
       dflash train --out runs/q8 --resume
       dflash train --config my.toml --set optim.lr=3e-4 --set train.max_steps=1000
-      dflash train --recipe qwen3_8b --target /models/Qwen3-8B --target-devices 0,1,2,3,4 --drafter-devices 5,6,7
-      torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 \\
-        -m dflash train --target-devices 0,1,2,3,4 --drafter-devices 5,6,7 --out /shared/runs/q8
+      dflash train --recipe qwen3_8b --target /models/Qwen3-8B \\
+        --target-devices 0,1,2,3,4 --drafter-devices 5,6,7
+      torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \\
+        --rdzv-endpoint node0:29500 -m dflash train \\
+        --target-devices 0,1,2,3,4 --drafter-devices 5,6,7 --out /shared/runs/q8
     """
+    from dflash.trainer import Trainer, build_config_for_resume  # torch and transformers: only when training
+
     overrides = {}
     devices = engine_devices(target_devices, drafter_devices)
     distributed = distributed or rank_info() is not None  # torchrun started this process

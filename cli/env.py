@@ -67,9 +67,11 @@ def diff_env_cmd(
 
       compilewatch diff-env old.lock.json new.lock.json
 
-      compilewatch diff-env requirements-old.txt requirements-new.txt --fail-on warning
+      compilewatch diff-env requirements-old.txt requirements-new.txt \\
+        --fail-on warning
 
-      compilewatch diff-env uv.lock new-freeze.txt --format uv.lock --format requirements --json
+      compilewatch diff-env uv.lock new-freeze.txt \\
+        --format uv.lock --format requirements --json
     """
     threshold = envdiff.check_severity(fail_on)
     fmts = [normalize_format(f) for f in formats or []]
