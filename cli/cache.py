@@ -12,6 +12,7 @@ from rich.table import Table
 from cli import output
 from cli.app import make_app
 from cli.options import JsonOpt
+from cli.progress import byte_progress
 from compilewatch.cache import archive, fingerprint as fp_lib, layout, manage, verify as verify_lib
 from compilewatch.fsutil import atomic_write_json
 
@@ -87,7 +88,8 @@ def fingerprint_cmd(
 
       compilewatch cache diff before.json after.json
     """
-    fp = fp_lib.fingerprint(dir, files=files or out_file is not None, use_index=not no_index)
+    with byte_progress("fingerprint") as on_bytes:
+        fp = fp_lib.fingerprint(dir, files=files or out_file is not None, use_index=not no_index, progress=on_bytes)
     if out_file is not None:
         atomic_write_json(out_file, fp)
         output.err.print(f"wrote {out_file}")
@@ -188,8 +190,9 @@ def save_cmd(
       compilewatch cache save /shared/caches/h200-torch2.11.tar.zst \\
         --dir /tmp/torchinductor_root
     """
-    with output.err.status("saving cache..."):
-        result = archive.save(archive_path, dir, mega=not no_mega, level=level, overwrite=overwrite)
+    with byte_progress("save") as on_bytes:
+        result = archive.save(archive_path, dir, mega=not no_mega, level=level, overwrite=overwrite,
+                              progress=on_bytes)
     output.emit(result, as_json, _render_save)
 
 
@@ -221,8 +224,8 @@ def load_cmd(
 
       compilewatch cache load /tmp/torchinductor_root.backup-20260101-120000
     """
-    with output.err.status("loading cache..."):
-        result = archive.load(source, dir, force=force)
+    with byte_progress("load") as on_bytes:
+        result = archive.load(source, dir, force=force, progress=on_bytes)
     output.emit(result, as_json, _render_load)
 
 

@@ -42,8 +42,9 @@ class TrainProgress:
                 p.remove(self.sub)
                 self.sub = None
             s = data["data"]
-            p.print(f"[dim]·[/] {s.kept} sequences ({s.tokens} tokens, {s.loss_tokens} trained), device {data['device']}, "
-                    f"attention {data['backend']}, run dir {data['run_dir']}")
+            p.print(f"[dim]·[/] {s.kept} sequences ({s.tokens} tokens, {s.loss_tokens} trained), "
+                    f"{data['total_steps']} steps, device {data['device']}, attention {data['backend']}, "
+                    f"run dir {data['run_dir']}")
             for w in s.warnings[:5]:
                 p.print(f"[yellow]warning:[/] {w}")
             self.task = p.add("train", total=data["total_steps"], completed=data["step"])

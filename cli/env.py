@@ -20,10 +20,16 @@ _STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 def lock_cmd(
     out_file: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the lock to FILE (atomically).")] = None,
     no_gpus: Annotated[bool, typer.Option("--no-gpus", help="Skip NVML (driver and GPU facts).")] = False,
+    ask_torch: Annotated[bool, typer.Option(
+        "--torch", help="Import torch (and initialise CUDA) for cuDNN, NCCL and the arch list, and take the system "
+                        "key from torch itself: seconds instead of under one.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Snapshot what decides whether compiled artifacts are reusable: python, packages, torch build,
     triton, inductor system key and cache, driver, GPUs, CPU, env vars (secrets left out).
+
+    torch is not imported: its facts come from its files and NVML, and the system key is computed the
+    way torch computes it (or asked of torch when that cannot be certain; the lock says which).
 
     Examples:
 
@@ -33,7 +39,7 @@ def lock_cmd(
 
       compilewatch diff-env before.lock.json env.lock.json
     """
-    lock = envlock.snapshot(with_gpus=not no_gpus)
+    lock = envlock.snapshot(with_gpus=not no_gpus, ask_torch=ask_torch)
     if out_file is not None:
         if out_file.is_dir():
             raise BadInput(f"{out_file} is a directory", hint="give a file name, e.g. -o env.lock.json")
@@ -91,15 +97,22 @@ def _render_lock(lock: envlock.EnvLock) -> None:
     o.print(f"[bold]python[/] {p.version} ({p.implementation}, {p.platform}), {len(lock.distributions)} distributions")
     t = lock.torch
     if t is not None:
-        o.print(f"[bold]torch[/] {t.version}  CUDA {t.cuda or '-'}  cuDNN {t.cudnn or '-'}  NCCL {t.nccl or '-'}  "
-                f"arch {' '.join(t.arch_list) or '-'}")
+        if t.source == "torch":
+            o.print(f"[bold]torch[/] {t.version}  CUDA {t.cuda or '-'}  cuDNN {t.cudnn or '-'}  NCCL {t.nccl or '-'}  "
+                    f"arch {' '.join(t.arch_list) or '-'}")
+        else:
+            o.print(f"[bold]torch[/] {t.version}  CUDA {t.cuda or '-'}  [dim](from its files; cuDNN, NCCL, arch "
+                    f"list: --torch)[/]")
     o.print(f"[bold]triton[/] {lock.triton.version if lock.triton else '-'}")
     ind = lock.inductor
     if ind is not None:
         cache = ind.cache
         state = "-" if cache is None else (f"{output.fmt_bytes(cache.bytes)} in {cache.files} files"
                                            if cache.exists else "missing")
-        o.print(f"[bold]inductor[/] cache {ind.cache_dir} ({state}), system key {(ind.system_key or '-')[:16]}")
+        how = {"files": "computed from torch's and triton's files", "torch": "asked of torch"}.get(
+            ind.system_key_source or "", "")
+        o.print(f"[bold]inductor[/] cache {ind.cache_dir} ({state}), system key {(ind.system_key or '-')[:16]}"
+                + (f" [dim]({how})[/]" if how else ""))
     if lock.driver is not None:
         o.print(f"[bold]driver[/] {lock.driver.version} (CUDA {lock.driver.cuda or '-'})")
     for g in lock.gpus:

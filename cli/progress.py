@@ -12,6 +12,7 @@ print: they take an optional callback, and the commands turn its calls into `upd
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -57,11 +58,11 @@ class Progress:
         self.tasks: list[_Task] = []
         self._rich = None
         if self.live:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import (BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
 
             self._rich = RichProgress(
-                TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), TextColumn("{task.fields[amount]}"),
                 TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
                 console=self.console, transient=False)
 
@@ -84,7 +85,8 @@ class Progress:
         t = _Task(description, total, completed, info, fmt=fmt)
         self.tasks.append(t)
         if self._rich is not None:
-            t.rich_id = self._rich.add_task(description, total=total, completed=completed, info=info)
+            t.rich_id = self._rich.add_task(description, total=total, completed=completed, info=info,
+                                            amount=self._done_of(t))
         elif self.enabled:
             self._line(t, "started")
         return t
@@ -99,7 +101,7 @@ class Progress:
         if info is not None:
             t.info = info
         if self._rich is not None:
-            self._rich.update(t.rich_id, completed=t.completed, total=t.total, info=t.info)
+            self._rich.update(t.rich_id, completed=t.completed, total=t.total, info=t.info, amount=self._done_of(t))
             return
         if not self.enabled:
             return
@@ -125,20 +127,38 @@ class Progress:
             return "?"
         return t.fmt(v) if t.fmt else f"{v:,.0f}"
 
+    def _done_of(self, t: _Task) -> str:
+        return self._amount(t, t.completed) + (f"/{self._amount(t, t.total)}" if t.total else "")
+
     def _line(self, t: _Task, state: str | None) -> None:
         t.last_line = time.monotonic()
         elapsed = t.last_line - t.started
         parts = [f"[progress] {t.description}"]
         if state:
             parts.append(state)
-        done = self._amount(t, t.completed)
-        if t.total:
-            pct = 100.0 * t.completed / t.total
-            parts.append(f"{done}/{self._amount(t, t.total)} ({pct:.1f}%)")
-        else:
-            parts.append(done)
+        parts.append(self._done_of(t) + (f" ({100.0 * t.completed / t.total:.1f}%)" if t.total else ""))
         parts.append(f"elapsed {_clock(elapsed)}")
         if t.total and 0 < t.completed < t.total:
             parts.append(f"left ~{_clock(elapsed * (t.total - t.completed) / t.completed)}")
         line = " ".join(parts) + (f" | {t.info}" if t.info else "")
         self.console.print(line, markup=False, highlight=False)
+
+
+LARGE_BYTES = 64 << 20  # byte-counted operations smaller than this show no progress (they take a moment)
+
+
+@contextlib.contextmanager
+def byte_progress(description: str, enabled: bool = True, min_total: int = LARGE_BYTES):
+    """A `progress(done, total)` callback for library functions that count bytes (cache fingerprint,
+    save, load); a task appears once the total is known to be at least `min_total`."""
+    with Progress(enabled=enabled) as p:
+        task: list[_Task] = []
+
+        def on_bytes(done: int, total: int) -> None:
+            if not task:
+                if total < min_total:
+                    return
+                task.append(p.add(description, total=total, fmt=output.fmt_bytes))
+            p.update(task[0], completed=done, total=total)
+
+        yield on_bytes

@@ -94,3 +94,15 @@ def test_diff_env_summary_is_its_own_line(tmp_path):
     last = r.stdout.rstrip("\n").splitlines()[-1]
     assert last.startswith("→") and last.endswith("exit 1: changes at or above critical")
     assert r.stdout.endswith("\n")
+
+
+def test_train_summary_is_one_screen():
+    from cli.dflash_train import summary
+    from dflash.config import build_config
+
+    cfg = build_config("tiny", None, {"checkpoint.out_dir": "runs/x"})
+    text = summary(cfg, (("0", "1"), ("2",)))
+    assert len(text.splitlines()) <= 10 and "[target]" not in text and "lr = " not in text
+    for fact in ("recipe tiny", "embedded:tiny ", "embedded:tiny-chat", "target workers 0,1, drafter replicas 2",
+                 "6 epochs", "runs/x", "--print-config"):
+        assert fact in text, fact
