@@ -9,6 +9,7 @@ import typer
 
 from cli import output
 from cli.options import JsonOpt
+from cli.progress import byte_progress
 from compilewatch import envdiff, envlock
 from compilewatch.envformats import FORMATS, normalize_format
 from compilewatch.errors import BadInput
@@ -39,7 +40,8 @@ def lock_cmd(
 
       compilewatch diff-env before.lock.json env.lock.json
     """
-    lock = envlock.snapshot(with_gpus=not no_gpus, ask_torch=ask_torch)
+    with byte_progress("fingerprint of the inductor cache") as on_bytes:
+        lock = envlock.snapshot(with_gpus=not no_gpus, ask_torch=ask_torch, progress=on_bytes)
     if out_file is not None:
         if out_file.is_dir():
             raise BadInput(f"{out_file} is a directory", hint="give a file name, e.g. -o env.lock.json")

@@ -142,13 +142,15 @@ class EnvLock:
 
 
 def snapshot(*, paths: Sequence[str] | None = None, with_torch: bool = True, with_gpus: bool = True,
-             ask_torch: bool = False) -> EnvLock:
+             ask_torch: bool = False, progress: Any = None) -> EnvLock:
     """Collect an `EnvLock` of this process's environment.
 
     `paths` limits the distribution scan (default: sys.path). `with_torch=False` skips torch, triton's
     system key and the cache (for tools that only want packages); `with_gpus=False` skips NVML.
     `ask_torch=True` imports torch (and initialises CUDA) for the facts only torch knows (cuDNN, NCCL,
     arch list) and takes the system key from torch's own function: seconds instead of well under one.
+    `progress(bytes done, bytes total)` follows the cache fingerprint (a large cache hashed for the
+    first time takes seconds; later runs reuse its stat index).
     """
     import compilewatch
 
@@ -158,7 +160,7 @@ def snapshot(*, paths: Sequence[str] | None = None, with_torch: bool = True, wit
     dists = scan_distributions(paths, notes)
     torch = inductor = None
     if with_torch:
-        torch, inductor = _torch_facts(notes, ask_torch)
+        torch, inductor = _torch_facts(notes, ask_torch, progress)
     driver, gpus = _gpu_facts(notes) if with_gpus else (None, ())
     return EnvLock(
         schema=SCHEMA,
@@ -243,7 +245,8 @@ def _triton(dists: Iterable[Distribution]) -> TritonInfo | None:
     return None
 
 
-def _torch_facts(notes: list[str], ask_torch: bool = False) -> tuple[TorchBuild | None, InductorInfo | None]:
+def _torch_facts(notes: list[str], ask_torch: bool = False, progress: Any = None,
+                 ) -> tuple[TorchBuild | None, InductorInfo | None]:
     from compilewatch import systemkey, torchinfo
 
     try:
@@ -255,7 +258,7 @@ def _torch_facts(notes: list[str], ask_torch: bool = False) -> tuple[TorchBuild 
         notes.append("torch is not installed here: no torch, system key or cache facts")
         return None, None
     cache_dir = str(torchinfo.inductor_cache_dir())
-    cache = _cache_summary(cache_dir)  # before the system key: importing torch._dynamo creates the dir
+    cache = _cache_summary(cache_dir, progress)  # before the system key: importing torch._dynamo creates the dir
     try:
         triton_dir: str | None = str(torchinfo.triton_cache_dir(0))
     except Exception as e:  # noqa: BLE001 - a fact we could not get is a note, not a crash
@@ -277,7 +280,7 @@ def _torch_facts(notes: list[str], ask_torch: bool = False) -> tuple[TorchBuild 
                                system_key_source=source)
 
 
-def _cache_summary(cache_dir: str) -> CacheSummary:
+def _cache_summary(cache_dir: str, progress: Any = None) -> CacheSummary:
     """What the inductor cache dir holds: files, bytes and the cache module's content fingerprint.
 
     A dir that is not an inductor cache (compilewatch.cache refuses it) is only counted.
@@ -290,7 +293,7 @@ def _cache_summary(cache_dir: str) -> CacheSummary:
     if not root.is_dir():
         return CacheSummary(dir=cache_dir, exists=False, files=0, bytes=0)
     try:
-        fp = cache_fingerprint.fingerprint(root)
+        fp = cache_fingerprint.fingerprint(root, progress=progress)
         return CacheSummary(dir=cache_dir, exists=True, files=fp.files, bytes=fp.bytes, fingerprint=fp.content_hash)
     except BadInput:  # not an inductor cache: count it
         pass
