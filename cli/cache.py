@@ -13,7 +13,13 @@ from cli import output
 from cli.app import make_app
 from cli.options import JsonOpt
 from cli.progress import byte_progress
-from compilewatch.cache import archive, fingerprint as fp_lib, layout, manage, verify as verify_lib
+from cli.lazy import lazy
+
+archive = lazy("compilewatch.cache.archive")
+fp_lib = lazy("compilewatch.cache.fingerprint")
+layout = lazy("compilewatch.cache.layout")
+manage = lazy("compilewatch.cache.manage")
+verify_lib = lazy("compilewatch.cache.verify")
 from compilewatch.fsutil import atomic_write_json
 
 app = make_app(

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from cli import output
 from cli.options import JsonOpt
 from cli.progress import byte_progress
-from compilewatch import envdiff, envlock
-from compilewatch.envformats import FORMATS, normalize_format
+from compilewatch import envlock
+
+if TYPE_CHECKING:
+    from compilewatch import envdiff
+
+# compilewatch.envformats.FORMATS, spelled out so that `lock` and --help do not import every format
+# reader (tests/test_cli_env.py checks the two agree)
+FORMAT_NAMES = ("lock", "requirements", "uv.lock", "pylock", "conda-yaml", "conda-explicit")
 from compilewatch.errors import BadInput
 from compilewatch.fsutil import atomic_write_json
 
@@ -62,7 +68,7 @@ def diff_env_cmd(
     fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a change at or above this severity exists: "
                                                            "critical, warning or info.")] = "critical",
     formats: Annotated[Optional[list[str]], typer.Option(
-        "--format", help=f"Override detection: once for both files, twice for OLD then NEW. One of: {', '.join(FORMATS)}."
+        "--format", help=f"Override detection: once for both files, twice for OLD then NEW. One of: {', '.join(FORMAT_NAMES)}."
     )] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -81,6 +87,9 @@ def diff_env_cmd(
       compilewatch diff-env uv.lock new-freeze.txt \\
         --format uv.lock --format requirements --json
     """
+    from compilewatch import envdiff
+    from compilewatch.envformats import normalize_format
+
     threshold = envdiff.check_severity(fail_on)
     fmts = [normalize_format(f) for f in formats or []]
     if len(fmts) > 2:
@@ -128,6 +137,8 @@ def _render_lock(lock: envlock.EnvLock) -> None:
 
 
 def _render_diff(r: envdiff.EnvDiff, threshold: str, failed: bool) -> None:
+    from compilewatch import envdiff
+
     o = output.out
     o.print(f"[bold]diff-env[/] {r.old.path} ({r.old.format}, {r.old.packages} packages) -> "
             f"{r.new.path} ({r.new.format}, {r.new.packages} packages)")

@@ -10,8 +10,10 @@ from rich.table import Table
 from cli import output
 from cli.progress import Progress
 from cli.options import BackendOpt, JsonOpt
-from compilewatch import handoff as handoff_lib
-from compilewatch import warm as warm_lib
+from cli.lazy import lazy
+
+handoff_lib = lazy("compilewatch.handoff")
+warm_lib = lazy("compilewatch.warm")
 from compilewatch.devices import parse_devices
 from compilewatch.fsutil import atomic_write_json
 from compilewatch.targets import FlexShape, resolve_workload
