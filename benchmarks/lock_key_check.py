@@ -43,9 +43,13 @@ def _run(code: str, env: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _time_lock(env: dict) -> float:
+def _time_lock(env: dict) -> float | None:
+    """A fresh `compilewatch lock --json`; None when the CLI cannot run here (e.g. typer not installed)."""
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "cli.main", "lock", "--json"], env=env, capture_output=True, check=True)
+    r = subprocess.run([sys.executable, "-m", "cli.main", "lock", "--json"], env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"compilewatch lock failed here ({r.returncode}): {r.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
     return time.perf_counter() - t
 
 
@@ -72,7 +76,8 @@ def main() -> int:
         print(f"fast key     {warm['key']}  method {warm['method']}, device {warm['device']!r}"
               + (f", fell back: {warm['reason']}" if warm["reason"] else ""))
         print(f"fast key timings: {cold['seconds']:.2f} s with a cold triton-key memo, {warm['seconds']:.2f} s with it")
-        print("compilewatch lock --json, fresh processes: " + ", ".join(f"{s:.2f} s" for s in lock_s))
+        print("compilewatch lock --json, fresh processes: "
+              + ", ".join("-" if s is None else f"{s:.2f} s" for s in lock_s))
         print("EQUAL" if report["equal"] else "DIFFERENT: the fast path is wrong on this machine")
     return 0 if report["equal"] else 1
 
