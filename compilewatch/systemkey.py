@@ -21,7 +21,7 @@ says why (`SystemKey.method` / `.reason`). It is sure when:
   what it calls) and of triton's `triton_key` hash to a variant in KNOWN_* below; a torch or triton
   release that changes them falls back until its variant is added (and tested equal);
 - the GPU torch would pick as `current_device()` is unambiguous: every visible GPU has one name,
-  no MIG, CUDA_VISIBLE_DEVICES empty or starting with a plain index or a GPU UUID, a driver whose
+  no MIG, CUDA_VISIBLE_DEVICES unset or starting with a valid index or GPU UUID, a driver whose
   CUDA version is at least torch's;
 - nothing registers extra device backends (the `torch.backends` entry point group).
 """
