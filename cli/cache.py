@@ -12,7 +12,14 @@ from rich.table import Table
 from cli import output
 from cli.app import make_app
 from cli.options import JsonOpt
-from compilewatch.cache import archive, fingerprint as fp_lib, layout, manage, verify as verify_lib
+from cli.progress import byte_progress
+from cli.lazy import lazy
+
+archive = lazy("compilewatch.cache.archive")
+fp_lib = lazy("compilewatch.cache.fingerprint")
+layout = lazy("compilewatch.cache.layout")
+manage = lazy("compilewatch.cache.manage")
+verify_lib = lazy("compilewatch.cache.verify")
 from compilewatch.fsutil import atomic_write_json
 
 app = make_app(
@@ -83,9 +90,12 @@ def fingerprint_cmd(
 
       compilewatch cache fingerprint
 
-      compilewatch cache fingerprint -o before.json   # then later: compilewatch cache diff before.json after.json
+      compilewatch cache fingerprint -o before.json
+
+      compilewatch cache diff before.json after.json
     """
-    fp = fp_lib.fingerprint(dir, files=files or out_file is not None, use_index=not no_index)
+    with byte_progress("fingerprint") as on_bytes:
+        fp = fp_lib.fingerprint(dir, files=files or out_file is not None, use_index=not no_index, progress=on_bytes)
     if out_file is not None:
         atomic_write_json(out_file, fp)
         output.err.print(f"wrote {out_file}")
@@ -183,10 +193,12 @@ def save_cmd(
 
       compilewatch cache save warm-cache.tar.gz
 
-      compilewatch cache save /shared/caches/h200-torch2.11.tar.zst --dir /tmp/torchinductor_root
+      compilewatch cache save /shared/caches/h200-torch2.11.tar.zst \\
+        --dir /tmp/torchinductor_root
     """
-    with output.err.status("saving cache..."):
-        result = archive.save(archive_path, dir, mega=not no_mega, level=level, overwrite=overwrite)
+    with byte_progress("save") as on_bytes:
+        result = archive.save(archive_path, dir, mega=not no_mega, level=level, overwrite=overwrite,
+                              progress=on_bytes)
     output.emit(result, as_json, _render_save)
 
 
@@ -218,8 +230,8 @@ def load_cmd(
 
       compilewatch cache load /tmp/torchinductor_root.backup-20260101-120000
     """
-    with output.err.status("loading cache..."):
-        result = archive.load(source, dir, force=force)
+    with byte_progress("load") as on_bytes:
+        result = archive.load(source, dir, force=force, progress=on_bytes)
     output.emit(result, as_json, _render_load)
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from cli import output
 from cli.options import JsonOpt
-from dflash.eval import EvalResult, eval_checkpoint
+
+if TYPE_CHECKING:
+    from dflash.eval import EvalResult
 
 
 def eval_cmd(
@@ -24,9 +26,11 @@ def eval_cmd(
 
     Examples:
       dflash eval runs/tiny-20260101-120000
-      dflash eval runs/q8/checkpoints/step_004000 --data data/test.jsonl -n 64 --json
+      dflash eval runs/q8/checkpoints/step_004000 \\
+        --data data/test.jsonl -n 64 --json
     """
     from cli.dflash_progress import TrainProgress
+    from dflash.eval import eval_checkpoint  # torch and transformers: only when evaluating
 
     with TrainProgress() as progress:
         progress("phase", {"name": "eval", "prompts": prompts or "the configured"})

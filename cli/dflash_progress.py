@@ -1,70 +1,68 @@
-"""Live progress for dflash commands, on stderr (stdout stays data): phases, a step bar, checkpoints."""
+"""Live progress for dflash commands, on stderr (stdout stays data): phases, a step bar, checkpoints.
+Rendered through cli.progress: bars on a terminal, periodic plain lines in logs."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-from cli.output import err, fmt_bytes
+from cli.output import fmt_bytes
+from cli.progress import Progress
 
 
 class TrainProgress:
-    """The `on_event` callback of dflash.trainer.Trainer, rendered with rich."""
+    """The `on_event` callback of dflash.trainer.Trainer (and of eval / regen progress)."""
 
     def __init__(self, enabled: bool = True) -> None:
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=err, transient=False, disable=not enabled,
-        )
+        self.progress = Progress(enabled=enabled)
         self.task = None
         self.sub = None
 
     def __enter__(self) -> TrainProgress:
-        self.progress.start()
+        self.progress.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        self.progress.__exit__(*exc)
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        p = self.progress
         if kind == "phase":
             name = data["name"]
             detail = {"target": f"loading target {data.get('source')}",
                       "regenerate": f"regenerating {data.get('conversations')} answers with the target",
                       "data": f"tokenizing {data.get('conversations')} conversations",
                       "eval": f"speculative decoding on {data.get('prompts')} prompts"}.get(name, name)
-            self.progress.console.print(f"[dim]·[/] {detail}")
+            p.print(f"[dim]·[/] {detail}")
             if name in ("regenerate", "eval"):
-                self.sub = self.progress.add_task(name, total=None, info="")
+                self.sub = p.add(name)
         elif kind in ("regen", "eval") and self.sub is not None:
-            self.progress.update(self.sub, completed=data["done"], total=data["total"])
+            p.update(self.sub, completed=data["done"], total=data["total"])
         elif kind == "start":
             if self.sub is not None:
-                self.progress.remove_task(self.sub)
+                p.remove(self.sub)
                 self.sub = None
             s = data["data"]
-            self.progress.console.print(
-                f"[dim]·[/] {s.kept} sequences ({s.tokens} tokens, {s.loss_tokens} trained), device {data['device']}, "
-                f"attention {data['backend']}, run dir {data['run_dir']}")
-            render_skips(self.progress.console, s)
-            self.task = self.progress.add_task("train", total=data["total_steps"], completed=data["step"], info="")
+            p.print(f"[dim]·[/] {s.kept} sequences ({s.tokens} tokens, {s.loss_tokens} trained), "
+                    f"{data['total_steps']} steps, device {data['device']}, attention {data['backend']}, "
+                    f"run dir {data['run_dir']}")
+            render_skips(p, s)
+            self.task = p.add("train", total=data["total_steps"], completed=data["step"])
         elif kind == "step" and self.task is not None:
             m = data["metrics"]
             info = (f"loss {m.loss:.3f} acc₁ {m.accuracy[0]:.2f} τ≈{m.tau_estimate:.2f} "
                     f"{m.tokens_per_s / 1000:,.1f}k tok/s {fmt_bytes(m.memory_bytes)}")
-            self.progress.update(self.task, completed=m.step, info=info)
+            p.update(self.task, completed=m.step, info=info)
         elif kind == "checkpoint":
-            self.progress.console.print(f"[dim]·[/] checkpoint {data['path']}")
+            p.print(f"[dim]·[/] checkpoint {data['path']}")
 
 
-def render_skips(console, stats) -> None:
+def render_skips(p: Progress, stats) -> None:
     """Every skipped record, counted by reason, with the first examples of each (dflash.data.DataStats)."""
     if not stats.dropped:
         return
-    console.print(f"[yellow]warning:[/] {stats.skipped} of {stats.records + len(stats.warnings)} records skipped "
-                  "(--strict makes this an error):", highlight=False)
+    p.print(f"[yellow]warning:[/] {stats.skipped} of {stats.records + len(stats.warnings)} records skipped "
+             "(--strict makes this an error):", highlight=False)
     for reason, n in stats.dropped.items():
-        console.print(f"  {n} × {reason}", markup=False, highlight=False)
+        p.print(f"  {n} × {reason}", markup=False, highlight=False)
         for ex in stats.examples.get(reason, []):
-            console.print(f"      e.g. {ex}", markup=False, highlight=False, style="dim")
+            p.print(f"      e.g. {ex}", markup=False, highlight=False, style="dim")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli import output
 from cli.options import JsonOpt
 from dflash.config import EMBEDDED_TARGET, TargetConfig
-from dflash.regen import RegenResult, regen_file
+
+if TYPE_CHECKING:
+    from dflash.regen import RegenResult
 
 
 def regen_cmd(
@@ -25,9 +27,11 @@ def regen_cmd(
     """Answer every user turn again with the target (how DFlash training data is made).
 
     Examples:
-      dflash regen data/sharegpt.jsonl data/regen.jsonl --target /models/Qwen3-8B --device 0
+      dflash regen data/sharegpt.jsonl data/regen.jsonl \\
+        --target /models/Qwen3-8B --device 0
     """
     from cli.dflash_progress import TrainProgress
+    from dflash.regen import regen_file  # torch and transformers: only when regenerating
     from dflash.target import load_target, resolve_device
 
     tgt = load_target(TargetConfig(path=target), 1, resolve_device(device))

@@ -7,7 +7,9 @@ from rich.table import Table
 
 from cli import output
 from cli.options import JsonOpt
-from compilewatch import doctor as doctor_lib
+from cli.lazy import lazy
+
+doctor_lib = lazy("compilewatch.doctor")
 
 _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "problem": "red"}
 

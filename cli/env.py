@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from cli import output
 from cli.options import JsonOpt
-from compilewatch import envdiff, envlock
-from compilewatch.envformats import FORMATS, normalize_format
+from cli.progress import byte_progress
+from compilewatch import envlock
+
+if TYPE_CHECKING:
+    from compilewatch import envdiff
+
+# compilewatch.envformats.FORMATS, spelled out so that `lock` and --help do not import every format
+# reader (tests/test_cli_env.py checks the two agree)
+FORMAT_NAMES = ("lock", "requirements", "uv.lock", "pylock", "conda-yaml", "conda-explicit")
 from compilewatch.errors import BadInput
 from compilewatch.fsutil import atomic_write_json
 
@@ -20,10 +27,16 @@ _STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 def lock_cmd(
     out_file: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the lock to FILE (atomically).")] = None,
     no_gpus: Annotated[bool, typer.Option("--no-gpus", help="Skip NVML (driver and GPU facts).")] = False,
+    ask_torch: Annotated[bool, typer.Option(
+        "--torch", help="Import torch (and initialise CUDA) for cuDNN, NCCL and the arch list, and take the system "
+                        "key from torch itself: seconds instead of under one.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Snapshot what decides whether compiled artifacts are reusable: python, packages, torch build,
     triton, inductor system key and cache, driver, GPUs, CPU, env vars (secrets left out).
+
+    torch is not imported: its facts come from its files and NVML, and the system key is computed the
+    way torch computes it (or asked of torch when that cannot be certain; the lock says which).
 
     Examples:
 
@@ -33,7 +46,8 @@ def lock_cmd(
 
       compilewatch diff-env before.lock.json env.lock.json
     """
-    lock = envlock.snapshot(with_gpus=not no_gpus)
+    with byte_progress("fingerprint of the inductor cache") as on_bytes:
+        lock = envlock.snapshot(with_gpus=not no_gpus, ask_torch=ask_torch, progress=on_bytes)
     if out_file is not None:
         if out_file.is_dir():
             raise BadInput(f"{out_file} is a directory", hint="give a file name, e.g. -o env.lock.json")
@@ -54,7 +68,7 @@ def diff_env_cmd(
     fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a change at or above this severity exists: "
                                                            "critical, warning or info.")] = "critical",
     formats: Annotated[Optional[list[str]], typer.Option(
-        "--format", help=f"Override detection: once for both files, twice for OLD then NEW. One of: {', '.join(FORMATS)}."
+        "--format", help=f"Override detection: once for both files, twice for OLD then NEW. One of: {', '.join(FORMAT_NAMES)}."
     )] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -67,10 +81,15 @@ def diff_env_cmd(
 
       compilewatch diff-env old.lock.json new.lock.json
 
-      compilewatch diff-env requirements-old.txt requirements-new.txt --fail-on warning
+      compilewatch diff-env requirements-old.txt requirements-new.txt \\
+        --fail-on warning
 
-      compilewatch diff-env uv.lock new-freeze.txt --format uv.lock --format requirements --json
+      compilewatch diff-env uv.lock new-freeze.txt \\
+        --format uv.lock --format requirements --json
     """
+    from compilewatch import envdiff
+    from compilewatch.envformats import normalize_format
+
     threshold = envdiff.check_severity(fail_on)
     fmts = [normalize_format(f) for f in formats or []]
     if len(fmts) > 2:
@@ -89,15 +108,22 @@ def _render_lock(lock: envlock.EnvLock) -> None:
     o.print(f"[bold]python[/] {p.version} ({p.implementation}, {p.platform}), {len(lock.distributions)} distributions")
     t = lock.torch
     if t is not None:
-        o.print(f"[bold]torch[/] {t.version}  CUDA {t.cuda or '-'}  cuDNN {t.cudnn or '-'}  NCCL {t.nccl or '-'}  "
-                f"arch {' '.join(t.arch_list) or '-'}")
+        if t.source == "torch":
+            o.print(f"[bold]torch[/] {t.version}  CUDA {t.cuda or '-'}  cuDNN {t.cudnn or '-'}  NCCL {t.nccl or '-'}  "
+                    f"arch {' '.join(t.arch_list) or '-'}")
+        else:
+            o.print(f"[bold]torch[/] {t.version}  CUDA {t.cuda or '-'}  [dim](from its files; cuDNN, NCCL, arch "
+                    f"list: --torch)[/]")
     o.print(f"[bold]triton[/] {lock.triton.version if lock.triton else '-'}")
     ind = lock.inductor
     if ind is not None:
         cache = ind.cache
         state = "-" if cache is None else (f"{output.fmt_bytes(cache.bytes)} in {cache.files} files"
                                            if cache.exists else "missing")
-        o.print(f"[bold]inductor[/] cache {ind.cache_dir} ({state}), system key {(ind.system_key or '-')[:16]}")
+        how = {"files": "computed from torch's and triton's files", "torch": "asked of torch"}.get(
+            ind.system_key_source or "", "")
+        o.print(f"[bold]inductor[/] cache {ind.cache_dir} ({state}), system key {(ind.system_key or '-')[:16]}"
+                + (f" [dim]({how})[/]" if how else ""))
     if lock.driver is not None:
         o.print(f"[bold]driver[/] {lock.driver.version} (CUDA {lock.driver.cuda or '-'})")
     for g in lock.gpus:
@@ -111,6 +137,8 @@ def _render_lock(lock: envlock.EnvLock) -> None:
 
 
 def _render_diff(r: envdiff.EnvDiff, threshold: str, failed: bool) -> None:
+    from compilewatch import envdiff
+
     o = output.out
     o.print(f"[bold]diff-env[/] {r.old.path} ({r.old.format}, {r.old.packages} packages) -> "
             f"{r.new.path} ({r.new.format}, {r.new.packages} packages)")

@@ -2,6 +2,10 @@
 
 stdout carries the command's result (a table, a report, or JSON); progress, warnings and hints go to
 stderr. Rich drops colour by itself when stdout is not a terminal or NO_COLOR is set.
+
+Off a terminal (a pipe, a CI log, a torchrun/Slurm output file) rich would cut everything to 80
+columns: paths end in `…`, table cells wrap. There the consoles are made OFF_TTY_WIDTH wide instead,
+so lines come out whole (tables are not expanded: they stay as wide as their content).
 """
 
 from __future__ import annotations
@@ -14,8 +18,20 @@ from rich.console import Console
 
 from compilewatch.serialize import to_jsonable
 
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+OFF_TTY_WIDTH = 4096
+
+
+def make_console(**kw: Any) -> Console:
+    """A Console with our defaults: no highlighting, no wrapping of long lines, and off a terminal
+    OFF_TTY_WIDTH columns (instead of 80)."""
+    c = Console(soft_wrap=True, highlight=False, **kw)
+    if not c.is_terminal:
+        c.width = OFF_TTY_WIDTH
+    return c
+
+
+out = make_console()
+err = make_console(stderr=True)
 
 
 def print_json(data: Any) -> None:

@@ -12,7 +12,9 @@ from rich.table import Table
 
 from cli import output
 from cli.options import BackendOpt, DeviceOpt, JsonOpt
-from compilewatch import probe as probe_lib
+from cli.lazy import lazy
+
+probe_lib = lazy("compilewatch.probe")
 from compilewatch.errors import BadInput
 from compilewatch.targets import builtin_targets
 

@@ -70,9 +70,11 @@ def run_cmd(
 
       compilewatch run -- python train.py --epochs 1
 
-      compilewatch run --report watch.jsonl --stall-after 120 -- python -m mypkg.train
+      compilewatch run --report watch.jsonl --stall-after 120 \\
+        -- python -m mypkg.train
 
-      compilewatch run --timeline race.json -- torchrun --nproc-per-node 2 train.py
+      compilewatch run --timeline race.json \\
+        -- torchrun --nproc-per-node 2 train.py
     """
     result = runner.run_watched(command or [], report=report, timeline=timeline, stall_after=stall_after,
                                 repair=repair, on_event=None if as_json else _Live(),

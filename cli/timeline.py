@@ -9,7 +9,9 @@ from rich.markup import escape
 
 from cli import output
 from cli.options import JsonOpt
-from compilewatch import timeline as timeline_lib
+from cli.lazy import lazy
+
+timeline_lib = lazy("compilewatch.timeline")
 
 
 def timeline_cmd(

@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli import output
+from cli.progress import Progress
 from cli.options import BackendOpt, JsonOpt
-from compilewatch import handoff as handoff_lib
-from compilewatch import warm as warm_lib
+from cli.lazy import lazy
+
+handoff_lib = lazy("compilewatch.handoff")
+warm_lib = lazy("compilewatch.warm")
 from compilewatch.devices import parse_devices
 from compilewatch.fsutil import atomic_write_json
 from compilewatch.targets import FlexShape, resolve_workload
@@ -50,11 +52,14 @@ def warm_cmd(
 
       compilewatch warm --devices 5,6,7
 
-      compilewatch warm --devices 0,1 --seq 4096 --dtype bf16 -- python train.py --config big.toml
+      compilewatch warm --devices 0,1 --seq 4096 --dtype bf16 \\
+        -- python train.py --config big.toml
 
-      compilewatch warm --devices cpu --workload compile --backend aot_eager --json
+      compilewatch warm --devices cpu --workload compile \\
+        --backend aot_eager --json
 
-      compilewatch warm --devices 0 --workload mypkg.model:warm_workload -- -m mypkg.train
+      compilewatch warm --devices 0 --workload mypkg.model:warm_workload \\
+        -- -m mypkg.train
     """
     devs = parse_devices(devices)
     plan = handoff_lib.plan(cmd) if cmd else None  # validate CMD before spending minutes compiling
@@ -83,13 +88,13 @@ def warm_cmd(
 
 
 class _DeviceBars:
-    """A rich progress bar per device (stderr): warm, then verify."""
+    """A progress task per device (stderr, cli.progress): warm, then verify."""
 
     def __init__(self, devices: list[str], verify: bool) -> None:
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=output.err)
-        self.tasks = [self.progress.add_task(f"{d} ({i})", total=2 if verify else 1, status="waiting", start=False)
-                      for i, d in enumerate(devices)]
+        self.devices = devices
+        self.total = 2 if verify else 1
+        self.progress = Progress()
+        self.tasks: dict[int, object] = {}
 
     def __enter__(self) -> warm_lib.ProgressFn:
         self.progress.__enter__()
@@ -99,17 +104,18 @@ class _DeviceBars:
         self.progress.__exit__(*exc)
 
     def on_event(self, e: warm_lib.WarmEvent) -> None:
-        task = self.tasks[e.index]
+        task = self.tasks.get(e.index)
+        if task is None:
+            task = self.tasks[e.index] = self.progress.add(f"{self.devices[e.index]} ({e.index})", total=self.total)
         if e.state == "start":
-            self.progress.start_task(task)
-            self.progress.update(task, status=f"{e.phase}ing" if e.phase == "warm" else "verifying")
+            self.progress.update(task, info=f"{e.phase}ing" if e.phase == "warm" else "verifying")
             return
         r = e.result
         status = "ok" if r is not None and r.ok else "FAILED"
         detail = f"{e.phase} {status} {output.fmt_seconds(r.wall_s if r else None)}"
         if r is not None and e.phase == "warm":
             detail += f", {r.frames_compiled} frame compile(s)"
-        self.progress.update(task, advance=1, status=detail)
+        self.progress.update(task, advance=1, info=detail)
 
 
 def _render(r: warm_lib.WarmReport) -> None:

@@ -474,10 +474,11 @@ def _lock_changes(o: EnvLock, n: EnvLock, *, torch_reported: bool) -> list[Chang
         if ot.cuda != nt.cuda and not torch_reported:
             add(Change("critical", "Changed", "torch CUDA", str(ot.cuda), str(nt.cuda),
                        _flavour_sentence(_flav(ot.cuda), _flav(nt.cuda))))
-        if ot.cudnn != nt.cudnn:
+        asked = getattr(ot, "source", "torch") == "torch" and getattr(nt, "source", "torch") == "torch"
+        if ot.cudnn != nt.cudnn and asked:  # a lock read from files does not know them (None)
             add(Change("warning", _direction(str(ot.cudnn), str(nt.cudnn)), "cuDNN (torch)", _cudnn(ot.cudnn),
                        _cudnn(nt.cudnn), CONSEQUENCE["cudnn"]))
-        if ot.nccl != nt.nccl:
+        if ot.nccl != nt.nccl and asked:
             add(Change("warning", _direction(ot.nccl, nt.nccl), "NCCL (torch)", str(ot.nccl), str(nt.nccl),
                        CONSEQUENCE["nccl"]))
         if set(ot.arch_list) != set(nt.arch_list) and ot.arch_list and nt.arch_list:

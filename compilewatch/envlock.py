@@ -9,11 +9,13 @@ What it holds and where each fact comes from:
 - python: `platform` / `sys` (version, implementation, platform tag, ABI tag).
 - distributions: `importlib.metadata` over `sys.path` (or given paths), with PEP 610 direct-URL
   facts (VCS commit, local file, editable). The first distribution of a name wins, as for imports.
-- torch: `compilewatch.torchinfo.torch_build()` (version with its local label, torch.version.cuda,
-  git version, cuDNN and NCCL as torch loads them, arch list).
+- torch: by default read from torch's files without importing torch (`torchinfo.torch_build_from_files`:
+  version with its local label, CUDA version, git version; `source: "files"`); with `ask_torch=True`
+  asked of torch (`torchinfo.torch_build()`, adds cuDNN and NCCL as torch loads them and the arch list).
 - triton: the installed `triton` / `pytorch-triton` distribution (not imported: that is slow).
-- inductor: cache dir, triton cache dir and system key, all through torchinfo; `cache` is a summary
-  of the cache dir's contents (see `_cache_summary`).
+- inductor: cache dir, triton cache dir and system key, all through torchinfo; the key is computed from
+  files when `compilewatch.systemkey` is sure it equals torch's, else asked of torch
+  (`system_key_source`, with the reason in `notes`); `cache` summarizes the cache dir's contents.
 - driver and GPUs: NVML (`pynvml` from nvidia-ml-py); any NVMLError means "no NVIDIA GPU/driver",
   a normal state recorded as a note. GPU UUIDs are hashed.
 - cpu: model and the ISA flags the inductor C++ backend picks its vector code from.
@@ -91,6 +93,7 @@ class InductorInfo:
     triton_cache_dir: str | None
     system_key: str | None  # CacheBase.get_system()["hash"]: every cache entry is keyed on it
     cache: CacheSummary | None
+    system_key_source: str | None = None  # "files" (compilewatch.systemkey) or "torch" (asked torch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +141,16 @@ class EnvLock:
 # collection
 
 
-def snapshot(*, paths: Sequence[str] | None = None, with_torch: bool = True, with_gpus: bool = True) -> EnvLock:
+def snapshot(*, paths: Sequence[str] | None = None, with_torch: bool = True, with_gpus: bool = True,
+             ask_torch: bool = False, progress: Any = None) -> EnvLock:
     """Collect an `EnvLock` of this process's environment.
 
     `paths` limits the distribution scan (default: sys.path). `with_torch=False` skips torch, triton's
     system key and the cache (for tools that only want packages); `with_gpus=False` skips NVML.
+    `ask_torch=True` imports torch (and initialises CUDA) for the facts only torch knows (cuDNN, NCCL,
+    arch list) and takes the system key from torch's own function: seconds instead of well under one.
+    `progress(bytes done, bytes total)` follows the cache fingerprint (a large cache hashed for the
+    first time takes seconds; later runs reuse its stat index).
     """
     import compilewatch
 
@@ -152,7 +160,7 @@ def snapshot(*, paths: Sequence[str] | None = None, with_torch: bool = True, wit
     dists = scan_distributions(paths, notes)
     torch = inductor = None
     if with_torch:
-        torch, inductor = _torch_facts(notes)
+        torch, inductor = _torch_facts(notes, ask_torch, progress)
     driver, gpus = _gpu_facts(notes) if with_gpus else (None, ())
     return EnvLock(
         schema=SCHEMA,
@@ -237,30 +245,42 @@ def _triton(dists: Iterable[Distribution]) -> TritonInfo | None:
     return None
 
 
-def _torch_facts(notes: list[str]) -> tuple[TorchBuild | None, InductorInfo | None]:
-    from compilewatch import torchinfo
+def _torch_facts(notes: list[str], ask_torch: bool = False, progress: Any = None,
+                 ) -> tuple[TorchBuild | None, InductorInfo | None]:
+    from compilewatch import systemkey, torchinfo
 
     try:
-        build = torchinfo.torch_build()
-    except ImportError as e:
+        build = torchinfo.torch_build() if ask_torch else torchinfo.torch_build_from_files()
+    except (ImportError, systemkey.Unsure) as e:
         notes.append(f"torch is not importable here ({e}): no torch, system key or cache facts")
         return None, None
+    if build is None:
+        notes.append("torch is not installed here: no torch, system key or cache facts")
+        return None, None
     cache_dir = str(torchinfo.inductor_cache_dir())
-    cache = _cache_summary(cache_dir)  # before the system key: importing torch._dynamo creates the dir
+    cache = _cache_summary(cache_dir, progress)  # before the system key: importing torch._dynamo creates the dir
     try:
         triton_dir: str | None = str(torchinfo.triton_cache_dir(0))
     except Exception as e:  # noqa: BLE001 - a fact we could not get is a note, not a crash
         triton_dir = None
         notes.append(f"triton cache dir unknown: {e}")
+    key: str | None = None
+    source: str | None = None
     try:
-        key: str | None = torchinfo.system_key()
+        if ask_torch:
+            key, source = systemkey.torch_key(), "torch"
+        else:
+            info = torchinfo.system_key_info()
+            key, source = info.key, info.method
+            if info.reason:
+                notes.append(f"system key asked of torch (slow path): {info.reason}")
     except Exception as e:  # noqa: BLE001
-        key = None
         notes.append(f"inductor system key unavailable: {type(e).__name__}: {e}")
-    return build, InductorInfo(cache_dir=cache_dir, triton_cache_dir=triton_dir, system_key=key, cache=cache)
+    return build, InductorInfo(cache_dir=cache_dir, triton_cache_dir=triton_dir, system_key=key, cache=cache,
+                               system_key_source=source)
 
 
-def _cache_summary(cache_dir: str) -> CacheSummary:
+def _cache_summary(cache_dir: str, progress: Any = None) -> CacheSummary:
     """What the inductor cache dir holds: files, bytes and the cache module's content fingerprint.
 
     A dir that is not an inductor cache (compilewatch.cache refuses it) is only counted.
@@ -273,7 +293,7 @@ def _cache_summary(cache_dir: str) -> CacheSummary:
     if not root.is_dir():
         return CacheSummary(dir=cache_dir, exists=False, files=0, bytes=0)
     try:
-        fp = cache_fingerprint.fingerprint(root)
+        fp = cache_fingerprint.fingerprint(root, progress=progress)
         return CacheSummary(dir=cache_dir, exists=True, files=fp.files, bytes=fp.bytes, fingerprint=fp.content_hash)
     except BadInput:  # not an inductor cache: count it
         pass

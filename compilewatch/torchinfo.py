@@ -10,6 +10,10 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from compilewatch.systemkey import DeviceView, SystemKey
 
 
 def torch_module():
@@ -28,6 +32,10 @@ class TorchBuild:
     arch_list: tuple[str, ...]
     cuda_available: bool
     device_count: int
+    # "torch": every field asked of torch; "files": read from torch's files and NVML without importing
+    # torch (fast): cudnn, nccl and arch_list are then unknown (None / ()), cuda_available/device_count
+    # are the GPUs NVML sees that CUDA_VISIBLE_DEVICES leaves visible, for a CUDA build of torch.
+    source: str = "torch"
 
 
 def torch_build() -> TorchBuild:
@@ -61,6 +69,22 @@ def torch_build() -> TorchBuild:
     )
 
 
+def torch_build_from_files(devices: "DeviceView | None | str" = "read") -> TorchBuild | None:
+    """A TorchBuild from torch's files (`torch/version.py`) and NVML, without importing torch; None
+    when torch is not installed."""
+    from compilewatch import systemkey
+
+    torch_dir = systemkey._package_dir("torch")
+    if torch_dir is None:
+        return None
+    facts = systemkey.torch_version_facts(torch_dir)
+    view = systemkey.read_devices() if devices == "read" else devices
+    count = systemkey.visible_count(view) if facts.get("cuda") else 0
+    return TorchBuild(version=str(facts["__version__"]), cuda=facts.get("cuda"), git_version=facts.get("git_version"),
+                      cudnn=None, nccl=None, arch_list=(), cuda_available=count > 0, device_count=count,
+                      source="files")
+
+
 def inductor_cache_dir() -> Path:
     """The inductor cache dir as torch resolves it: TORCHINDUCTOR_CACHE_DIR, else torch's default.
 
@@ -76,21 +100,45 @@ def inductor_cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _torch_default_cache_dir() -> str:
-    import importlib.util
+    """torch's `default_cache_dir()`, run from its file. Its one torch import (`torch._environment`,
+    a file with no dependencies) is loaded from its file too, so torch itself is never imported."""
     import sys
 
     mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
-    if mod is None:
-        torch = torch_module()
-        path = os.path.join(os.path.dirname(torch.__file__), "_inductor", "runtime", "cache_dir_utils.py")
-        spec = importlib.util.spec_from_file_location("_compilewatch_cache_dir_utils", path)
-        if spec is None or spec.loader is None:  # pragma: no cover - a torch without the file
-            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    if mod is not None:
+        return str(mod.default_cache_dir())
+    from compilewatch.systemkey import _package_dir
 
-            return default_cache_dir()
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    return str(mod.default_cache_dir())
+    torch_dir = _package_dir("torch")
+    if torch_dir is None:
+        raise ImportError("torch is not installed")
+    env_src = (torch_dir / "_environment.py").read_text(encoding="utf-8")
+    src = (torch_dir / "_inductor" / "runtime" / "cache_dir_utils.py").read_text(encoding="utf-8")
+    line = "from torch._environment import is_fbcode"
+    if line not in src:  # pragma: no cover - a torch that imports more: ask it
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        return default_cache_dir()
+    env_ns: dict = {"__name__": "_compilewatch_torch_environment"}
+    exec(compile(env_src, str(torch_dir / "_environment.py"), "exec"), env_ns)  # noqa: S102 - torch's own file
+    ns: dict = {"__name__": "_compilewatch_cache_dir_utils", "is_fbcode": env_ns["is_fbcode"]}
+    exec(compile(src.replace(line, ""), "cache_dir_utils.py", "exec"), ns)  # noqa: S102 - torch's own file
+    return str(ns["default_cache_dir"]())
+
+
+def torch_version() -> str:
+    """torch.__version__ (local label included), from torch/version.py unless torch is imported."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "__version__"):
+        return str(torch.__version__)
+    from compilewatch import systemkey
+
+    torch_dir = systemkey._package_dir("torch")
+    if torch_dir is None:
+        raise ImportError("torch is not installed")
+    return str(systemkey.torch_version_facts(torch_dir)["__version__"])
 
 
 def triton_cache_dir(device_index: int = 0) -> Path:
@@ -102,15 +150,24 @@ def triton_cache_dir(device_index: int = 0) -> Path:
 
 
 @functools.lru_cache(maxsize=1)
+def system_key_info() -> "SystemKey":
+    """The inductor cache's system key, `CacheBase.get_system()["hash"]`, and how it was found:
+    from torch's and triton's files when `compilewatch.systemkey` is sure it computes what torch
+    computes (tested equal), else from torch's own function. Once per process."""
+    from compilewatch import systemkey
+
+    return systemkey.key()
+
+
 def system_key() -> str:
-    """The inductor cache's system key hash: `CacheBase.get_system()["hash"]`, never re-derived.
+    """The inductor cache's system key hash (see `system_key_info`).
 
     It covers GPU name, torch.version.cuda and the triton key; if any changes, every entry misses.
-    Computed once per process (it takes ~1-2 s on first call).
     """
-    from torch._inductor.codecache import CacheBase
-
-    return str(CacheBase.get_system()["hash"])
+    k = system_key_info().key
+    if k is None:  # pragma: no cover - systemkey.key always returns one
+        raise RuntimeError("no inductor system key")
+    return k
 
 
 def system_info() -> dict:

@@ -256,7 +256,7 @@ class Config:
 
 # ---------------------------------------------------------------- recipes
 def tiny() -> Config:
-    """The embedded default: a tiny target and data built locally; a few minutes on a 2-core CPU."""
+    """The embedded default: a tiny target and data built locally; about 30 s on a 2-core CPU."""
     return Config(
         recipe="tiny",
         target=TargetConfig(path=EMBEDDED_TARGET),

@@ -36,8 +36,6 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-import torch
-
 from compilewatch.errors import BadInput
 
 DEFAULT_TIMEOUT_S = 1800.0
@@ -121,6 +119,8 @@ def rank_device(info: RankInfo, requested: str) -> str:
         raise BadInput("--device cuda: no CUDA device is visible", hint="use --device cpu, or run on a machine with GPUs")
     if requested not in ("auto", "cuda"):
         return requested
+    import torch  # here, not at the top: `dflash --help` and rank_info() stay free of torch
+
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
         if info.local_rank >= n:
@@ -175,6 +175,7 @@ class ProcessGroup:
     # ------------------------------------------------------------ collectives
     def sum_(self, tensor: torch.Tensor) -> None:
         """All-reduce (sum) in place; the same result on every rank."""
+        import torch
         import torch.distributed as dist
 
         if tensor.device.type == "cuda":
@@ -184,6 +185,8 @@ class ProcessGroup:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
 
     def sum_scalars(self, *values: float) -> tuple[float, ...]:
+        import torch
+
         t = torch.tensor(values, dtype=torch.float64)
         self.sum_(t)
         return tuple(float(x) for x in t)
@@ -209,14 +212,15 @@ class ProcessGroup:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    @torch.no_grad()
     def broadcast_parameters(self, module: torch.nn.Module) -> None:
         """Copy rank 0's parameters and buffers into every rank's module, in place (what DDP does at start)."""
+        import torch
         import torch.distributed as dist
 
-        for t in list(module.parameters()) + list(module.buffers()):
-            if t.device.type == "cuda":
-                with torch.cuda.device(t.device):
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                if t.device.type == "cuda":
+                    with torch.cuda.device(t.device):
+                        dist.broadcast(t.data, src=0)
+                else:
                     dist.broadcast(t.data, src=0)
-            else:
-                dist.broadcast(t.data, src=0)

@@ -1,7 +1,8 @@
 """Fixtures that pin the environment for every test (STYLE.md §12-13).
 
 - NO_COLOR / COLUMNS fixed, so rendered output does not depend on the terminal.
-- TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR point into tmp_path: tests never touch a user's cache.
+- TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and COMPILEWATCH_STATE_DIR point into tmp_path: tests never
+  touch a user's cache.
 - Environment variables a test leaks fail that test.
 - GPU tests: `@requires_cuda(...)` (tests/helpers.py) skips with the reason; `-m gpu` runs only them.
 """
@@ -26,6 +27,7 @@ def _pinned_env(tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    monkeypatch.setenv("COMPILEWATCH_STATE_DIR", str(tmp_path / "compilewatch-state"))  # the triton key memo
     yield
     monkeypatch.undo()
     after = dict(os.environ)

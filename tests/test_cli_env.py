@@ -83,3 +83,10 @@ def test_lock_json_on_stdout(monkeypatch):
     assert len(data["gpus"]) == 8 and data["env_left_out"] == ["HF_TOKEN"]
     r = invoke(app, ["lock", "-o", "/"])
     assert r.exit_code == 2 and "is a directory" in r.stderr
+
+
+def test_format_names_in_help_match_the_readers():
+    from cli.env import FORMAT_NAMES
+    from compilewatch.envformats import FORMATS
+
+    assert FORMAT_NAMES == FORMATS

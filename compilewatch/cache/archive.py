@@ -45,7 +45,7 @@ import xxhash
 from compilewatch.cache import fingerprint as fp_mod
 from compilewatch.cache import layout, stamps
 from compilewatch.cache.relocate import rebase_triton_paths
-from compilewatch.cache.fingerprint import FileEntry, Fingerprint
+from compilewatch.cache.fingerprint import FileEntry, Fingerprint, ProgressFn
 from compilewatch.cache.lock import cache_lock
 from compilewatch.errors import BadInput, CompilewatchError
 from compilewatch.fsutil import atomic_path
@@ -289,8 +289,10 @@ def mega_cache_from_dir(root: Path, entries: list[FileEntry]) -> tuple[bytes, di
 
 
 def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = None, *,
-         mega: bool = True, level: int | None = None, overwrite: bool = False) -> SaveResult:
-    """Write the cache at `path` (default: torch's) to `archive`, atomically. See the module docstring."""
+         mega: bool = True, level: int | None = None, overwrite: bool = False,
+         progress: ProgressFn | None = None) -> SaveResult:
+    """Write the cache at `path` (default: torch's) to `archive`, atomically. See the module docstring.
+    `progress(bytes_done, bytes_total)` is called after each file (it must not raise)."""
     from compilewatch import torchinfo
 
     t0 = time.perf_counter()
@@ -329,12 +331,16 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
                 try:
                     with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                         _add_bytes(tar, HEADER, json.dumps(to_jsonable(header), indent=2).encode())
+                        total, done = sum(f.size for f in w.files), 0
                         for f in w.files:
                             entry = _add_file(tar, root, f)
                             if entry is None:
                                 warnings.append(f"{f.rel} vanished while saving (left out)")
                             else:
                                 written.append(entry)
+                            done += f.size
+                            if progress is not None:
+                                progress(done, total)
                         if mega:
                             try:
                                 built = mega_cache_from_dir(root, written)
@@ -531,11 +537,16 @@ def _safe_rel(name: str) -> str | None:
     return rel
 
 
-def _extract(reader: _Reader, dest: Path) -> tuple[dict[str, tuple[int, str]], Fingerprint | None]:
-    """Extract cache files into `dest`; returns rel -> (size, xxh3) of what was written, and the manifest."""
+def _extract(reader: _Reader, dest: Path, progress: ProgressFn | None = None,
+             ) -> tuple[dict[str, tuple[int, str]], Fingerprint | None]:
+    """Extract cache files into `dest`; returns rel -> (size, xxh3) of what was written, and the manifest.
+    `progress` gets (archive bytes read, archive size): the compressed position, known without a scan."""
     got: dict[str, tuple[int, str]] = {}
     manifest = None
+    size = reader.archive.stat().st_size
     for m in reader.members():
+        if progress is not None:
+            progress(min(reader.raw.tell(), size), size)
         if m.name in (HEADER, MEGA):
             continue
         if m.name == MANIFEST:
@@ -612,11 +623,12 @@ def _check_target(target: Path) -> None:
 
 
 def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = None, *,
-         force: bool = False) -> LoadResult:
+         force: bool = False, progress: ProgressFn | None = None) -> LoadResult:
     """Load an archive (or restore a backup dir) into the cache dir `path` (default: torch's).
 
     Refuses (BadInput) when the archive was made for another system key or torch version unless
-    `force`. The previous cache, if any, is moved to `<cache>.backup-<timestamp>`.
+    `force`. The previous cache, if any, is moved to `<cache>.backup-<timestamp>`. `progress(done,
+    total)` follows the archive's bytes while extracting (it must not raise).
     """
     from compilewatch import torchinfo
 
@@ -637,7 +649,10 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp made it 0700; it becomes the cache dir
     try:
         with _Reader(source) as r:
-            got, manifest = _extract(r, tmp)
+            got, manifest = _extract(r, tmp, progress)
+            if progress is not None:
+                size = source.stat().st_size
+                progress(size, size)
             _check_extracted(r, got, manifest)
         assert manifest is not None
         rewritten = rebase_triton_paths(tmp, target)

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 import xxhash
 
@@ -44,6 +44,8 @@ _READ_WHOLE = 8 << 20  # files up to this size are read in one call
 _CHUNK = 4 << 20
 _BATCH_FILES = 256
 _BATCH_BYTES = 64 << 20
+
+ProgressFn = Callable[[int, int], None]  # (bytes done, bytes total) of a long cache operation; must not raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +166,11 @@ def _save_index(root: Path, started_ns: int, entries: dict[str, list]) -> str | 
     return None
 
 
-def hash_files(root: Path, files: list[FileStat], workers: int | None = None) -> tuple[dict[str, FileEntry], list[str]]:
-    """Hash `files` (under `root`) on a thread pool; returns rel -> FileEntry and warnings."""
+def hash_files(root: Path, files: list[FileStat], workers: int | None = None, progress: ProgressFn | None = None,
+                done: int = 0, total: int | None = None) -> tuple[dict[str, FileEntry], list[str]]:
+    """Hash `files` (under `root`) on a thread pool; returns rel -> FileEntry and warnings.
+    `progress(done + bytes hashed, total)` after each batch (total defaults to these files' bytes)."""
+    total = sum(f.size for f in files) if total is None else total
     results: dict[str, FileEntry] = {}
     warnings: list[str] = []
     workers = workers or min(4, os.cpu_count() or 1)
@@ -184,12 +189,12 @@ def hash_files(root: Path, files: list[FileStat], workers: int | None = None) ->
 
     batches = list(_batches(sorted(files, key=lambda f: -f.size)))
     if workers <= 1 or len(batches) <= 1:
-        done = map(run, batches)
+        results_iter = map(run, batches)
     else:
         pool = ThreadPoolExecutor(workers, thread_name_prefix="cw-hash")
-        done = pool.map(run, batches)
+        results_iter = pool.map(run, batches)
     try:
-        for out in done:
+        for out in results_iter:
             for item in out:
                 if len(item) == 2:
                     f, why = item
@@ -200,6 +205,9 @@ def hash_files(root: Path, files: list[FileStat], workers: int | None = None) ->
                 results[f.rel] = FileEntry(f.rel, size, f.mtime_ns, digest, st.system_key, st.torch_hash)
                 if n != f.size:
                     warnings.append(f"{f.rel} changed while being read ({f.size} -> {n} bytes)")
+            if progress is not None:
+                done += sum(item[0].size for item in out)
+                progress(done, total)
     finally:
         if workers > 1 and len(batches) > 1:
             pool.shutdown()
@@ -246,20 +254,22 @@ def _gc_paused():
 
 
 def fingerprint(path: str | os.PathLike[str] | None = None, *, files: bool = False, use_index: bool = True,
-                workers: int | None = None) -> Fingerprint:
+                workers: int | None = None, progress: ProgressFn | None = None) -> Fingerprint:
     """Fingerprint the cache at `path` (default: torch's inductor cache dir).
 
-    Raises BadInput for a missing dir or one that is not an inductor cache.
+    Raises BadInput for a missing dir or one that is not an inductor cache. `progress(bytes done,
+    bytes total)` follows the hashing (files whose hash the stat index knows count as done at once).
     """
     from compilewatch import torchinfo
 
     loc = layout.resolve_existing(path)  # before torch._dynamo is imported: that import creates the dir
     torchinfo.system_key()  # per-process costs (torch import, triton key) before the clock starts
     with _gc_paused():
-        return _fingerprint(loc, files, use_index, workers)
+        return _fingerprint(loc, files, use_index, workers, progress)
 
 
-def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, workers: int | None) -> Fingerprint:
+def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, workers: int | None,
+                 progress: ProgressFn | None = None) -> Fingerprint:
     from compilewatch import torchinfo
 
     root = loc.path
@@ -278,7 +288,8 @@ def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, worker
             entries[f.rel] = _Row(f.rel, f.size, f.mtime_ns, c[3], c[4], c[5])
         else:
             todo.append(f)
-    hashed, warnings = hash_files(root, todo, workers)
+    total = sum(f.size for f in w.files)
+    hashed, warnings = hash_files(root, todo, workers, progress, done=total - sum(f.size for f in todo), total=total)
     entries.update(hashed)
     if use_index and (todo or len(cached) != len(entries)):
         by_rel = {f.rel: f for f in w.files}
@@ -294,11 +305,10 @@ def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, worker
     stamped = [e for name in (*stamps.STAMPED_SUBCACHES, "cache") for e in per_sub.get(name, ())]
     sk = Counter(e.system_key or "unknown" for e in stamped)
     th = Counter(e.torch_hash or "unknown" for e in stamped if not e.rel.startswith("cache/"))
-    torch = torchinfo.torch_module()
     here = torchinfo.system_key()
     return Fingerprint(
         path=str(root), files=len(entries), bytes=sum(s.bytes for s in subs), content_hash=root_hash,
-        subcaches=subs, system_key=here, torch_version=str(torch.__version__),
+        subcaches=subs, system_key=here, torch_version=torchinfo.torch_version(),
         entry_system_keys=dict(sk), entry_torch_hashes=dict(th),
         foreign_entries=sum(n for k, n in sk.items() if k not in ("unknown", here)),
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
