@@ -77,6 +77,8 @@ class ModeResult:
     tflop_per_step: float | None = None
     mfu: float | None = None
     peak_memory_gb: float | None = None
+    top_ops: list[dict] = field(default_factory=list)  # --profile: torch.profiler key_averages, per step
+    compile_s: dict = field(default_factory=dict)  # dynamo's compile_times() after the first step
 
 
 def step_flops(s: Shape, anchors: torch.Tensor) -> float:
@@ -113,7 +115,34 @@ def build(s: Shape, device: torch.device):
     return drafter, embed, head, ids, taps, anchors
 
 
-def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int, peak_tflops: float) -> ModeResult:
+def profile_steps(step, device: torch.device, steps: int = 2, top: int = 15) -> list[dict]:
+    """torch.profiler over `steps` calls of `step`: the ops with the most self device time, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+    rows = [e for e in prof.key_averages() if e.self_device_time_total > 0 or device.type != "cuda"]
+    key = (lambda e: e.self_device_time_total) if device.type == "cuda" else (lambda e: e.self_cpu_time_total)
+    total = sum(key(e) for e in rows) or 1.0
+    rows.sort(key=key, reverse=True)
+    return [{"name": e.key[:90], "calls_per_step": e.count / steps, "ms_per_step": key(e) / steps / 1e3,
+             "share": key(e) / total} for e in rows[:top]]
+
+
+def compile_times() -> dict:
+    """Seconds dynamo/inductor spent per phase so far (torch._dynamo.utils.compile_times)."""
+    try:
+        from torch._dynamo.utils import compile_times as ct
+
+        return {k: round(sum(v), 3) for k, v in ct(repr="raw").items()}
+    except Exception:  # noqa: BLE001 - diagnostics only; the API moved between versions
+        return {}
+
+
+def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int, peak_tflops: float,
+             profile: bool = False) -> ModeResult:
     if mode in ("flex-compiled", "flex-eager", "drafter-compiled") and device.type != "cuda":
         return ModeResult(mode, "skipped", "flex_attention has no backward on CPU (FACTS §2)")
     torch.compiler.reset()
@@ -136,6 +165,15 @@ def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int,
     times, mask_times = [], []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
+    def step():
+        out = drafter_loss(drafter, embed, head, taps, batch, mask_token_id=s.vocab - 1, weights=w,
+                           denominator=denom, backend=backend, compute_dtype=lowp)  # the trainer's step code
+        out.loss.backward()
+        drafter.zero_grad(set_to_none=True)
+
+    compiled = {}
+    top: list[dict] = []
     try:
         for i in range(warmup + iters):
             sync()
@@ -143,14 +181,17 @@ def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int,
             masks.build_masks(anchors, s.seq, s.block, backend)  # alone, for the mask column
             sync()
             t1 = time.perf_counter()
-            out = drafter_loss(drafter, embed, head, taps, batch, mask_token_id=s.vocab - 1, weights=w,
-                               denominator=denom, backend=backend, compute_dtype=lowp)  # the trainer's step code
-            out.loss.backward()
-            drafter.zero_grad(set_to_none=True)
+            step()
             sync()
             t2 = time.perf_counter()
             times.append(t2 - t1)
             mask_times.append(t1 - t0)
+            if i == 0:
+                compiled = compile_times()
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        if profile:
+            top = profile_steps(step, device)
+            sync()
     except Exception as e:  # noqa: BLE001 - one failing mode (OOM, a compile error) must not lose the others
         return ModeResult(mode, "error", f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
     finally:
@@ -163,7 +204,7 @@ def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int,
         mask_ms=statistics.median(mask_times[warmup:]) * 1e3,
         seq_tokens_per_s=s.batch * s.seq / med, block_tokens_per_s=s.batch * s.anchors * s.block / med,
         tflop_per_step=flops / 1e12, mfu=flops / med / (peak_tflops * 1e12),
-        peak_memory_gb=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
+        peak_memory_gb=peak, top_ops=top, compile_s=compiled)
 
 
 def markdown(env: dict, shape: Shape, results: list[ModeResult]) -> str:
@@ -177,6 +218,12 @@ def markdown(env: dict, shape: Shape, results: list[ModeResult]) -> str:
         mem = f"{r.peak_memory_gb:.1f}" if r.peak_memory_gb is not None else "-"
         lines.append(f"| {r.mode} | {r.ms_per_step:.1f} | {r.seq_tokens_per_s:,.0f} | {r.block_tokens_per_s:,.0f} | "
                      f"{r.tflop_per_step:.2f} | {r.mfu:.1%} | {mem} | {r.first_step_s:.1f} | {r.mask_ms:.1f} |")
+    for r in results:
+        if r.top_ops:
+            lines += ["", f"top ops, {r.mode} (torch.profiler, self device time per step):", "",
+                      "| op | calls/step | ms/step | share |", "|---|---|---|---|"]
+            lines += [f"| `{o['name']}` | {o['calls_per_step']:g} | {o['ms_per_step']:.2f} | {o['share']:.1%} |"
+                      for o in r.top_ops]
     return "\n".join(lines) + "\n"
 
 
@@ -189,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per mode (default 3, small 1)")
     p.add_argument("--peak-tflops", type=float, default=790.0, help="dense bf16 peak for MFU (H200: 790)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--profile", action="store_true", help="torch.profiler over 2 more steps: top ops per mode")
     a = p.parse_args(argv)
     shape = SMALL if a.small else Shape()
     device = torch.device(a.device)
@@ -202,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
            "torch": torch.__version__, "cuda": torch.version.cuda, "peak_tflops": a.peak_tflops}
     results = []
     for m in modes:
-        r = run_mode(m, shape, device, iters if m != "flex-eager" else max(1, iters // 3), warmup, a.peak_tflops)
+        r = run_mode(m, shape, device, iters if m != "flex-eager" else max(1, iters // 3), warmup, a.peak_tflops,
+                     profile=a.profile)
         print(f"{m}: {r.status} {r.detail} {'' if r.ms_per_step is None else f'{r.ms_per_step:.1f} ms, MFU {r.mfu:.1%}'}",
               file=sys.stderr, flush=True)
         results.append(r)
