@@ -4,9 +4,11 @@ Runs the trainer's own step code (dflash.trainer.drafter_loss: model, mask, loss
 (B, S, 5·H) and a frozen 151936-row embedding and LM head in bf16; fp32 master weights under bf16
 autocast, as `dflash train` does on GPU. Modes:
 
-  flex-compiled     BlockMask from create_block_mask + torch.compile(flex_attention)   (the default path)
-  drafter-compiled  flex-compiled, plus torch.compile of every decoder layer (train.compile_layers)
+  flex-compiled     BlockMask from create_block_mask + torch.compile(flex_attention), layers eager
+  drafter-compiled  flex-compiled, plus torch.compile of every decoder layer (train.compile_layers, the
+                    trainer's default on CUDA)
   sdpa-dense        a dense boolean mask from the same mask_mod + scaled_dot_product_attention (fallback)
+  sdpa-compiled     sdpa-dense with every decoder layer compiled (the fallback as the trainer runs it on CUDA)
   flex-eager        the same BlockMask, flex_attention uncompiled (dense math, materializes Q·Kᵀ)
 
 Reports per mode: ms per step (median), sequence tokens/s, block tokens/s, model FLOPs per step
@@ -40,7 +42,7 @@ from dflash.loss import loss_weights, make_blocks, weight_sum  # noqa: E402
 from dflash.model import DFlashDrafter, DrafterSpec, default_layer_ids  # noqa: E402
 from dflash.trainer import drafter_loss  # noqa: E402
 
-MODES = ("flex-compiled", "drafter-compiled", "sdpa-dense", "flex-eager")  # the memory-hungry one last
+MODES = ("flex-compiled", "drafter-compiled", "sdpa-dense", "sdpa-compiled", "flex-eager")  # the memory-hungry one last
 
 
 @dataclass(frozen=True)
@@ -123,12 +125,19 @@ def profile_steps(step, device: torch.device, steps: int = 2, top: int = 15) -> 
     with profile(activities=acts) as prof:
         for _ in range(steps):
             step()
-    rows = [e for e in prof.key_averages() if e.self_device_time_total > 0 or device.type != "cuda"]
-    key = (lambda e: e.self_device_time_total) if device.type == "cuda" else (lambda e: e.self_cpu_time_total)
-    total = sum(key(e) for e in rows) or 1.0
-    rows.sort(key=key, reverse=True)
-    return [{"name": e.key[:90], "calls_per_step": e.count / steps, "ms_per_step": key(e) / steps / 1e3,
-             "share": key(e) / total} for e in rows[:top]]
+    on_gpu = device.type == "cuda"
+    per_name: dict[str, list[float]] = {}  # kernel (GPU) or op (CPU) name -> [calls, microseconds]
+    for e in prof.key_averages():
+        if on_gpu and e.device_type != torch.autograd.DeviceType.CUDA:
+            continue  # keep kernels only: an aten op's self device time repeats its kernels'
+        t = e.self_device_time_total if on_gpu else e.self_cpu_time_total
+        acc = per_name.setdefault(e.key, [0.0, 0.0])
+        acc[0] += e.count
+        acc[1] += t
+    total = sum(t for _, t in per_name.values()) or 1.0
+    rows = sorted(per_name.items(), key=lambda kv: -kv[1][1])
+    return [{"name": name[:90], "calls_per_step": calls / steps, "ms_per_step": t / steps / 1e3, "share": t / total}
+            for name, (calls, t) in rows[:top]]
 
 
 def compile_times() -> dict:
@@ -145,15 +154,17 @@ def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int,
              profile: bool = False) -> ModeResult:
     if mode in ("flex-compiled", "flex-eager", "drafter-compiled") and device.type != "cuda":
         return ModeResult(mode, "skipped", "flex_attention has no backward on CPU (FACTS §2)")
+    if mode == "sdpa-compiled" and device.type != "cuda":
+        return ModeResult(mode, "skipped", "the trainer compiles layers on CUDA only")
     torch.compiler.reset()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     masks.use_compiled_flex(mode != "flex-eager")
     drafter, embed, head, ids, taps, anchors = build(s, device)
-    if mode == "drafter-compiled":
+    if mode in ("drafter-compiled", "sdpa-compiled"):
         for layer in drafter.layers:
             layer.compile(dynamic=False)  # what train.compile_layers does
-    backend = "sdpa" if mode == "sdpa-dense" else "flex"
+    backend = "sdpa" if mode.startswith("sdpa") else "flex"
     batch = Batch(input_ids=ids, loss_mask=torch.ones_like(ids, dtype=torch.bool),
                   lengths=torch.full((s.batch,), s.seq, device=device), anchors=anchors,
                   anchor_valid=torch.ones_like(anchors, dtype=torch.bool))
@@ -249,17 +260,18 @@ def main(argv: list[str] | None = None) -> int:
     env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "cuda": torch.version.cuda, "peak_tflops": a.peak_tflops}
     results = []
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     for m in modes:
         r = run_mode(m, shape, device, iters if m != "flex-eager" else max(1, iters // 3), warmup, a.peak_tflops,
                      profile=a.profile)
         print(f"{m}: {r.status} {r.detail} {'' if r.ms_per_step is None else f'{r.ms_per_step:.1f} ms, MFU {r.mfu:.1%}'}",
               file=sys.stderr, flush=True)
         results.append(r)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "dflash_step.json").write_text(json.dumps({"env": env, "shape": asdict(shape),
-                                                      "results": [asdict(r) for r in results]}, indent=2) + "\n")
-    (out / "dflash_step.md").write_text(markdown(env, shape, results))
+        # written after every mode: a run cut short (a cold compile past a timeout) keeps what it measured
+        (out / "dflash_step.json").write_text(json.dumps({"env": env, "shape": asdict(shape),
+                                                          "results": [asdict(r) for r in results]}, indent=2) + "\n")
+        (out / "dflash_step.md").write_text(markdown(env, shape, results))
     print(markdown(env, shape, results))
     return 0 if all(r.status != "error" for r in results) else 1
 
