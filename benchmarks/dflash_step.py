@@ -141,11 +141,11 @@ def profile_steps(step, device: torch.device, steps: int = 2, top: int = 15) -> 
 
 
 def compile_times() -> dict:
-    """Seconds dynamo/inductor spent per phase so far (torch._dynamo.utils.compile_times)."""
+    """Seconds dynamo/inductor spent per timed phase so far (torch._dynamo.utils.compilation_time_metrics)."""
     try:
-        from torch._dynamo.utils import compile_times as ct
+        from torch._dynamo.utils import compilation_time_metrics
 
-        return {k: round(sum(v), 3) for k, v in ct(repr="raw").items()}
+        return {k: round(sum(v), 3) for k, v in compilation_time_metrics.items()}
     except Exception:  # noqa: BLE001 - diagnostics only; the API moved between versions
         return {}
 
