@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from dflash.head_ce import chunk_bounds, head_cross_entropy
 from dflash.loss import draft_loss, loss_weights, make_blocks, weight_sum
+from tests.helpers import requires_cuda
 
 
 def plain(h, head, labels, w):
@@ -122,3 +123,28 @@ def test_draft_loss_matches_plain_formula_float64():
     torch.testing.assert_close(g, hidden.grad, rtol=1e-12, atol=1e-12)
     correct = (pred == blocks.labels[:, :, 1:]) & blocks.label_mask[:, :, 1:].bool()
     assert out.correct[1:].tolist() == correct.sum((0, 1)).double().tolist()
+
+
+@pytest.mark.gpu
+@requires_cuda(bf16=True)
+def test_compiled_chunk_ce_matches_eager_on_cuda():
+    """The compiled per-chunk CE (CUDA's path) gives the eager one's loss, argmax and gradient."""
+    from dflash import head_ce
+
+    head, h, labels, w = case(torch.bfloat16, rows=(4, 16, 15), hdim=64, vocab=1000, seed=2)
+    head = head.cuda().requires_grad_(False)
+    outs = []
+    for compiled in (True, False):
+        head_ce.use_compiled_ce(compiled)
+        try:
+            x = h.cuda().float().requires_grad_(True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                wce, pred = head_cross_entropy(x, head, labels.cuda(), w.cuda(), chunk_rows=100)
+            wce.backward()
+            outs.append((wce.detach(), pred, x.grad))
+        finally:
+            head_ce.use_compiled_ce(True)
+    (a, pa, ga), (b, pb, gb) = outs
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)  # fp32 reductions in another order
+    assert torch.equal(pa, pb)
+    torch.testing.assert_close(ga, gb, rtol=2 ** -7, atol=1e-3)  # the logits' gradient is rounded to bf16 in both
