@@ -4,9 +4,11 @@ Runs the trainer's own step code (dflash.trainer.drafter_loss: model, mask, loss
 (B, S, 5·H) and a frozen 151936-row embedding and LM head in bf16; fp32 master weights under bf16
 autocast, as `dflash train` does on GPU. Modes:
 
-  flex-compiled     BlockMask from create_block_mask + torch.compile(flex_attention)   (the default path)
-  drafter-compiled  flex-compiled, plus torch.compile of every decoder layer (train.compile_layers)
+  flex-compiled     BlockMask from create_block_mask + torch.compile(flex_attention), layers eager
+  drafter-compiled  flex-compiled, plus torch.compile of every decoder layer (train.compile_layers, the
+                    trainer's default on CUDA)
   sdpa-dense        a dense boolean mask from the same mask_mod + scaled_dot_product_attention (fallback)
+  sdpa-compiled     sdpa-dense with every decoder layer compiled (the fallback as the trainer runs it on CUDA)
   flex-eager        the same BlockMask, flex_attention uncompiled (dense math, materializes Q·Kᵀ)
 
 Reports per mode: ms per step (median), sequence tokens/s, block tokens/s, model FLOPs per step
@@ -40,7 +42,7 @@ from dflash.loss import loss_weights, make_blocks, weight_sum  # noqa: E402
 from dflash.model import DFlashDrafter, DrafterSpec, default_layer_ids  # noqa: E402
 from dflash.trainer import drafter_loss  # noqa: E402
 
-MODES = ("flex-compiled", "drafter-compiled", "sdpa-dense", "flex-eager")  # the memory-hungry one last
+MODES = ("flex-compiled", "drafter-compiled", "sdpa-dense", "sdpa-compiled", "flex-eager")  # the memory-hungry one last
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class ModeResult:
     tflop_per_step: float | None = None
     mfu: float | None = None
     peak_memory_gb: float | None = None
+    top_ops: list[dict] = field(default_factory=list)  # --profile: torch.profiler key_averages, per step
+    compile_s: dict = field(default_factory=dict)  # dynamo's compile_times() after the first step
 
 
 def step_flops(s: Shape, anchors: torch.Tensor) -> float:
@@ -113,18 +117,54 @@ def build(s: Shape, device: torch.device):
     return drafter, embed, head, ids, taps, anchors
 
 
-def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int, peak_tflops: float) -> ModeResult:
+def profile_steps(step, device: torch.device, steps: int = 2, top: int = 15) -> list[dict]:
+    """torch.profiler over `steps` calls of `step`: the ops with the most self device time, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+    on_gpu = device.type == "cuda"
+    per_name: dict[str, list[float]] = {}  # kernel (GPU) or op (CPU) name -> [calls, microseconds]
+    for e in prof.key_averages():
+        if on_gpu and e.device_type != torch.autograd.DeviceType.CUDA:
+            continue  # keep kernels only: an aten op's self device time repeats its kernels'
+        t = e.self_device_time_total if on_gpu else e.self_cpu_time_total
+        acc = per_name.setdefault(e.key, [0.0, 0.0])
+        acc[0] += e.count
+        acc[1] += t
+    total = sum(t for _, t in per_name.values()) or 1.0
+    rows = sorted(per_name.items(), key=lambda kv: -kv[1][1])
+    return [{"name": name[:90], "calls_per_step": calls / steps, "ms_per_step": t / steps / 1e3, "share": t / total}
+            for name, (calls, t) in rows[:top]]
+
+
+def compile_times() -> dict:
+    """Seconds dynamo/inductor spent per timed phase so far (torch._dynamo.utils.compilation_time_metrics)."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+
+        return {k: round(sum(v), 3) for k, v in compilation_time_metrics.items()}
+    except Exception:  # noqa: BLE001 - diagnostics only; the API moved between versions
+        return {}
+
+
+def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int, peak_tflops: float,
+             profile: bool = False) -> ModeResult:
     if mode in ("flex-compiled", "flex-eager", "drafter-compiled") and device.type != "cuda":
         return ModeResult(mode, "skipped", "flex_attention has no backward on CPU (FACTS §2)")
+    if mode == "sdpa-compiled" and device.type != "cuda":
+        return ModeResult(mode, "skipped", "the trainer compiles layers on CUDA only")
     torch.compiler.reset()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     masks.use_compiled_flex(mode != "flex-eager")
     drafter, embed, head, ids, taps, anchors = build(s, device)
-    if mode == "drafter-compiled":
+    if mode in ("drafter-compiled", "sdpa-compiled"):
         for layer in drafter.layers:
             layer.compile(dynamic=False)  # what train.compile_layers does
-    backend = "sdpa" if mode == "sdpa-dense" else "flex"
+    backend = "sdpa" if mode.startswith("sdpa") else "flex"
     batch = Batch(input_ids=ids, loss_mask=torch.ones_like(ids, dtype=torch.bool),
                   lengths=torch.full((s.batch,), s.seq, device=device), anchors=anchors,
                   anchor_valid=torch.ones_like(anchors, dtype=torch.bool))
@@ -136,6 +176,15 @@ def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int,
     times, mask_times = [], []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
+    def step():
+        out = drafter_loss(drafter, embed, head, taps, batch, mask_token_id=s.vocab - 1, weights=w,
+                           denominator=denom, backend=backend, compute_dtype=lowp)  # the trainer's step code
+        out.loss.backward()
+        drafter.zero_grad(set_to_none=True)
+
+    compiled = {}
+    top: list[dict] = []
     try:
         for i in range(warmup + iters):
             sync()
@@ -143,14 +192,17 @@ def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int,
             masks.build_masks(anchors, s.seq, s.block, backend)  # alone, for the mask column
             sync()
             t1 = time.perf_counter()
-            out = drafter_loss(drafter, embed, head, taps, batch, mask_token_id=s.vocab - 1, weights=w,
-                               denominator=denom, backend=backend, compute_dtype=lowp)  # the trainer's step code
-            out.loss.backward()
-            drafter.zero_grad(set_to_none=True)
+            step()
             sync()
             t2 = time.perf_counter()
             times.append(t2 - t1)
             mask_times.append(t1 - t0)
+            if i == 0:
+                compiled = compile_times()
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        if profile:
+            top = profile_steps(step, device)
+            sync()
     except Exception as e:  # noqa: BLE001 - one failing mode (OOM, a compile error) must not lose the others
         return ModeResult(mode, "error", f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
     finally:
@@ -163,7 +215,7 @@ def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int,
         mask_ms=statistics.median(mask_times[warmup:]) * 1e3,
         seq_tokens_per_s=s.batch * s.seq / med, block_tokens_per_s=s.batch * s.anchors * s.block / med,
         tflop_per_step=flops / 1e12, mfu=flops / med / (peak_tflops * 1e12),
-        peak_memory_gb=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
+        peak_memory_gb=peak, top_ops=top, compile_s=compiled)
 
 
 def markdown(env: dict, shape: Shape, results: list[ModeResult]) -> str:
@@ -177,6 +229,12 @@ def markdown(env: dict, shape: Shape, results: list[ModeResult]) -> str:
         mem = f"{r.peak_memory_gb:.1f}" if r.peak_memory_gb is not None else "-"
         lines.append(f"| {r.mode} | {r.ms_per_step:.1f} | {r.seq_tokens_per_s:,.0f} | {r.block_tokens_per_s:,.0f} | "
                      f"{r.tflop_per_step:.2f} | {r.mfu:.1%} | {mem} | {r.first_step_s:.1f} | {r.mask_ms:.1f} |")
+    for r in results:
+        if r.top_ops:
+            lines += ["", f"top ops, {r.mode} (torch.profiler, self device time per step):", "",
+                      "| op | calls/step | ms/step | share |", "|---|---|---|---|"]
+            lines += [f"| `{o['name']}` | {o['calls_per_step']:g} | {o['ms_per_step']:.2f} | {o['share']:.1%} |"
+                      for o in r.top_ops]
     return "\n".join(lines) + "\n"
 
 
@@ -189,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per mode (default 3, small 1)")
     p.add_argument("--peak-tflops", type=float, default=790.0, help="dense bf16 peak for MFU (H200: 790)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--profile", action="store_true", help="torch.profiler over 2 more steps: top ops per mode")
     a = p.parse_args(argv)
     shape = SMALL if a.small else Shape()
     device = torch.device(a.device)
@@ -201,16 +260,18 @@ def main(argv: list[str] | None = None) -> int:
     env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "cuda": torch.version.cuda, "peak_tflops": a.peak_tflops}
     results = []
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     for m in modes:
-        r = run_mode(m, shape, device, iters if m != "flex-eager" else max(1, iters // 3), warmup, a.peak_tflops)
+        r = run_mode(m, shape, device, iters if m != "flex-eager" else max(1, iters // 3), warmup, a.peak_tflops,
+                     profile=a.profile)
         print(f"{m}: {r.status} {r.detail} {'' if r.ms_per_step is None else f'{r.ms_per_step:.1f} ms, MFU {r.mfu:.1%}'}",
               file=sys.stderr, flush=True)
         results.append(r)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "dflash_step.json").write_text(json.dumps({"env": env, "shape": asdict(shape),
-                                                      "results": [asdict(r) for r in results]}, indent=2) + "\n")
-    (out / "dflash_step.md").write_text(markdown(env, shape, results))
+        # written after every mode: a run cut short (a cold compile past a timeout) keeps what it measured
+        (out / "dflash_step.json").write_text(json.dumps({"env": env, "shape": asdict(shape),
+                                                          "results": [asdict(r) for r in results]}, indent=2) + "\n")
+        (out / "dflash_step.md").write_text(markdown(env, shape, results))
     print(markdown(env, shape, results))
     return 0 if all(r.status != "error" for r in results) else 1
 

@@ -174,9 +174,10 @@ class TrainConfig:
     """flex = compiled flex_attention (GPU); sdpa = dense mask from the same mask_mod (CPU, fallback)."""
     gamma: float | None = None
     """Loss decay γ in w_k = exp(-(k-1)/γ); None = by block size (16: 7, 10: 5, 8: 4)."""
-    compile_layers: bool = False
-    """CUDA: also torch.compile each draft layer (FACTS §6: 141.7 vs 150.9 ms/step at Qwen3-8B shapes,
-    first step +24 s). Attention is compiled (flex) either way."""
+    compile_layers: bool = True
+    """CUDA: also torch.compile each draft layer, fusing the fp32 norms, RoPE and SwiGLU (H200, Qwen3-8B
+    shapes: 129.0 vs 161.5 ms/step, docs/benchmarks.md; cold first step about +19 s). Attention is
+    compiled (flex) either way; CPU never compiles layers."""
     cpu_threads: int | None = None
     """torch intra-op threads when training on CPU; None = torch's default. Tiny models want 1: on a
     busy 2-core machine two spinning OpenMP threads made the tiny run 12x slower (65 s vs 5 s)."""

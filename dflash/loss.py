@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from dflash.head_ce import head_cross_entropy
 
 
 def loss_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
@@ -74,17 +75,16 @@ class LossOutput:
 
 def draft_loss(hidden: torch.Tensor, head, blocks: Blocks, weights: torch.Tensor,
                denominator: torch.Tensor | float) -> LossOutput:
-    """hidden (batch, N*B, H) from the drafter; head: the target's LM head (frozen)."""
+    """hidden (batch, N*B, H) from the drafter; head: the target's LM head (frozen, an nn.Linear).
+    The head and CE run fused in row chunks (dflash/head_ce.py): the logits are never kept."""
     batch, n, bsz = blocks.labels.shape
     h = hidden.view(batch, n, bsz, -1)[:, :, 1:]  # (batch, N, B-1, H): slot 0 is never read out
-    logits = head(h).float()  # (batch, N, B-1, V)
     labels = blocks.labels[:, :, 1:]
     lmask = blocks.label_mask[:, :, 1:]
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
-    w = (lmask * weights[1:]).reshape(-1)
-    wce = (ce * w).sum()
+    w = lmask * weights[1:]  # (batch, N, B-1)
+    wce, pred = head_cross_entropy(h, head, labels, w)  # one GEMM per row chunk; no fp32 logits kept
     with torch.no_grad():
-        correct = (logits.argmax(-1) == labels) & lmask.bool()  # (batch, N, B-1)
+        correct = (pred == labels) & lmask.bool()  # (batch, N, B-1)
         full = lmask.bool().all(-1)  # blocks whose every slot is trainable
         run = correct.long().cumprod(-1).sum(-1)  # leading correct slots per block
         zero = torch.zeros(1, device=hidden.device)

@@ -9,7 +9,8 @@ Layout: Q = N blocks × B slots; KV = [context S | the same N×B block tokens]. 
 Rows never end up empty (a block always sees itself), so SDPA never produces NaN; blocks beyond a
 sequence's valid length are masked in the loss instead.
 
-Backends: `flex` builds a BlockMask with `create_block_mask` and runs `torch.compile(flex_attention)`
+Backends: `flex` builds a BlockMask (`block_mask_eager`: what `create_block_mask` builds, evaluated in
+bands of query tiles without compiling) and runs `torch.compile(flex_attention)`
 (CUDA; flex has no backward on CPU); `sdpa` evaluates the *same* mask_mod over the full grid into a
 dense boolean mask for `scaled_dot_product_attention` (CPU, and the fallback). The choice is made
 once per device type by `detect_backend`; `train.attention` overrides it.
@@ -32,7 +33,7 @@ from typing import Callable, Literal
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from compilewatch.errors import BadInput
 
@@ -83,13 +84,50 @@ def pad_mask_mod(mask_mod: Callable, q_len: int, kv_len: int) -> Callable:
     return padded
 
 
-def dense_mask(mask_mod: Callable, batch: int, q_len: int, kv_len: int, device) -> torch.Tensor:
-    """Evaluate `mask_mod` over the whole grid by broadcasting: (B, 1, Q, KV) bool for SDPA."""
+def dense_mask(mask_mod: Callable, batch: int, q_len: int, kv_len: int, device, q_start: int = 0) -> torch.Tensor:
+    """Evaluate `mask_mod` by broadcasting over query rows [q_start, q_len) and every key:
+    (B, 1, q_len - q_start, KV) bool (the whole grid for SDPA)."""
     b = torch.arange(batch, device=device)[:, None, None, None]
     h = torch.zeros((), dtype=torch.long, device=device)
-    q = torch.arange(q_len, device=device)[None, None, :, None]
+    q = torch.arange(q_start, q_len, device=device)[None, None, :, None]
     kv = torch.arange(kv_len, device=device)[None, None, None, :]
-    return mask_mod(b, h, q, kv).expand(batch, 1, q_len, kv_len)
+    return mask_mod(b, h, q, kv).expand(batch, 1, q_len - q_start, kv_len)
+
+
+MASK_CHUNK_ELEMENTS = 1 << 25  # mask entries evaluated at once by `block_mask_eager` (32 MB of bools)
+
+
+def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, 1, Qb, KVb) bool -> (count (B, 1, Qb), column indices with the True ones first), int32:
+    create_block_mask's own layout."""
+    count = blocks.sum(-1, dtype=torch.int32)
+    order = torch.argsort(blocks.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return count, order
+
+
+def block_mask_eager(mask_mod: Callable, batch: int, q_len: int, kv_len: int, device) -> BlockMask:
+    """The BlockMask `create_block_mask(mask_mod, batch, None, q_len, kv_len, BLOCK_SIZE=FLEX_BLOCK)`
+    builds, without compiling anything: `mask_mod` is evaluated eagerly in bands of query tiles
+    (never the whole Q×KV grid at once), reduced per 128×128 tile to "any visible" and "all visible".
+    Lengths must be multiples of FLEX_BLOCK (`build_masks` pads). Why not the compiled
+    create_block_mask: on H200 / torch 2.11 its first compile at DFlash shapes took 212 s of a 236 s
+    cold first training step (Triton precompiling ~112 kernel variants), and 9 s even from a warm cache."""
+    if q_len % FLEX_BLOCK or kv_len % FLEX_BLOCK:
+        raise ValueError(f"block_mask_eager: lengths must be multiples of {FLEX_BLOCK}, got {q_len}, {kv_len}")
+    qb, kvb = q_len // FLEX_BLOCK, kv_len // FLEX_BLOCK
+    band = max(1, MASK_CHUNK_ELEMENTS // (batch * FLEX_BLOCK * kv_len)) * FLEX_BLOCK  # query rows per band
+    anys, alls = [], []
+    for q0 in range(0, q_len, band):
+        q1 = min(q_len, q0 + band)
+        m = dense_mask(mask_mod, batch, q1, kv_len, device, q_start=q0)  # (B, 1, rows, KV)
+        tiles = m.reshape(batch, 1, (q1 - q0) // FLEX_BLOCK, FLEX_BLOCK, kvb, FLEX_BLOCK)
+        anys.append(tiles.any(5).any(3))  # (B, 1, rows/128, KVb)
+        alls.append(tiles.all(5).all(3))
+    any_v, all_v = torch.cat(anys, 2), torch.cat(alls, 2)
+    partial, full = _ordered(any_v & ~all_v), _ordered(all_v)
+    assert any_v.shape[2] == qb
+    return BlockMask.from_kv_blocks(partial[0], partial[1], full[0], full[1], BLOCK_SIZE=FLEX_BLOCK,
+                                    mask_mod=mask_mod, seq_lengths=(q_len, kv_len))
 
 
 def is_block_mask(mask) -> bool:
@@ -177,10 +215,7 @@ def build_masks(anchors: torch.Tensor, ctx_len: int, block_size: int, backend: B
     for kind, mod in mods.items():
         if backend == "flex":
             q_pad, kv_pad = flex_len(q_len), flex_len(kv_len)
-            # compiled create_block_mask avoids a dense Q×KV grid; it fails for Q_LEN <= 128 (pytorch#160018)
-            compile_it = anchors.device.type == "cuda" and q_pad > FLEX_BLOCK
-            out[kind] = create_block_mask(pad_mask_mod(mod, q_len, kv_len), batch, None, q_pad, kv_pad,
-                                          device=anchors.device, BLOCK_SIZE=FLEX_BLOCK, _compile=compile_it)
+            out[kind] = block_mask_eager(pad_mask_mod(mod, q_len, kv_len), batch, q_pad, kv_pad, anchors.device)
         else:
             out[kind] = dense_mask(mod, batch, q_len, kv_len, anchors.device)
     return out

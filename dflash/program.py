@@ -35,7 +35,7 @@ from torch import nn
 
 from dflash.engine import Engine, EngineConfig, EngineReport, Program, Replica, StepRecord
 from dflash.model import DFlashDrafter
-from dflash.trainer import RunLog, Trainer, TrainResult, drafter_loss, lr_at
+from dflash.trainer import RunLog, Trainer, TrainResult, build_drafter, drafter_loss, lr_at
 
 
 class EmbedHead(nn.Module):
@@ -99,12 +99,7 @@ class Plan:
 def _drafter_copy(trainer: Trainer, device: torch.device) -> DFlashDrafter:
     """A fresh drafter on `device` with the trainer's weights (not a deepcopy: compiled layers must
     get their own compiled wrappers, or they would keep calling the original's parameters)."""
-    drafter = DFlashDrafter(trainer.drafter.spec).to(device)
-    drafter.load_state_dict(trainer.drafter.state_dict())
-    if trainer.cfg.train.compile_layers and device.type == "cuda":
-        for layer in drafter.layers:
-            layer.compile(dynamic=False)
-    return drafter
+    return build_drafter(trainer.cfg, trainer.drafter.spec, device, state=trainer.drafter.state_dict())
 
 
 def _target_on(trainer: Trainer, device: torch.device):

@@ -73,6 +73,23 @@ def drafter_spec(cfg: Config, target: Target) -> DrafterSpec:
     )
 
 
+def build_drafter(cfg: Config, spec: DrafterSpec, device: torch.device,
+                  state: dict[str, torch.Tensor] | None = None) -> DFlashDrafter:
+    """A drafter on `device`: seeded init (or `state`'s weights), and on CUDA with
+    `train.compile_layers` every decoder layer compiled (parameters and state_dict keep their names;
+    each copy gets its own compiled wrappers)."""
+    drafter = DFlashDrafter(spec)
+    if state is None:
+        drafter.init_weights(torch.Generator().manual_seed(cfg.train.seed))
+    drafter.to(device)
+    if state is not None:
+        drafter.load_state_dict(state)
+    if cfg.train.compile_layers and device.type == "cuda":
+        for layer in drafter.layers:
+            layer.compile(dynamic=False)
+    return drafter
+
+
 def drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.Module, taps: torch.Tensor,
                  batch: Batch, *, mask_token_id: int, weights: torch.Tensor, denominator: torch.Tensor | float,
                  backend: str, compute_dtype: torch.dtype) -> LossOutput:
@@ -256,12 +273,7 @@ class Trainer:
             notes = list(target.notes)
             dataset, eval_convs = load_training_data(cfg, target, on_event)
             spec = drafter_spec(cfg, target)
-            drafter = DFlashDrafter(spec)
-            drafter.init_weights(torch.Generator().manual_seed(cfg.train.seed))
-            drafter.to(device)
-            if cfg.train.compile_layers and device.type == "cuda":
-                for layer in drafter.layers:
-                    layer.compile(dynamic=False)  # parameters and state_dict keep their names
+            drafter = build_drafter(cfg, spec, device)
             state = None
             if start is not None:
                 state = ckpt.load_training_state(start)

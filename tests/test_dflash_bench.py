@@ -38,3 +38,21 @@ def test_flops_at_qwen3_8b_shapes_match_facts():
     g = torch.Generator().manual_seed(0)
     anchors = torch.sort(torch.randperm(s.seq - s.block + 1, generator=g)[: s.anchors])[0][None]
     assert 68 < bench.step_flops(s, anchors) / 1e12 < 76
+
+
+def test_e2e_small_runs_the_trainer_step(tmp_path):
+    """benchmarks/dflash_e2e.py --small: a random Qwen3 target from a config, the trainer's steps, a
+    time split that adds up to the step, finite losses (no timing asserted)."""
+    path = SCRIPT.parent / "dflash_e2e.py"
+    spec = importlib.util.spec_from_file_location("dflash_e2e", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    assert mod.main(["--small", "--out", str(tmp_path), "--steps", "1", "--warmup", "1"]) == 0
+    r = json.loads((tmp_path / "dflash_e2e.json").read_text())
+    assert r["tokens_per_step"] == 4 * 64 and r["tokens_per_s"] > 0  # grad_accum 4 × one 64-token sequence
+    split = r["split_s"]
+    assert set(split) == {"data", "target", "drafter", "optimizer", "waiting"}
+    assert abs(sum(split.values()) - r["step_s"]) < 1e-6  # one timed step: its parts plus waiting = the step
+    assert all(x == x and x > 0 for x in r["losses"])  # finite, positive CE
+    assert "| tokens/s |" in (tmp_path / "dflash_e2e.md").read_text()

@@ -195,3 +195,28 @@ def test_sliding_and_full_layers_match_the_reference_inference_mask(start, bs, w
     ref_sliding = zlab_attention_mask(bs, start + bs, is_causal=True, sliding_window=window)
     assert torch.equal(m["sliding"][0, 0], ref_sliding)
     assert bool(m["full"][0, 0].all())  # full layers: whole context and the whole block, bidirectional
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_block_mask_eager_equals_create_block_mask(monkeypatch, window):
+    """`block_mask_eager` (bands of query tiles, nothing compiled) builds the very BlockMask that
+    flex's own create_block_mask builds from the same padded mask_mod: same partial and full block
+    counts and indices, for two sequences, padded lengths and several bands."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from dflash import mask as masks
+
+    monkeypatch.setattr(masks, "MASK_CHUNK_ELEMENTS", 2 * 128 * 1024)  # bands of one 128-row tile
+    bs, ctx = 8, 600
+    g = torch.Generator().manual_seed(5)
+    anchors = torch.stack([torch.sort(torch.randperm(ctx - bs, generator=g)[:40])[0] for _ in range(2)])
+    q_len, kv_len = 40 * bs, ctx + 40 * bs  # 320 / 920 -> padded 384 / 1024
+    mod = masks.pad_mask_mod(make_mask_mod(anchors, ctx, bs, window), q_len, kv_len)
+    q_pad, kv_pad = masks.flex_len(q_len), masks.flex_len(kv_len)
+    got = masks.block_mask_eager(mod, 2, q_pad, kv_pad, "cpu")
+    want = create_block_mask(mod, 2, None, q_pad, kv_pad, device="cpu", BLOCK_SIZE=masks.FLEX_BLOCK)
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert got.seq_lengths == want.seq_lengths and got.BLOCK_SIZE == want.BLOCK_SIZE
+    assert int(got.kv_num_blocks.sum()) > 0
+    assert (int(got.full_kv_num_blocks.sum()) > 0) == (window is None)  # a 20-wide window fills no 128 tile

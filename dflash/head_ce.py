@@ -1,0 +1,125 @@
+"""The frozen LM head and the per-row cross-entropy as one op, in row chunks.
+
+At Qwen3-8B shapes the head turns 512 blocks × 15 slots = 7680 rows of width 4096 into 151936 logits
+each: 1.17 G logits, 4.7 GB in fp32, plus the same again for their gradient. The plain
+`F.cross_entropy(head(h).float())` keeps all of that alive until backward, and `head(h)` on the
+strided (batch, N, B-1, H) view of the hidden states ran as a batched matmul of 16-row problems
+(FACTS.md §6: 67% of the step's GPU time). Here:
+
+- the rows are made contiguous once, so the head is one [rows, H] × [H, V] GEMM per chunk;
+- each chunk's logits live only inside the forward: it computes the CE, the argmax, and the gradient
+  of `Σ w·CE` with respect to the logits, `w·(softmax − onehot)`, and keeps only that gradient, in
+  the compute dtype (what the plain path hands to the head's backward anyway);
+- backward is then one GEMM per input that needs a gradient, scaled by the incoming gradient.
+
+Numerics match the plain path: logits are computed in the compute dtype (bf16 under autocast), the
+softmax and CE in fp32, the logits' gradient rounded to the compute dtype before the GEMM. The one
+difference is where the scalar upstream gradient (1/Σw) is applied: after the GEMM instead of
+before the rounding, a relative difference within the compute dtype's rounding.
+
+On CUDA the per-chunk elementwise part is compiled (one reduction and one pointwise kernel instead of
+about eight passes over fp32 logits); elsewhere it runs eagerly. `use_compiled_ce(False)` forces eager.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+CHUNK_ELEMENTS = 1 << 28  # logits per chunk: 1 GiB in fp32 (1766 rows at a 151936 vocabulary)
+
+_USE_COMPILED = True  # override for tests and benchmarks
+
+
+def use_compiled_ce(enabled: bool) -> None:
+    """Force the eager per-chunk CE on CUDA (tests compare it with the compiled one)."""
+    global _USE_COMPILED
+    _USE_COMPILED = enabled
+
+
+def ce_and_grad(logits: torch.Tensor, labels: torch.Tensor, w: torch.Tensor):
+    """logits (R, V) in the compute dtype, labels (R,), w (R,) fp32 -> (ce (R,) fp32 (fp64 for fp64), argmax (R,),
+    d (R, V) = w·(softmax − onehot) in the logits' dtype: the gradient of Σ w·ce)."""
+    lf = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 (fp64 stays fp64)
+    lse = torch.logsumexp(lf, dim=-1)  # (R,)
+    ce = lse - lf.gather(-1, labels[:, None]).squeeze(-1)  # (R,)
+    p = torch.exp(lf - lse[:, None])  # (R, V) softmax
+    cols = torch.arange(lf.shape[-1], device=lf.device)
+    d = torch.where(cols == labels[:, None], p - 1.0, p) * w[:, None]
+    return ce, logits.argmax(-1), d.to(logits.dtype)
+
+
+@functools.cache
+def _compiled_ce_and_grad():
+    return torch.compile(ce_and_grad, dynamic=False)
+
+
+def _chunk_fn(device: torch.device):
+    return _compiled_ce_and_grad() if device.type == "cuda" and _USE_COMPILED else ce_and_grad
+
+
+def chunk_bounds(rows: int, chunk_rows: int) -> list[tuple[int, int]]:
+    """Split `rows` into ceil(rows / chunk_rows) near-equal chunks (sizes differ by at most one, so a
+    shape-specialized compile sees at most two shapes)."""
+    n = max(1, -(-rows // chunk_rows))
+    cuts = [rows * i // n for i in range(n + 1)]
+    return [(lo, hi) for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
+
+
+class _HeadCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, bias, labels, w, chunk_rows):
+        # h (R, H), weight (V, H), bias (V,) or None, all in the compute dtype; labels (R,); w (R,) fp32
+        fn = _chunk_fn(h.device)
+        bounds = chunk_bounds(h.shape[0], chunk_rows)
+        ces, preds, grads = [], [], []
+        for lo, hi in bounds:
+            logits = torch.nn.functional.linear(h[lo:hi], weight, bias)  # (r, V): one GEMM
+            ce, pred, d = fn(logits, labels[lo:hi], w[lo:hi])
+            ces.append(ce)
+            preds.append(pred)
+            grads.append(d)  # (r, V): d Σw·ce / d logits, in the compute dtype
+            del logits
+        ctx.save_for_backward(h, weight)
+        ctx.bounds, ctx.grads, ctx.has_bias = bounds, grads, bias is not None
+        pred = torch.cat(preds)
+        ctx.mark_non_differentiable(pred)
+        return (torch.cat(ces) * w).sum(), pred
+
+    @staticmethod
+    def backward(ctx, grad_wce, _grad_pred):
+        h, weight = ctx.saved_tensors
+        g = grad_wce.to(h.dtype)
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(h) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=h.dtype, device=h.device) if ctx.has_bias and need_b else None
+        for (lo, hi), d in zip(ctx.bounds, ctx.grads):
+            if need_h:
+                torch.mm(d, weight, out=grad_h[lo:hi])  # (r, H)
+            if grad_w is not None:
+                grad_w.addmm_(d.t(), h[lo:hi])  # (V, H)
+            if grad_b is not None:
+                grad_b += d.sum(0)
+        ctx.grads = None  # free the logits' gradients now
+        return (None if grad_h is None else grad_h * g, None if grad_w is None else grad_w * g,
+                None if grad_b is None else grad_b * g, None, None, None)
+
+
+def head_cross_entropy(h: torch.Tensor, head: torch.nn.Linear, labels: torch.Tensor, w: torch.Tensor,
+                       chunk_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ w·CE(head(h), labels) and argmax(head(h)) for rows h (..., H), labels (...), w (...) fp32,
+    without keeping logits. Computes in the autocast dtype when autocast is on (as `head(h)` would),
+    else in h's dtype. Returns (weighted CE sum (fp32 scalar), argmax with labels' shape)."""
+    dev = h.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+    shape = labels.shape
+    h2 = h.reshape(-1, h.shape[-1]).to(dtype).contiguous()  # (R, H)
+    weight = head.weight.to(dtype)
+    bias = head.bias.to(dtype) if head.bias is not None else None
+    rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.shape[0])
+    with torch.autocast(dev, enabled=False):
+        wce, pred = _HeadCE.apply(h2, weight, bias, labels.reshape(-1),
+                                  w.reshape(-1).to(torch.promote_types(dtype, torch.float32)), rows)
+    return wce, pred.view(shape)
