@@ -1,69 +1,86 @@
 """Check a pickle without running it: which globals would `pickle.loads` import and call?
 
-A pickle is a program for a small stack machine; its GLOBAL / STACK_GLOBAL instructions import any
+A pickle is a program for a small stack machine: its GLOBAL / STACK_GLOBAL instructions import any
 `module.name` and REDUCE / BUILD / NEWOBJ call it. So `pickle.loads` of a file from elsewhere runs
-whatever the file's author chose (`os.system`, `subprocess.Popen`, ...). `scan` reads the opcodes with
-`pickletools.genops` (a parser: it never imports or calls anything) and compares every global the
-pickle names with `ALLOWED`: the globals torch's inductor caches really use, collected by compiling
-models on CPU with torch 2.11, 2.13 and 2.15 and scanning every fxgraph / aotautograd entry
-(`tests/test_picklescan.py` re-derives them from a fresh cache, so a new torch that needs a new one
-fails a test instead of a user's load).
+whatever its author chose (`os.system`, `subprocess.Popen`, ...). `scan` reads the opcodes with
+`pickletools.genops` (a parser: it never imports or calls anything) and checks every global the
+pickle names against `ALLOWED_GLOBALS` (exact names) and `CLASS_MODULES` (data classes of torch's
+cache modules): what torch's inductor caches really use, collected by compiling models on CPU with
+torch 2.11, 2.13 and 2.15 and scanning every fxgraph / aotautograd entry. `tests/test_picklescan.py`
+derives them again from a fresh cache, so a torch that needs a new global fails a test before it
+fails a user's `cache load` (which names the member and the global; `--trust` overrides).
 
-What it does not prove: that the allowed classes cannot be misused, and that the generated code an
-fxgraph entry carries (Python and C++ source, kernels) is harmless: torch imports that code on every
-cache hit. A cache archive is code; load only archives from people you trust (docs/security.md).
+What this does not prove. It stops a pickle that calls something torch's caches never call (the
+`os.system` entry of issue 18, and anything like it). It cannot make an archive from a stranger safe:
+the allowed `torch.fx.graph_module.reduce_graph_module` rebuilds an FX graph by executing the Python
+source stored in the entry, an fxgraph entry carries generated Python and C++ that torch imports on
+every cache hit, and `.so` files are loaded as they are. A cache archive is code; load archives only
+from people and machines you trust (docs/security.md).
 """
 
 from __future__ import annotations
 
 import io
 import pickletools
+import re
 from dataclasses import dataclass
 
-# module -> names, or "*" for every name of a module that holds only data classes (no callables that
-# touch the system). Exact names everywhere else.
-ALLOWED: dict[str, frozenset[str] | str] = {
-    "builtins": frozenset({"set", "frozenset", "slice", "complex", "bytearray", "range", "object", "tuple",
-                           "list", "dict", "int", "float", "bool", "str", "bytes", "NotImplemented",
-                           "Ellipsis"}),
-    "collections": frozenset({"OrderedDict", "defaultdict", "deque", "Counter"}),
-    "copyreg": frozenset({"_reconstructor"}),
-    "enum": frozenset({"Enum", "IntEnum"}),
-    "functools": frozenset({"partial"}),
-    "pathlib": frozenset({"PosixPath", "PurePosixPath", "Path"}),
-    "_codecs": frozenset({"encode"}),
-    "torch": frozenset({"device", "dtype", "Size", "float32", "float64", "float16", "bfloat16", "int64",
-                        "int32", "int16", "int8", "uint8", "bool", "complex64", "complex128", "layout",
-                        "memory_format", "strided", "sparse_coo", "contiguous_format", "channels_last",
-                        "preserve_format", "float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64",
-                        "SymInt", "SymFloat", "SymBool", "Generator"}),
-    "torch._utils": frozenset({"_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
-                               "_rebuild_device_tensor_from_numpy", "_rebuild_meta_tensor_no_storage",
-                               "_rebuild_wrapper_subclass"}),
-    "torch.storage": frozenset({"_load_from_bytes"}),
-}
-# Module prefixes whose every name is allowed: inductor / AOTAutograd / dynamo data classes and
-# sympy expressions (what cache entries are made of). Kept to the packages torch's own cache
-# entries use; see the module docstring for what that does and does not prove.
-ALLOWED_PREFIXES: tuple[str, ...] = (
-    "torch._inductor.",
-    "torch._functorch.",
-    "torch._subclasses.",
-    "torch._guards",
-    "torch._dynamo.",
-    "torch.fx.experimental.symbolic_shapes",
-    "torch.fx.experimental._constant_symnode",
-    "torch.utils._sympy.",
+# Exact "module.name" globals seen in real inductor caches (CPU; fwd+bwd, dynamic shapes, buffers,
+# constants, SDPA, no_grad) of torch 2.11, 2.13 and 2.15. Functions are allowed by exact name only.
+ALLOWED_GLOBALS: frozenset[str] = frozenset({
+    "builtins.list", "builtins.dict", "builtins.set", "builtins.frozenset", "builtins.tuple", "builtins.slice",
+    "builtins.int", "builtins.float", "builtins.bool", "builtins.str", "builtins.bytes", "builtins.complex",
+    "builtins.range", "builtins.object", "builtins.bytearray",
+    "collections.Counter", "collections.OrderedDict", "collections.defaultdict", "collections.deque",
+    "copyreg._reconstructor", "functools.partial",
+    "torch.Size", "torch.Tensor", "torch.device", "torch.dtype", "torch.layout", "torch.memory_format",
+    "torch.float32", "torch.float64", "torch.float16", "torch.bfloat16", "torch.int64", "torch.int32",
+    "torch.int16", "torch.int8", "torch.uint8", "torch.bool", "torch.complex64", "torch.complex128",
+    "torch.strided", "torch.contiguous_format", "torch.channels_last", "torch.preserve_format",
+    "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter",
+    "torch._tensor._rebuild_from_type_v2", "torch.storage._load_from_bytes",
+    "torch._inductor.decomposition.select_decomp_table",
+    # rebuilds an FX GraphModule by running its Python source: torch's AOTAutograd entries need it,
+    # which is one reason a cache is code (module docstring)
+    "torch.fx.graph_module.reduce_graph_module",
+    "torch.fx.graph_module._forward_from_src",
+})
+# Modules whose classes (CamelCase names) hold data: constructing one runs no user-chosen code.
+CLASS_MODULES: frozenset[str] = frozenset({
+    "torch._dynamo.source",
+    "torch._functorch._aot_autograd.aot_autograd_result",
+    "torch._functorch._aot_autograd.autograd_cache",
+    "torch._functorch._aot_autograd.descriptors",
+    "torch._functorch._aot_autograd.runtime_wrappers",
+    "torch._functorch._aot_autograd.schemas",
+    "torch._functorch._aot_autograd.subclass_parametrization",
+    "torch._inductor.cudagraph_utils",
+    "torch._inductor.metrics",
+    "torch._inductor.output_code",
+    "torch._inductor.triton_bundler",
+    "torch._inductor.utils",
+    "torch._inductor.codecache",
+    "torch._inductor.ir",
+    "torch._subclasses.functional_tensor",
+    "torch._subclasses.fake_tensor",
     "torch.utils._ordered_set",
-    "torch._library.",
-    "torch._higher_order_ops.",
-    "torch._prims_common",
-    "torch._export.",
-    "torch.export.",
-    "torch._ops",
+    "torch.utils._sympy.functions",
+    "torch.utils._sympy.symbol",
+    "torch.fx.experimental.symbolic_shapes",
+    "torch.fx.immutable_collections",
+    "torch._guards",
     "torch.types",
-    "sympy.",
-)
+    "sympy.core.symbol",
+    "sympy.core.numbers",
+    "sympy.core.add",
+    "sympy.core.mul",
+    "sympy.core.power",
+    "sympy.core.relational",
+    "sympy.logic.boolalg",
+    "sympy.functions.elementary.miscellaneous",
+    "sympy.functions.elementary.integers",
+})
+_CLASS_NAME = re.compile(r"^_?[A-Z][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,16 +89,17 @@ class ScanResult:
     refused: tuple[str, ...]  # the ones not allowed
     problem: str | None  # the pickle is malformed, or uses an opcode this check refuses
 
+    @property
+    def ok(self) -> bool:
+        return not self.refused and self.problem is None
+
 
 def is_allowed(module: str, name: str) -> bool:
-    names = ALLOWED.get(module)
-    if names == "*":
+    """Exact allowed globals, or a class of a data-only module. A dotted name (`Class.method`, which
+    pickle resolves attribute by attribute) is never a class: refused unless listed exactly."""
+    if f"{module}.{name}" in ALLOWED_GLOBALS:
         return True
-    if names is not None and name in names:
-        return True
-    if "__" in name.replace("__reduce_ex__", ""):  # dunder lookups (`__globals__`, `__builtins__`)
-        return module.startswith(ALLOWED_PREFIXES) and name == "__new__"
-    return module.startswith(ALLOWED_PREFIXES) or module in {p.rstrip(".") for p in ALLOWED_PREFIXES}
+    return module in CLASS_MODULES and "." not in name and bool(_CLASS_NAME.match(name))
 
 
 _STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING",
