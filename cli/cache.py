@@ -23,6 +23,7 @@ app = make_app(
 )
 
 DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="The inductor cache dir (default: the one torch uses).")]
+ForceDirOpt = Annotated[bool, typer.Option("--force", help="Act on --dir even though it does not look like an inductor cache (no fxgraph/, aotautograd/, triton kernels or generated code files).")]
 
 
 def _ago(ns: int) -> str:
@@ -206,11 +207,16 @@ def _render_save(r: archive.SaveResult) -> None:
 def load_cmd(
     source: Annotated[Path, typer.Argument(metavar="ARCHIVE", help="An archive from `cache save`, or a backup dir from `cache clear`.")],
     dir: DirOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="Load even if it was made for another system key or torch version.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Load even if it was made for another system key or torch version, or if --dir does not look like an inductor cache.")] = False,
+    trust: Annotated[bool, typer.Option("--trust", help="Load pickles that name globals torch's caches never use (they run code when torch loads them). Only for archives you made or fully trust.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Load an archive (or restore a backup dir) as the cache, atomically; the current cache is moved to
     a timestamped backup. Refuses archives from another system key or torch version unless --force.
+
+    An archive is code: torch runs what its entries carry. Every pickle is checked (never unpickled)
+    and one that names a global torch's caches never use is refused unless --trust; load archives only
+    from people you trust (docs/security.md).
 
     Examples:
 
@@ -219,7 +225,7 @@ def load_cmd(
       compilewatch cache load /tmp/torchinductor_root.backup-20260101-120000
     """
     with output.err.status("loading cache..."):
-        result = archive.load(source, dir, force=force)
+        result = archive.load(source, dir, force=force, trust=trust)
     output.emit(result, as_json, _render_load)
 
 
@@ -244,6 +250,7 @@ def clear_cmd(
     dir: DirOpt = None,
     no_backup: Annotated[bool, typer.Option("--no-backup", help="Delete instead of moving to a backup (needs --yes).")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Confirm --no-backup.")] = False,
+    force: ForceDirOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Move the cache to <cache>.backup-<time> and print how to restore it.
@@ -254,7 +261,7 @@ def clear_cmd(
 
       compilewatch cache clear --no-backup --yes
     """
-    result = manage.clear(dir, backup=not no_backup, yes=yes)
+    result = manage.clear(dir, backup=not no_backup, yes=yes, force=force)
     output.emit(result, as_json, _render_clear)
 
 
@@ -274,6 +281,7 @@ def prune_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would go.")] = False,
     delete: Annotated[bool, typer.Option("--delete", help="Delete pruned entries instead of moving them to <cache>.pruned-<time>/ (needs --yes).")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Confirm --delete.")] = False,
+    force: ForceDirOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Shrink the cache to --max-size, least recently used entries first.
@@ -284,7 +292,7 @@ def prune_cmd(
 
       compilewatch cache prune --max-size 500MB --delete --yes
     """
-    result = manage.prune(manage.parse_size(max_size), dir, dry_run=dry_run, delete=delete, yes=yes)
+    result = manage.prune(manage.parse_size(max_size), dir, dry_run=dry_run, delete=delete, yes=yes, force=force)
     output.emit(result, as_json, _render_prune)
 
 

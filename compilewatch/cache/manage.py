@@ -149,12 +149,15 @@ def restore_command(backup: Path, cache_dir: Path) -> str:
     return f"compilewatch cache load {backup} --dir {cache_dir}"
 
 
-def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, yes: bool = False) -> ClearResult:
-    """Move the cache to `<cache>.backup-<timestamp>` (default) or, with backup=False and yes=True, delete it."""
+def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, yes: bool = False,
+          force: bool = False) -> ClearResult:
+    """Move the cache to `<cache>.backup-<timestamp>` (default) or, with backup=False and yes=True, delete it.
+
+    Refuses a dir without inductor's structure (`layout.looks_like_cache`) unless `force`."""
     if not backup and not yes:
         raise BadInput("--no-backup deletes the cache for good and needs --yes to confirm; nothing was changed",
                        hint="drop --no-backup to keep a backup you can restore")
-    loc = layout.resolve_existing(path)
+    loc = layout.resolve_existing(path, force=force)
     root = loc.path
     with cache_lock(root):
         w = layout.walk(root)
@@ -183,17 +186,18 @@ class PruneResult:
 
 
 def prune(max_size: int | str, path: str | os.PathLike[str] | None = None, *, dry_run: bool = False,
-          delete: bool = False, yes: bool = False) -> PruneResult:
+          delete: bool = False, yes: bool = False, force: bool = False) -> PruneResult:
     """Remove least recently used entries until the cache holds at most `max_size` bytes.
 
-    Removed entries move to `<cache>.pruned-<timestamp>/` unless `delete` (which needs `yes`).
+    Removed entries move to `<cache>.pruned-<timestamp>/` unless `delete` (which needs `yes`). Refuses a
+    dir without inductor's structure unless `force`.
     """
     max_bytes = parse_size(max_size) if isinstance(max_size, str) else int(max_size)
     if max_bytes < 0:
         raise BadInput(f"--max-size must be >= 0, got {max_size}")
     if delete and not yes and not dry_run:
         raise BadInput("--delete removes entries for good and needs --yes to confirm; nothing was changed")
-    loc = layout.resolve_existing(path)
+    loc = layout.resolve_existing(path, force=force)
     root = loc.path
     with cache_lock(root):
         w = layout.walk(root)
