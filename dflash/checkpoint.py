@@ -187,10 +187,37 @@ def load_export(path: Path, device: torch.device | str = "cpu") -> DFlashDrafter
 
 
 def load_training_state(path: Path) -> dict[str, Any]:
+    """The training state of a checkpoint, loaded with `weights_only=True`: tensors and plain Python
+    values only, so a crafted training_state.pt cannot run code. BadInput for anything that is not
+    the dict `Trainer.state_dict` writes (step, model, optimizer, spec)."""
+    import pickle
+
+    where = str(path / STATE_FILE)
     try:
-        return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError) as e:
-        raise BadInput(f"cannot read the training state in {str(path)!r}: {e}") from None
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, TypeError, AttributeError, ImportError, KeyError, IndexError,
+            pickle.UnpicklingError) as e:
+        from compilewatch.inputs import one_line
+
+        raise BadInput(f"cannot read the training state {where!r}: {one_line(f'{type(e).__name__}: {e}', 300)}",
+                       hint="it is not a training_state.pt that `dflash train` wrote (or it is damaged); "
+                            "resume from another checkpoint") from None
+    problems = []
+    if not isinstance(state, dict):
+        problems.append(f"a {type(state).__name__}, not a dict")
+    else:
+        for key, kind in (("step", int), ("model", dict), ("optimizer", dict), ("spec", dict)):
+            if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
+                problems.append(f"{key!r} missing or not a {kind.__name__}")
+        if not problems:
+            try:
+                DrafterSpec(**state["spec"])
+            except (TypeError, ValueError) as e:
+                problems.append(f"'spec' is not a drafter spec ({e})")
+    if problems:
+        raise BadInput(f"{where!r} is not a dflash training state: {'; '.join(problems)}"[:600],
+                       hint="resume from a checkpoint `dflash train` wrote")
+    return state
 
 
 def check_compatible(spec: DrafterSpec, target_hidden: int, target_layers: int, layer_ids: tuple[int, ...],
