@@ -89,7 +89,7 @@ def _value(tp: Any, v: Any, where: str, path: str) -> Any:
             raise _fail(where, path, "a number", v)
         return float(v)
     if origin is tuple:
-        if not isinstance(v, list):
+        if not isinstance(v, (list, tuple)):
             raise _fail(where, path, "a list", v)
         args = typing.get_args(tp)
         item = args[0] if args else Any

@@ -74,22 +74,40 @@ def export_config(spec: DrafterSpec, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def spec_from_config(cfg: dict[str, Any]) -> DrafterSpec:
-    """Read a DrafterSpec back from an exported config.json."""
+def spec_from_config(cfg: Any) -> DrafterSpec:
+    """Read a DrafterSpec back from an exported config.json (every field type-checked: BadInput)."""
     try:
         d = cfg["dflash_config"]
-        return DrafterSpec(
-            hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_hidden_layers"],
-            num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg["num_key_value_heads"],
-            head_dim=cfg["head_dim"], intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
-            rms_norm_eps=cfg["rms_norm_eps"], rope_theta=cfg.get("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta")),
-            max_position_embeddings=cfg["max_position_embeddings"], block_size=cfg["block_size"],
-            num_target_layers=cfg["num_target_layers"], target_layer_ids=tuple(d["target_layer_ids"]),
-            mask_token_id=d["mask_token_id"], layer_types=tuple(cfg["layer_types"]), sliding_window=cfg.get("sliding_window"),
-        )
-    except (KeyError, TypeError, ValueError) as e:
+        rope = cfg.get("rope_parameters")
+        fields = {
+            "hidden_size": cfg["hidden_size"], "num_hidden_layers": cfg["num_hidden_layers"],
+            "num_attention_heads": cfg["num_attention_heads"], "num_key_value_heads": cfg["num_key_value_heads"],
+            "head_dim": cfg["head_dim"], "intermediate_size": cfg["intermediate_size"], "vocab_size": cfg["vocab_size"],
+            "rms_norm_eps": cfg["rms_norm_eps"],
+            "rope_theta": cfg["rope_theta"] if "rope_theta" in cfg else rope.get("rope_theta") if isinstance(rope, dict) else None,
+            "max_position_embeddings": cfg["max_position_embeddings"], "block_size": cfg["block_size"],
+            "num_target_layers": cfg["num_target_layers"], "target_layer_ids": d["target_layer_ids"],
+            "mask_token_id": d["mask_token_id"], "layer_types": cfg["layer_types"],
+            "sliding_window": cfg.get("sliding_window"),
+        }
+    except (KeyError, TypeError, AttributeError) as e:
         raise BadInput(f"config.json is not a DFlash drafter config (missing or bad {e})",
                        hint="export a checkpoint with `dflash train`; it writes config.json with dflash_config") from None
+    return checked_spec(fields, "config.json")
+
+
+def checked_spec(fields: Any, where: str) -> DrafterSpec:
+    """A DrafterSpec from untrusted values: each field's type and the spec's own rules checked (BadInput)."""
+    from compilewatch.jsonshape import build
+
+    try:
+        spec = build(DrafterSpec, fields, where)
+        if min(spec.hidden_size, spec.num_hidden_layers, spec.num_attention_heads, spec.num_key_value_heads,
+               spec.head_dim, spec.vocab_size, spec.block_size) <= 0:
+            raise ValueError("sizes must be positive")
+        return spec
+    except (ValueError, ZeroDivisionError) as e:
+        raise BadInput(f"{where}: not a drafter spec ({str(e)[:200]})") from None
 
 
 def _stage_dir(final: Path) -> Path:
@@ -211,9 +229,9 @@ def load_training_state(path: Path) -> dict[str, Any]:
                 problems.append(f"{key!r} missing or not a {kind.__name__}")
         if not problems:
             try:
-                DrafterSpec(**state["spec"])
-            except (TypeError, ValueError) as e:
-                problems.append(f"'spec' is not a drafter spec ({e})")
+                checked_spec(state["spec"], "spec")
+            except BadInput as e:
+                problems.append(f"'spec' is not a drafter spec ({e.message})")
     if problems:
         raise BadInput(f"{where!r} is not a dflash training state: {'; '.join(problems)}"[:600],
                        hint="resume from a checkpoint `dflash train` wrote")
