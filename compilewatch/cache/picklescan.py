@@ -20,6 +20,7 @@ from people and machines you trust (docs/security.md).
 
 from __future__ import annotations
 
+import _compat_pickle
 import io
 import pickletools
 import re
@@ -32,13 +33,16 @@ ALLOWED_GLOBALS: frozenset[str] = frozenset({
     "builtins.int", "builtins.float", "builtins.bool", "builtins.str", "builtins.bytes", "builtins.complex",
     "builtins.range", "builtins.object", "builtins.bytearray",
     "collections.Counter", "collections.OrderedDict", "collections.defaultdict", "collections.deque",
-    "copyreg._reconstructor", "functools.partial",
+    "copyreg._reconstructor", "functools.partial", "_codecs.encode",
     "torch.Size", "torch.Tensor", "torch.device", "torch.dtype", "torch.layout", "torch.memory_format",
     "torch.float32", "torch.float64", "torch.float16", "torch.bfloat16", "torch.int64", "torch.int32",
     "torch.int16", "torch.int8", "torch.uint8", "torch.bool", "torch.complex64", "torch.complex128",
     "torch.strided", "torch.contiguous_format", "torch.channels_last", "torch.preserve_format",
     "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter",
     "torch._tensor._rebuild_from_type_v2", "torch.storage._load_from_bytes",
+    # torch 2.11 pickles memory formats as a dotted name through torch._utils' `torch` attribute
+    "torch._utils.torch.contiguous_format", "torch._utils.torch.channels_last",
+    "torch._utils.torch.channels_last_3d", "torch._utils.torch.preserve_format",
     "torch._inductor.decomposition.select_decomp_table",
     # rebuilds an FX GraphModule by running its Python source: torch's AOTAutograd entries need it,
     # which is one reason a cache is code (module docstring)
@@ -124,6 +128,9 @@ def scan(data: bytes, *, max_ops: int = 50_000_000) -> ScanResult:
         if not isinstance(module, str) or not isinstance(name, str):
             refused.append("<a global whose name is computed>")
             return
+        if (module, name) in _compat_pickle.NAME_MAPPING:  # what pickle's fix_imports does for protocols < 3
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         full = f"{module}.{name}"
         if full not in seen:
             seen.add(full)
