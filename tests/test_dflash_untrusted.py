@@ -12,6 +12,7 @@ from cli.dflash_main import app
 from compilewatch.errors import BadInput
 from dflash import checkpoint as ckpt
 from dflash.config import load_toml
+from tests.dflash_helpers import chat_file, tiny_target  # noqa: F401 (fixtures)
 from tests.helpers import invoke
 
 COMMON = ["--set", "data.regenerate=false", "--set", "metrics.tensorboard=false", "--max-steps", "1"]
@@ -91,3 +92,16 @@ def test_training_state_with_a_bad_spec_is_bad_input(tmp_path):
                tmp_path / ckpt.STATE_FILE)
     with pytest.raises(BadInput, match="not a drafter spec"):
         ckpt.load_training_state(tmp_path)
+
+
+def test_cli_resume_with_a_garbage_training_state_exits_2(tmp_path, chat_file):
+    from dflash.config import apply_overrides, tiny, to_toml
+
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "step_000001"
+    step.mkdir(parents=True)
+    cfg = apply_overrides(tiny(), {"data.regenerate": "false", "metrics.tensorboard": "false", "checkpoint.out_dir": str(run)})
+    (run / "config.toml").write_text(to_toml(cfg))
+    (step / ckpt.STATE_FILE).write_bytes(b"PK\x03\x04 not a checkpoint")
+    (run / "checkpoints" / "latest").write_text("step_000001\n")
+    _exit_2(["train", "--out", str(run), "--resume", "--data", str(chat_file)], "cannot read the training state")
