@@ -174,6 +174,7 @@ _CODE_FILE = re.compile(r"^c([a-z0-9]{2})[a-z0-9]{40,}(\.[A-Za-z0-9_.]+)?$")  # 
 _FX_KEY_DIR = re.compile(r"^f[a-z0-9]{40,}$")
 _AOT_KEY_DIR = re.compile(r"^a[a-z0-9]{40,}$")
 _TRITON_KERNEL_DIR = re.compile(r"^[A-Z2-7]{52}$")  # triton's base32 kernel hash
+_SYSTEM_KEY_FILE = re.compile(r"^[0-9a-f]{64}$")  # cache/<system key>: sha256 hex of CacheBase.get_system()
 _OTHER_TORCH_DIRS = {"gcc", "precompiled_headers", "unhashed_kernel_inputs", "aot_inductor", "kernel", "cache"}
 
 
@@ -199,7 +200,8 @@ def cache_evidence(path: str | os.PathLike[str]) -> tuple[str, ...]:
 
     Folder names alone prove nothing (`db/`, `go/`, `cache/` are common names). Evidence is structure:
     `fxgraph/<2>/f<key>/`, `aotautograd/a<key>/`, `triton/<device>/<KERNEL HASH>/` (or kernel folders
-    at the top of a TRITON_CACHE_DIR), or a two-character folder holding a generated file named
+    at the top of a TRITON_CACHE_DIR), `cache/<64 hex digits>` (the local cache of one system key),
+    or a two-character folder holding a generated file named
     `c<those two characters><hash>.<ext>` (torch names code files after their hash).
     """
     root = os.fspath(path)
@@ -216,6 +218,9 @@ def cache_evidence(path: str | os.PathLike[str]) -> tuple[str, ...]:
         elif n == "aotautograd":
             if any(_AOT_KEY_DIR.match(k) for k in _listdir(full)):
                 found.append("aotautograd/a<key>/")
+        elif n == "cache":
+            if any(_SYSTEM_KEY_FILE.match(k) for k in _listdir(full)):
+                found.append("cache/<system key>")
         elif n == "triton":
             if any(_TRITON_KERNEL_DIR.match(k) for d in _listdir(full) for k in _listdir(os.path.join(full, d))):
                 found.append("triton/<device>/<kernel>/")
