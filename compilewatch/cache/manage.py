@@ -13,7 +13,6 @@ at most daily, noatime never; then prune is "least recently written first").
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -28,6 +27,7 @@ from compilewatch.cache import layout
 from compilewatch.cache.fingerprint import Fingerprint
 from compilewatch.cache.lock import cache_lock
 from compilewatch.errors import BadInput
+from compilewatch.inputs import loads_json, read_text
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -262,10 +262,7 @@ def load_side(x: str | os.PathLike[str]) -> Fingerprint:
     with open(p, "rb") as fh:
         head = fh.read(1)
     if head in (b"{", b"["):
-        try:
-            data = json.loads(p.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadInput(f"{p} is not valid JSON ({e})") from None
+        data = loads_json(read_text(p, what="fingerprint JSON file"), str(p))
         if not isinstance(data, dict):
             raise BadInput(f"{p} is not a compilewatch fingerprint (a JSON object was expected)")
         return fp_mod.from_json(data, source=str(p))
