@@ -18,7 +18,6 @@ existing directory of the same name is moved aside to `<name>.bak-<time>`, never
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -189,14 +188,17 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def load_export(path: Path, device: torch.device | str = "cpu") -> DFlashDrafter:
     """An exported drafter (config.json + model.safetensors) as a DFlashDrafter in fp32."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise BadInput(f"cannot read {path / 'config.json'}: {e}") from None
+    from compilewatch.inputs import loads_json, one_line, read_text
+
+    cfg = loads_json(read_text(path / "config.json", limit=16 << 20, what="drafter config.json"), str(path / "config.json"))
     drafter = DFlashDrafter(spec_from_config(cfg))
-    state = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
+    try:  # safetensors holds tensors only (no code); a damaged file is bad input
+        state = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise BadInput(f"cannot read {path / 'model.safetensors'}: {one_line(e, 200)}") from None
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise BadInput(f"{path / 'model.safetensors'} does not match its config.json",

@@ -105,3 +105,13 @@ def test_cli_resume_with_a_garbage_training_state_exits_2(tmp_path, chat_file):
     (step / ckpt.STATE_FILE).write_bytes(b"PK\x03\x04 not a checkpoint")
     (run / "checkpoints" / "latest").write_text("step_000001\n")
     _exit_2(["train", "--out", str(run), "--resume", "--data", str(chat_file)], "cannot read the training state")
+
+
+def test_export_with_damaged_weights_or_config_is_bad_input(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(BadInput, match="invalid JSON"):
+        ckpt.load_export(tmp_path)
+    (tmp_path / "config.json").write_text('{"hidden_size": "big"}')
+    with pytest.raises(BadInput, match="not a DFlash drafter config"):
+        ckpt.load_export(tmp_path)
