@@ -123,7 +123,7 @@ def _render_fingerprint(fp: fp_lib.Fingerprint) -> None:
 def verify_cmd(
     dir: DirOpt = None,
     fix: Annotated[bool, typer.Option("--fix", help="Move bad and foreign entries to <cache>.quarantine-<time>/ (never deletes); rewrite relocated triton paths.")] = False,
-    quick: Annotated[bool, typer.Option("--quick", help="Read bytes only; do not unpickle entries (for caches you would not let torch load).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Read bytes only; do not parse pickle opcodes (nothing is ever unpickled, in either mode).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Find unusable entries (empty, truncated, unloadable, missing kernel binaries) and entries built
@@ -145,7 +145,7 @@ def _render_verify(r: verify_lib.VerifyReport) -> None:
     o = output.out
     verdict = "[green]ok[/]" if r.ok else "[red]problems found[/]"
     o.print(f"[bold]verify {r.path}[/]: {r.files} files, {verdict}"
-            + ("" if r.deep else " (quick: entries not unpickled)"))
+            + ("" if r.deep else " (quick: pickles not parsed)"))
     o.print(f"this machine: system key {_short(r.system_key)}, torch {r.torch_version}")
     keys = ", ".join(f"{_short(k)} × {n}" + (" (this machine)" if k == r.system_key else "")
                      for k, n in sorted(r.entry_system_keys.items(), key=lambda kv: -kv[1])) or "none stamped"

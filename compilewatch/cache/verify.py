@@ -341,7 +341,7 @@ def verify(path: str | os.PathLike[str] | None = None, *, deep: bool = True, fix
         notes.append("triton kernel targets not compared with a GPU (none here): "
                      + ", ".join(f"{t} × {n}" for t, n in sorted(ck.triton_targets.items())))
     if not deep:
-        notes.append("entries not unpickled (quick mode): loadability and aotautograd→fxgraph links unchecked")
+        notes.append("pickles not parsed (quick mode): malformed or code-running entries and aotautograd→fxgraph links unchecked")
     notes.append("whether cubins load on this driver/GPU, whether .so files link, whether an entry's guards "
                  "pass for your shapes: only running the code tells")
     if not loc.triton_inside:
