@@ -250,7 +250,7 @@ def unknown_entries(path: str | os.PathLike[str]) -> tuple[str, ...]:
 
 def looks_like_cache(path: str | os.PathLike[str]) -> bool:
     """True for an empty dir (nothing to lose) or one with inductor's structure (`cache_evidence`)
-    and no more things torch does not write than things it does.
+    and fewer top-level things torch does not write than things it does.
 
     Used to refuse acting on a dir that is something else (a repo, a home folder, a database).
     """
@@ -259,7 +259,7 @@ def looks_like_cache(path: str | os.PathLike[str]) -> bool:
         return os.path.isdir(path)
     if not cache_evidence(path):
         return False
-    return len(unknown_entries(path)) * 2 <= len(names)
+    return len(unknown_entries(path)) * 2 < len(names)
 
 
 def lock_file_for(path: Path) -> Path:
