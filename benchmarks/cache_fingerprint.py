@@ -58,13 +58,13 @@ def build(root: Path, n_files: int, total: int, seed: int = 0) -> int:
     written = 0
     for i, size in enumerate(sizes):
         kind = i % 12
-        h = f"{rng.getrandbits(128):032x}{i:06d}"
-        if kind < 2:
-            rel = f"fxgraph/{h[1:3]}/f{h}/e{h[:20]}"
+        h = f"{rng.getrandbits(128):032x}{i:019d}"  # 51 characters, like torch's base32 sha256 keys
+        if kind < 2:  # torch's layout: <2 chars after the prefix letter>/<prefix letter + key>
+            rel = f"fxgraph/{h[:2]}/f{h}/e{h[:20]}"
         elif kind == 2:
             rel = f"aotautograd/a{h}/e{h[:20]}"
         else:
-            rel = f"{h[1:3]}/c{h}." + ("py", "cpp", "so")[kind % 3]
+            rel = f"{h[:2]}/c{h}." + ("py", "cpp", "so")[kind % 3]
         p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         off = rng.randrange(0, len(pool) - min(size, len(pool)) + 1)

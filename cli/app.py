@@ -17,6 +17,9 @@ from compilewatch.errors import CompilewatchError
 from cli import output
 
 
+MAX_MESSAGE = 2000  # a message quoting a crafted file stays readable (the library cuts quotes too)
+
+
 class CompilewatchGroup(TyperGroup):
     def invoke(self, ctx):  # type: ignore[override]
         try:
@@ -25,7 +28,8 @@ class CompilewatchGroup(TyperGroup):
             if os.environ.get("COMPILEWATCH_DEBUG"):
                 raise
             # messages quote paths, tracebacks and torch errors ("[/__w/pytorch/...]"): never markup
-            output.err.print(f"[red]error:[/] {escape(e.message)}", markup=True)
+            message = e.message if len(e.message) <= MAX_MESSAGE else e.message[:MAX_MESSAGE] + "… (cut)"
+            output.err.print(f"[red]error:[/] {escape(message)}", markup=True)
             if e.hint:
                 output.err.print(f"[dim]hint:[/] {escape(e.hint)}")
             raise typer.Exit(e.exit_code) from None

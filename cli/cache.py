@@ -30,6 +30,7 @@ app = make_app(
 )
 
 DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="The inductor cache dir (default: the one torch uses).")]
+ForceDirOpt = Annotated[bool, typer.Option("--force", help="Act on --dir even though it does not look like an inductor cache (no fxgraph/, aotautograd/, triton kernels or generated code files).")]
 
 
 def _ago(ns: int) -> str:
@@ -132,7 +133,7 @@ def _render_fingerprint(fp: fp_lib.Fingerprint) -> None:
 def verify_cmd(
     dir: DirOpt = None,
     fix: Annotated[bool, typer.Option("--fix", help="Move bad and foreign entries to <cache>.quarantine-<time>/ (never deletes); rewrite relocated triton paths.")] = False,
-    quick: Annotated[bool, typer.Option("--quick", help="Read bytes only; do not unpickle entries (for caches you would not let torch load).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Read bytes only; do not parse pickle opcodes (nothing is ever unpickled, in either mode).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Find unusable entries (empty, truncated, unloadable, missing kernel binaries) and entries built
@@ -154,7 +155,7 @@ def _render_verify(r: verify_lib.VerifyReport) -> None:
     o = output.out
     verdict = "[green]ok[/]" if r.ok else "[red]problems found[/]"
     o.print(f"[bold]verify {r.path}[/]: {r.files} files, {verdict}"
-            + ("" if r.deep else " (quick: entries not unpickled)"))
+            + ("" if r.deep else " (quick: pickles not parsed)"))
     o.print(f"this machine: system key {_short(r.system_key)}, torch {r.torch_version}")
     keys = ", ".join(f"{_short(k)} × {n}" + (" (this machine)" if k == r.system_key else "")
                      for k, n in sorted(r.entry_system_keys.items(), key=lambda kv: -kv[1])) or "none stamped"
@@ -218,11 +219,16 @@ def _render_save(r: archive.SaveResult) -> None:
 def load_cmd(
     source: Annotated[Path, typer.Argument(metavar="ARCHIVE", help="An archive from `cache save`, or a backup dir from `cache clear`.")],
     dir: DirOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="Load even if it was made for another system key or torch version.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Load even if it was made for another system key or torch version, or if --dir does not look like an inductor cache.")] = False,
+    trust: Annotated[bool, typer.Option("--trust", help="Load pickles that name globals torch's caches never use (they run code when torch loads them). Only for archives you made or fully trust.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Load an archive (or restore a backup dir) as the cache, atomically; the current cache is moved to
     a timestamped backup. Refuses archives from another system key or torch version unless --force.
+
+    An archive is code: torch runs what its entries carry. Every pickle is checked (never unpickled)
+    and one that names a global torch's caches never use is refused unless --trust; load archives only
+    from people you trust (docs/security.md).
 
     Examples:
 
@@ -231,7 +237,7 @@ def load_cmd(
       compilewatch cache load /tmp/torchinductor_root.backup-20260101-120000
     """
     with byte_progress("load") as on_bytes:
-        result = archive.load(source, dir, force=force, progress=on_bytes)
+        result = archive.load(source, dir, force=force, trust=trust, progress=on_bytes)
     output.emit(result, as_json, _render_load)
 
 
@@ -256,6 +262,7 @@ def clear_cmd(
     dir: DirOpt = None,
     no_backup: Annotated[bool, typer.Option("--no-backup", help="Delete instead of moving to a backup (needs --yes).")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Confirm --no-backup.")] = False,
+    force: ForceDirOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Move the cache to <cache>.backup-<time> and print how to restore it.
@@ -266,7 +273,7 @@ def clear_cmd(
 
       compilewatch cache clear --no-backup --yes
     """
-    result = manage.clear(dir, backup=not no_backup, yes=yes)
+    result = manage.clear(dir, backup=not no_backup, yes=yes, force=force)
     output.emit(result, as_json, _render_clear)
 
 
@@ -286,6 +293,7 @@ def prune_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would go.")] = False,
     delete: Annotated[bool, typer.Option("--delete", help="Delete pruned entries instead of moving them to <cache>.pruned-<time>/ (needs --yes).")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Confirm --delete.")] = False,
+    force: ForceDirOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Shrink the cache to --max-size, least recently used entries first.
@@ -296,7 +304,7 @@ def prune_cmd(
 
       compilewatch cache prune --max-size 500MB --delete --yes
     """
-    result = manage.prune(manage.parse_size(max_size), dir, dry_run=dry_run, delete=delete, yes=yes)
+    result = manage.prune(manage.parse_size(max_size), dir, dry_run=dry_run, delete=delete, yes=yes, force=force)
     output.emit(result, as_json, _render_prune)
 
 

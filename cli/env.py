@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from cli import output
 from cli.options import JsonOpt
@@ -156,8 +157,8 @@ def _render_diff(r: envdiff.EnvDiff, threshold: str, failed: bool) -> None:
                 o.print(f"      ({c.note})", style="dim", markup=False)
             if c.details:
                 o.print(f"      {'; '.join(c.details)}", style="dim", markup=False)
-    for note in r.notes:
-        output.err.print(f"[dim]note:[/] {note}")
+    for note in r.notes:  # notes quote the files: never markup
+        output.err.print(f"[dim]note:[/] {escape(note)}")
     summary = ", ".join(f"{r.counts.get(s, 0)} {s}" for s in envdiff.SEVERITIES)
     verdict = f"exit 1: changes at or above {threshold}" if failed else f"exit 0: nothing at or above {threshold}"
     o.print(f"\n[bold]→[/] {summary}; {verdict}")

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from compilewatch.envformats import EnvSpec, Package, load_env
 from compilewatch.envlock import EnvLock
@@ -222,7 +222,7 @@ def torch_version(env: EnvSpec) -> str | None:
 def _local(version: str | None) -> str | None:
     try:
         return Version(version).local if version else None
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or digits past Python's int limit
         return None
 
 
@@ -329,14 +329,14 @@ def _same_family(a: str, b: str) -> bool:
 def _public(version: str) -> str:
     try:
         return Version(version).public
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or digits past Python's int limit
         return version
 
 
 def _direction(old: str | None, new: str | None) -> str:
     try:
         return "Downgraded" if Version(new) < Version(old) else "Updated"  # type: ignore[arg-type]
-    except (InvalidVersion, TypeError):
+    except (ValueError, TypeError):
         return "Updated"
 
 
@@ -583,7 +583,7 @@ def _gpu_label(models: dict[str, int]) -> str:
 
 
 def _vtuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v))
+    return tuple(int(x[:18]) for x in re.findall(r"\d+", v))  # a crafted 10^5-digit number stays an int
 
 
 _COMPILE_ENV = ("TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_COMPILE", "TRITON_", "TORCH_LOGS", "PYTORCH_")

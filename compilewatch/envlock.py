@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from compilewatch.errors import BadInput
+from compilewatch.inputs import loads_json, read_text
+from compilewatch.jsonshape import build
 from compilewatch.torchinfo import TorchBuild
 
 SCHEMA = "compilewatch.lock"
@@ -403,46 +405,23 @@ def lock_from_dict(data: Any, *, where: str = "lock") -> EnvLock:
     if version > SCHEMA_VERSION:
         raise BadInput(f"{where}: lock schema version {version} is newer than this compilewatch reads "
                        f"({SCHEMA_VERSION})", hint="upgrade compilewatch to read it")
-    try:
-        torch = data.get("torch")
-        ind = data.get("inductor")
-        return EnvLock(
-            schema=SCHEMA,
-            schema_version=version,
-            created=str(data.get("created", "")),
-            compilewatch=str(data.get("compilewatch", "")),
-            python=PythonInfo(**data["python"]),
-            distributions=tuple(Distribution(**d) for d in data.get("distributions", [])),
-            torch=None if torch is None else TorchBuild(**{**torch, "arch_list": tuple(torch.get("arch_list", ()))}),
-            triton=None if data.get("triton") is None else TritonInfo(**data["triton"]),
-            inductor=None if ind is None else InductorInfo(
-                **{**ind, "cache": None if ind.get("cache") is None else CacheSummary(**ind["cache"])}),
-            driver=None if data.get("driver") is None else DriverInfo(**data["driver"]),
-            gpus=tuple(GpuInfo(**g) for g in data.get("gpus", [])),
-            cpu=CpuInfo(**{**data["cpu"], "isa_flags": tuple(data["cpu"].get("isa_flags", ()))}),
-            env=dict(data.get("env", {})),
-            env_left_out=tuple(data.get("env_left_out", ())),
-            notes=tuple(data.get("notes", ())),
-        )
-    except KeyError as e:
-        raise BadInput(f"{where}: lock is missing the field {e.args[0]!r}") from None
-    except (TypeError, AttributeError) as e:
-        raise BadInput(f"{where}: lock has a field of the wrong shape: {e}") from None
+    filled = {"created": "", "compilewatch": "", "distributions": [], "torch": None, "triton": None,
+              "inductor": None, "driver": None, "gpus": [], "env": {}, "env_left_out": [], "notes": [],
+              **data, "schema": SCHEMA, "schema_version": version}
+    if isinstance(filled["torch"], dict):
+        filled["torch"] = {"arch_list": [], **filled["torch"]}
+    if isinstance(filled.get("cpu"), dict):
+        filled["cpu"] = {"isa_flags": [], **filled["cpu"]}
+    for key in ("created", "compilewatch"):  # free text: whatever a writer put there, as text
+        filled[key] = str(filled[key])
+    return build(EnvLock, filled, where)
 
 
 def load_lock(path: str | os.PathLike[str]) -> EnvLock:
     """Read a lock file written by `compilewatch lock -o`; BadInput with file and line if unreadable."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"{path}: cannot read: {e}") from None
-    return parse_lock(text, str(path))
+    return parse_lock(read_text(path, what="compilewatch lock"), str(path))
 
 
 def parse_lock(text: str, where: str) -> EnvLock:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{where}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
-    return lock_from_dict(data, where=where)
+    return lock_from_dict(loads_json(text, where), where=where)

@@ -229,4 +229,8 @@ def write_timeline(events: Iterable[WatchEvent], path: str | os.PathLike[str]) -
 
 def convert(report: str | os.PathLike[str], out: str | os.PathLike[str]) -> TimelineInfo:
     """`compilewatch timeline REPORT.jsonl -o FILE.json`."""
+    from compilewatch.errors import BadInput
+
+    if Path(out).is_dir():
+        raise BadInput(f"-o {out} is a directory", hint="give the timeline's file name, e.g. -o timeline.json")
     return write_timeline(read_events(report), out)

@@ -11,6 +11,7 @@ Readers accept any schema_version <= SCHEMA_VERSION and ignore fields they do no
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from collections import Counter
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from compilewatch.errors import BadInput
+from compilewatch.inputs import one_line
 
 SCHEMA_VERSION = 1
 
@@ -97,14 +99,72 @@ class EventLog:
                 self._file.close()
 
 
+MAX_LINE = 16 << 20  # one event: stacks included, a few KB; a line this long is not one
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# What readers of an event (summaries, the timeline) assume about fields, checked at the door so a
+# crafted report is one clear error instead of a TypeError deep inside a renderer.
+_FIELD_CHECKS: dict[str, tuple[str, Any]] = {
+    "kind": ("a string", lambda v: isinstance(v, str)),
+    "time": ("a finite number", _is_num),
+    "schema_version": ("an integer", _is_int),
+    "pid": ("an integer", _is_int),
+    "thread_id": ("an integer", _is_int),
+    "seq": ("an integer", _is_int),
+    "start": ("a finite number or null", lambda v: v is None or _is_num(v)),
+    "end": ("a finite number or null", lambda v: v is None or _is_num(v)),
+    "open_for_s": ("a finite number", _is_num),
+    "setters": ("a list of objects", lambda v: v is None or (isinstance(v, list) and all(
+        isinstance(s, dict) and (s.get("thread_id") is None or _is_int(s.get("thread_id"))) for s in v))),
+    "threads_in_compile": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "reasons": ("a list of strings", lambda v: v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v))),
+    "reasons_text": ("a string", lambda v: v is None or isinstance(v, str)),
+    "argv": ("a list", lambda v: v is None or isinstance(v, list)),
+}
+
+
+def _check_event(d: Any, where: str) -> dict[str, Any]:
+    if not isinstance(d, dict) or "kind" not in d or "time" not in d:
+        raise BadInput(f"{where} is not a compilewatch event (no kind/time)")
+    for key, (what, ok) in _FIELD_CHECKS.items():
+        if key in d and not ok(d[key]):
+            raise BadInput(f"{where}: field {key!r} must be {what}, got {one_line(repr(d[key]), 60)}",
+                           hint="expected a compilewatch JSONL event report")
+    return d
+
+
 def read_events(path: str | os.PathLike[str]) -> list[WatchEvent]:
-    """Load a JSONL report; BadInput for a missing file, a bad line or a newer schema."""
+    """Load a JSONL report; BadInput for a missing file, a bad line or a newer schema.
+
+    Reports are untrusted input: a line longer than MAX_LINE, bytes that are not UTF-8, JSON nested
+    past Python's limits and fields of the wrong type are BadInput naming file:line."""
     p = Path(path)
     if not p.is_file():
-        raise BadInput(f"report {p} does not exist", hint="write one with `compilewatch run --report FILE -- ...`")
+        what = "is not a regular file" if p.exists() else "does not exist"
+        raise BadInput(f"report {p} {what}", hint="write one with `compilewatch run --report FILE -- ...`")
     events = []
-    with open(p, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
+    with open(p, "rb") as f:
+        i = 0
+        while True:
+            raw = f.readline(MAX_LINE + 1)
+            if not raw:
+                break
+            i += 1
+            if len(raw) > MAX_LINE:
+                raise BadInput(f"{p}:{i}: line too long (more than {MAX_LINE} bytes) for an event report")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise BadInput(f"{p}:{i} is not UTF-8 text (byte {e.start})",
+                               hint="expected a compilewatch JSONL event report") from None
             if not line.strip():
                 continue
             try:
@@ -113,9 +173,10 @@ def read_events(path: str | os.PathLike[str]) -> list[WatchEvent]:
                 if i > 1 and not line.endswith("\n"):  # a process killed mid-write: keep what is complete
                     break
                 raise BadInput(f"{p}:{i} is not JSON ({e.msg})", hint="expected a compilewatch JSONL event report") from None
-            if not isinstance(d, dict) or "kind" not in d or "time" not in d:
-                raise BadInput(f"{p}:{i} is not a compilewatch event (no kind/time)")
-            if int(d.get("schema_version", 0)) > SCHEMA_VERSION:
+            except (RecursionError, ValueError) as e:
+                raise BadInput(f"{p}:{i} is not a readable event ({one_line(type(e).__name__ + ': ' + str(e), 120)})") from None
+            d = _check_event(d, f"{p}:{i}")
+            if d.get("schema_version", 0) > SCHEMA_VERSION:
                 raise BadInput(f"{p} has schema_version {d['schema_version']}, this compilewatch reads <= {SCHEMA_VERSION}",
                                hint="upgrade compilewatch")
             events.append(WatchEvent.from_json(d))

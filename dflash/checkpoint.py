@@ -18,7 +18,6 @@ existing directory of the same name is moved aside to `<name>.bak-<time>`, never
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -75,23 +74,41 @@ def export_config(spec: DrafterSpec, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def spec_from_config(cfg: dict[str, Any]) -> DrafterSpec:
-    """Read a DrafterSpec back from an exported config.json."""
+def spec_from_config(cfg: Any) -> DrafterSpec:
+    """Read a DrafterSpec back from an exported config.json (every field type-checked: BadInput)."""
     try:
         d = cfg["dflash_config"]
-        return DrafterSpec(
-            hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_hidden_layers"],
-            num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg["num_key_value_heads"],
-            head_dim=cfg["head_dim"], intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
-            rms_norm_eps=cfg["rms_norm_eps"], rope_theta=cfg.get("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta")),
-            rope_scaling=_rope_scaling(cfg), attention_bias=bool(cfg.get("attention_bias", False)),
-            max_position_embeddings=cfg["max_position_embeddings"], block_size=cfg["block_size"],
-            num_target_layers=cfg["num_target_layers"], target_layer_ids=tuple(d["target_layer_ids"]),
-            mask_token_id=d["mask_token_id"], layer_types=tuple(cfg["layer_types"]), sliding_window=cfg.get("sliding_window"),
-        )
-    except (KeyError, TypeError, ValueError) as e:
+        rope = cfg.get("rope_parameters")
+        fields = {
+            "hidden_size": cfg["hidden_size"], "num_hidden_layers": cfg["num_hidden_layers"],
+            "num_attention_heads": cfg["num_attention_heads"], "num_key_value_heads": cfg["num_key_value_heads"],
+            "head_dim": cfg["head_dim"], "intermediate_size": cfg["intermediate_size"], "vocab_size": cfg["vocab_size"],
+            "rms_norm_eps": cfg["rms_norm_eps"],
+            "rope_theta": cfg["rope_theta"] if "rope_theta" in cfg else rope.get("rope_theta") if isinstance(rope, dict) else None,
+            "max_position_embeddings": cfg["max_position_embeddings"], "block_size": cfg["block_size"],
+            "num_target_layers": cfg["num_target_layers"], "target_layer_ids": d["target_layer_ids"],
+            "mask_token_id": d["mask_token_id"], "layer_types": cfg["layer_types"],
+            "sliding_window": cfg.get("sliding_window"),
+            "rope_scaling": _rope_scaling(cfg), "attention_bias": cfg.get("attention_bias", False),
+        }
+    except (KeyError, TypeError, AttributeError) as e:
         raise BadInput(f"config.json is not a DFlash drafter config (missing or bad {e})",
                        hint="export a checkpoint with `dflash train`; it writes config.json with dflash_config") from None
+    return checked_spec(fields, "config.json")
+
+
+def checked_spec(fields: Any, where: str) -> DrafterSpec:
+    """A DrafterSpec from untrusted values: each field's type and the spec's own rules checked (BadInput)."""
+    from compilewatch.jsonshape import build
+
+    try:
+        spec = build(DrafterSpec, fields, where)
+        if min(spec.hidden_size, spec.num_hidden_layers, spec.num_attention_heads, spec.num_key_value_heads,
+               spec.head_dim, spec.vocab_size, spec.block_size) <= 0:
+            raise ValueError("sizes must be positive")
+        return spec
+    except (ValueError, ZeroDivisionError) as e:
+        raise BadInput(f"{where}: not a drafter spec ({str(e)[:200]})") from None
 
 
 def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -187,14 +204,17 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def load_export(path: Path, device: torch.device | str = "cpu") -> DFlashDrafter:
     """An exported drafter (config.json + model.safetensors) as a DFlashDrafter in fp32."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise BadInput(f"cannot read {path / 'config.json'}: {e}") from None
+    from compilewatch.inputs import loads_json, one_line, read_text
+
+    cfg = loads_json(read_text(path / "config.json", limit=16 << 20, what="drafter config.json"), str(path / "config.json"))
     drafter = DFlashDrafter(spec_from_config(cfg))
-    state = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
+    try:  # safetensors holds tensors only (no code); a damaged file is bad input
+        state = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise BadInput(f"cannot read {path / 'model.safetensors'}: {one_line(e, 200)}") from None
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise BadInput(f"{path / 'model.safetensors'} does not match its config.json",
@@ -203,10 +223,37 @@ def load_export(path: Path, device: torch.device | str = "cpu") -> DFlashDrafter
 
 
 def load_training_state(path: Path) -> dict[str, Any]:
+    """The training state of a checkpoint, loaded with `weights_only=True`: tensors and plain Python
+    values only, so a crafted training_state.pt cannot run code. BadInput for anything that is not
+    the dict `Trainer.state_dict` writes (step, model, optimizer, spec)."""
+    import pickle
+
+    where = str(path / STATE_FILE)
     try:
-        return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError) as e:
-        raise BadInput(f"cannot read the training state in {str(path)!r}: {e}") from None
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, TypeError, AttributeError, ImportError, KeyError, IndexError,
+            pickle.UnpicklingError) as e:
+        from compilewatch.inputs import one_line
+
+        raise BadInput(f"cannot read the training state {where!r}: {one_line(f'{type(e).__name__}: {e}', 300)}",
+                       hint="it is not a training_state.pt that `dflash train` wrote (or it is damaged); "
+                            "resume from another checkpoint") from None
+    problems = []
+    if not isinstance(state, dict):
+        problems.append(f"a {type(state).__name__}, not a dict")
+    else:
+        for key, kind in (("step", int), ("model", dict), ("optimizer", dict), ("spec", dict)):
+            if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
+                problems.append(f"{key!r} missing or not a {kind.__name__}")
+        if not problems:
+            try:
+                checked_spec(state["spec"], "spec")
+            except BadInput as e:
+                problems.append(f"'spec' is not a drafter spec ({e.message})")
+    if problems:
+        raise BadInput(f"{where!r} is not a dflash training state: {'; '.join(problems)}"[:600],
+                       hint="resume from a checkpoint `dflash train` wrote")
+    return state
 
 
 def check_compatible(spec: DrafterSpec, target_hidden: int, target_layers: int, layer_ids: tuple[int, ...],

@@ -399,17 +399,30 @@ def _flatten(data: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a full config is ~2 KB
+
+
 def load_toml(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
-    """Read a TOML config: its `recipe` (default tiny) first, then its tables, then `overrides`."""
+    """Read a TOML config: its `recipe` (default tiny) first, then its tables, then `overrides`.
+
+    The file is untrusted input: a missing, huge, binary or malformed file, or a field of the wrong
+    type, is BadInput naming the file (never a traceback)."""
+    from compilewatch.errors import BadInput
+    from compilewatch.inputs import one_line, read_text
+
     path = Path(path)
-    with open(path, "rb") as fh:
-        data = tomllib.load(fh)
-    recipe = str(data.get("recipe", "tiny"))
-    if recipe not in RECIPES:
-        raise ValueError(f"recipe: unknown recipe {recipe!r} in {path}; known: {', '.join(RECIPES)}")
-    flat = _flatten(data)
-    flat.pop("recipe", None)
-    cfg = apply_overrides(RECIPES[recipe](), flat)
+    text = read_text(path, limit=MAX_CONFIG_BYTES, what="TOML config file")
+    try:
+        data = tomllib.loads(text)
+        recipe = str(data.get("recipe", "tiny"))
+        if recipe not in RECIPES:
+            raise ValueError(f"recipe: unknown recipe {one_line(repr(recipe), 60)}; known: {', '.join(RECIPES)}")
+        flat = _flatten(data)
+        flat.pop("recipe", None)
+        cfg = apply_overrides(RECIPES[recipe](), flat)
+    except (ValueError, TypeError, RecursionError) as e:  # TOMLDecodeError is a ValueError
+        raise BadInput(f"{path}: bad config: {one_line(e, 300)}",
+                       hint="see `dflash train --print-config` for every field") from None
     return apply_overrides(cfg, overrides or {})
 
 

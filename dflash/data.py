@@ -122,14 +122,14 @@ def read_jsonl(path: str | Path) -> tuple[list[list[dict[str, str]]], list[str]]
         raise BadInput(f"dataset {str(p)!r} does not exist",
                        hint='give a JSONL file with one {"messages": [...]} or {"conversations": [...]} per line')
     convs, warnings = [], []
-    with open(p, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
+    with open(p, "rb") as fh:  # bytes: a line that is not UTF-8 is skipped like any other bad line
+        for n, raw in enumerate(fh, 1):
+            if not raw.strip():
                 continue
             try:
-                convs.append(normalize_record(json.loads(line)))
-            except (json.JSONDecodeError, ValueError) as e:
-                warnings.append(f"{p.name}:{n}: skipped ({e})")
+                convs.append(normalize_record(json.loads(raw.decode("utf-8"))))
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:  # JSON, UTF-8, shape
+                warnings.append(f"{p.name}:{n}: skipped ({type(e).__name__}: {str(e)[:160]})")
     return convs, warnings
 
 

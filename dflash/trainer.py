@@ -250,6 +250,9 @@ class Trainer:
         job share one run directory, and only rank 0 holds it."""
         on_event = on_event or (lambda kind, data: None)
         run_dir = Path(cfg.checkpoint.out_dir) if cfg.checkpoint.out_dir else default_run_dir(cfg)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise BadInput(f"--out {str(run_dir)!r} exists and is not a directory",
+                           hint="--out names the run directory dflash creates; choose another name")
         start = None
         if resume:
             start = ckpt.latest_checkpoint(run_dir)

@@ -79,7 +79,8 @@ def big_cache(root: Path, n_files: int, size: int = 512) -> Path:
             k = f"f{i:06d}" + "q" * 45
             write(root, f"fxgraph/{k[1:3]}/{k}/e", entry_pickle(key, pad=size))
         else:
-            write(root, f"{i % 89:02d}/c{i:07d}.cpp", os.urandom(8) * (size // 8))
+            d = f"{i % 89:02d}"  # torch names code files c<key>, in the folder of the key's 2nd-3rd chars
+            write(root, f"{d}/c{d}{i:07d}{'x' * 43}.cpp", os.urandom(8) * (size // 8))
     return root
 
 

@@ -162,7 +162,7 @@ def test_diff_bad_inputs(tmp_path):
     (tmp_path / "broken.json").write_text('{"hello": ')
     with pytest.raises(BadInput, match="not a compilewatch fingerprint"):
         manage.diff(tmp_path / "x.json", a)
-    with pytest.raises(BadInput, match="not valid JSON"):
+    with pytest.raises(BadInput, match="broken.json:1: invalid JSON"):
         manage.diff(tmp_path / "broken.json", a)
     with pytest.raises(BadInput, match="does not exist"):
         manage.diff(tmp_path / "missing", a)

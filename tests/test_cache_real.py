@@ -101,3 +101,17 @@ def test_mega_cache_preloads_into_this_process_cache_dir(cache_copy, tmp_path):
     counts = archive.load_mega_cache(tmp_path / "warm.tar")
     assert counts == {"inductor": 2, "aot_autograd": 1}
     assert len(list(target.glob("fxgraph/*/*/*"))) == 2 and len(list(target.glob("aotautograd/*/*"))) == 1
+
+
+def test_every_pickle_of_a_real_cache_passes_the_scanner(real_cache):
+    """The allow-list is derived from real caches (picklescan's docstring); a fresh one from this torch
+    must pass whole, so a torch that starts pickling a new global fails here, not in a user's load."""
+    from compilewatch.cache import picklescan
+
+    scanned = 0
+    for f in layout.walk(real_cache).files:
+        if layout.subcache_of(f.rel) in stamps.STAMPED_SUBCACHES:
+            r = picklescan.scan((real_cache / f.rel).read_bytes())
+            assert r.ok, (f.rel, r.refused, r.problem)
+            scanned += 1
+    assert scanned >= 3  # 2 FX graphs + 1 AOTAutograd entry

@@ -50,13 +50,35 @@ def _truncate(p, keep):
 
 def test_unloadable_pickle_is_found_in_deep_mode_only(tmp_path):
     root = make_cache(tmp_path / "c")
-    # a complete pickle frame that refers to a class that does not exist
+    # pickle framing (0x80 ... '.') around opcodes that do not parse
     p = next(root.glob("fxgraph/*/*/*"))
-    p.write_bytes(b"\x80\x04\x95\x1d\x00\x00\x00\x00\x00\x00\x00\x8c\x06nosuch\x94\x8c\x05Thing\x94\x93\x94.")
+    p.write_bytes(b"\x80\x04\x95\x1d\x00\x00\x00\x00\x00\x00\x00\xff\xfe.")
     deep = verify_mod.verify(root)
     assert deep.counts == {"unloadable": 1}
     quick = verify_mod.verify(root, deep=False)
     assert quick.ok and any("quick mode" in n for n in quick.not_checked)
+
+
+def test_pickle_naming_a_foreign_global_is_untrusted_and_never_unpickled(tmp_path):
+    """S1: an entry whose pickle calls os.system; verify names it and does not run it."""
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    root = make_cache(tmp_path / "c")
+    p = next(root.glob("fxgraph/*/*/*"))
+    p.write_bytes(pickle.dumps(Evil(), protocol=4))
+    r = verify_mod.verify(root)
+    assert r.counts == {"untrusted": 1}
+    assert "posix.system" in r.findings[0].detail or "os.system" in r.findings[0].detail
+    assert not marker.exists()
+    # the same pickle naming a class that does not exist: also untrusted, not a crash
+    p.write_bytes(b"\x80\x04\x95\x1d\x00\x00\x00\x00\x00\x00\x00\x8c\x06nosuch\x94\x8c\x05Thing\x94\x93\x94.")
+    assert verify_mod.verify(root).counts == {"untrusted": 1}
 
 
 def test_metadata_without_binary_and_no_group_file(tmp_path):

@@ -151,9 +151,26 @@ def test_lock_file_as_a_side():
     assert _by_name(env)["transformers"][0].version == "5.6.0"
 
 
+@pytest.mark.parametrize("rel, where, words, kept", [
+    ("freeze-bad-requirement.txt", "freeze-bad-requirement.txt:3:", "not a requirement", {"packaging", "rich", "typer"}),
+    ("requirements-unknown-option.txt", "requirements-unknown-option.txt:4:", "unknown option '--frobnicate'",
+     {"torch"}),
+])
+def test_invalid_requirement_lines_are_skipped_with_a_note(rel, where, words, kept):
+    """A line pip would reject is a note naming file:line; the rest of the file is still read."""
+    env = load_env(FX / "malformed" / rel)
+    assert {p.name for p in env.packages} == kept
+    assert any(where in n and words in n for n in env.notes), env.notes
+
+
+def test_a_file_without_one_requirement_is_bad_input(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("this is not\na requirements file !!\n")
+    with pytest.raises(BadInput, match=r"notes.txt:1: not a requirement"):
+        load_env(f)
+
+
 @pytest.mark.parametrize("rel, where, words", [
-    ("freeze-bad-requirement.txt", "freeze-bad-requirement.txt:3:", "not a requirement"),
-    ("requirements-unknown-option.txt", "requirements-unknown-option.txt:4:", "unknown option '--frobnicate'"),
     ("uv.lock", "uv.lock:8:", "invalid TOML"),
     ("uv-missing-name.lock", "uv-missing-name.lock:9:", "[[package]] #2 has no name"),
     ("pylock.toml", "pylock.toml:11:", "packages[1].name"),

@@ -59,9 +59,11 @@ def test_cpu_flags_from_cpuinfo_text():
 def test_cache_summary_fingerprints_the_dir(tmp_path):
     assert envlock._cache_summary(str(tmp_path / "none")) == envlock.CacheSummary(
         dir=str(tmp_path / "none"), exists=False, files=0, bytes=0)
-    (tmp_path / "fxgraph" / "ab").mkdir(parents=True)
-    (tmp_path / "fxgraph" / "ab" / "entry").write_bytes(b"x" * 100)
-    (tmp_path / "c1.py").write_bytes(b"y" * 20)
+    key = "fab" + "c" * 49  # an inductor cache is recognised by its structure: fxgraph/<2>/f<key>/
+    (tmp_path / "fxgraph" / "ab" / key).mkdir(parents=True)
+    (tmp_path / "fxgraph" / "ab" / key / "entry").write_bytes(b"x" * 100)
+    (tmp_path / "cd").mkdir()
+    (tmp_path / "cd" / ("ccd" + "1" * 49 + ".py")).write_bytes(b"y" * 20)
     s = envlock._cache_summary(str(tmp_path))
     assert (s.exists, s.files, s.bytes) == (True, 2, 120)
     assert s.fingerprint and s.fingerprint.startswith("xxh3-128:")

@@ -20,6 +20,18 @@ checks every file against the manifest, points triton's absolute kernel paths at
 (`relocate`), then swaps with two renames under the cache lock: the existing cache becomes
 `<cache>.backup-<timestamp>` (never deleted), the extracted dir becomes the cache. A failure before
 the swap removes the temp dir and leaves the cache as it was.
+
+An archive is code: torch imports the Python and C++ its entries carry and unpickles its entries on
+every cache hit. `load` never unpickles; it checks every fxgraph / aotautograd pickle with
+`picklescan` and refuses one that names a global torch's caches never use (naming the member and
+the global) unless `trust`. That stops a pickle that calls `os.system`; it cannot make a stranger's
+archive safe (docs/security.md).
+
+Untrusted sizes. Before writing anything, `load` reads the header and the manifest (a streaming pass
+that writes nothing) and checks that the manifest's total plus a margin fits on the target's disk.
+Extraction then writes only members the manifest lists, each exactly as large as the manifest says
+(a member is refused before a byte of it is written), so a lying archive writes at most the
+manifest's total. Header and manifest members are capped in size before they are read into memory.
 """
 
 from __future__ import annotations
@@ -43,12 +55,14 @@ from typing import IO, Any, BinaryIO
 import xxhash
 
 from compilewatch.cache import fingerprint as fp_mod
-from compilewatch.cache import layout, stamps
+from compilewatch.cache import layout, picklescan, stamps
 from compilewatch.cache.relocate import rebase_triton_paths
 from compilewatch.cache.fingerprint import FileEntry, Fingerprint, ProgressFn
 from compilewatch.cache.lock import cache_lock
 from compilewatch.errors import BadInput, CompilewatchError
 from compilewatch.fsutil import atomic_path
+from compilewatch.inputs import loads_json, one_line
+from compilewatch.jsonshape import build
 from compilewatch.serialize import to_jsonable
 
 FORMAT = 1
@@ -60,6 +74,9 @@ SUFFIXES = {".tar.zst": "zstd", ".tzst": "zstd", ".tar.gz": "gzip", ".tgz": "gzi
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _COPY = 4 << 20
+MAX_HEADER = 16 << 20  # the header is a few KB; anything this large is not one
+MAX_MANIFEST = 512 << 20  # ~150 bytes per file: millions of files
+DISK_MARGIN = 64 << 20  # free space kept beyond the manifest's total (filesystem overhead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,7 +420,7 @@ class _Reader:
 
     def corrupt(self, e: BaseException | str) -> BadInput:
         why = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
-        return BadInput(f"{self.archive} is not a readable compilewatch cache archive ({why})",
+        return BadInput(f"{self.archive} is not a readable compilewatch cache archive ({one_line(why, 400)})",
                         hint="it may be truncated or corrupt; nothing was changed")
 
     def members(self):
@@ -413,7 +430,9 @@ class _Reader:
         except (tarfile.TarError, OSError, EOFError, ValueError) as e:
             raise self.corrupt(e) from None
 
-    def read(self, m: tarfile.TarInfo) -> bytes:
+    def read(self, m: tarfile.TarInfo, limit: int) -> bytes:
+        if m.size > limit:
+            raise self.corrupt(f"member {one_line(m.name, 120)} is {m.size} bytes, more than {limit} for what it is")
         try:
             fh = self.tar.extractfile(m)
             return fh.read() if fh else b""
@@ -437,14 +456,16 @@ class _Reader:
 
 def _parse_header(reader: _Reader, data: bytes) -> ArchiveHeader:
     try:
-        d = json.loads(data)
+        d = loads_json(data, f"{reader.archive}:{HEADER}")
+        if not isinstance(d, dict):
+            raise BadInput("the header is not a JSON object")
         if d.get("format") != FORMAT:
-            raise reader.corrupt(f"unsupported archive format {d.get('format')!r}, expected {FORMAT}")
-        return ArchiveHeader(**{k: d[k] for k in ArchiveHeader.__dataclass_fields__})
-    except BadInput:
-        raise
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise reader.corrupt(f"bad header: {type(e).__name__}: {e}") from None
+            raise reader.corrupt(f"unsupported archive format {one_line(repr(d.get('format')), 40)}, expected {FORMAT}")
+        return build(ArchiveHeader, d, HEADER)
+    except BadInput as e:
+        if e.message.startswith(str(reader.archive)):
+            raise
+        raise reader.corrupt(f"bad header: {e.message}") from None
 
 
 def read_header(archive: str | os.PathLike[str]) -> ArchiveHeader:
@@ -453,19 +474,37 @@ def read_header(archive: str | os.PathLike[str]) -> ArchiveHeader:
         for m in r.members():
             if m.name != HEADER:
                 break
-            return _parse_header(r, r.read(m))
+            return _parse_header(r, r.read(m, MAX_HEADER))
     raise BadInput(f"{archive} is not a compilewatch cache archive (no {HEADER} first)",
                    hint="make archives with `compilewatch cache save`")
 
 
-def read_manifest(archive: str | os.PathLike[str]) -> Fingerprint:
-    """The manifest (fingerprint with every file) of `archive`; reads the whole stream."""
+def read_manifest(archive: str | os.PathLike[str], *, stop_after: int | None = None) -> Fingerprint:
+    """The manifest (fingerprint with every file) of `archive`; reads the whole stream, writes nothing.
+
+    `stop_after`: BadInput as soon as the members seen so far add up to more bytes (a stream that
+    would not fit anyway is not decompressed to its end)."""
     read_header(archive)  # a clear error for files that are not archives
+    seen = 0
     with _Reader(Path(archive)) as r:
         for m in r.members():
             if m.name == MANIFEST:
-                return fp_mod.from_json(json.loads(r.read(m)), source=f"{archive}:{MANIFEST}")
+                return _parse_manifest(r, r.read(m, MAX_MANIFEST))
+            seen += max(m.size, 0)
+            if stop_after is not None and seen > stop_after:
+                raise BadInput(f"{archive} holds more than {stop_after} bytes before its manifest, more than "
+                               "the disk beside the cache has free; nothing was changed")
     raise BadInput(f"{archive} has no {MANIFEST}: it was cut short", hint="save it again")
+
+
+def _parse_manifest(reader: _Reader, data: bytes) -> Fingerprint:
+    data_ = loads_json(data, f"{reader.archive}:{MANIFEST}")
+    if not isinstance(data_, dict):
+        raise reader.corrupt(f"{MANIFEST} is not a JSON object")
+    fp = fp_mod.from_json(data_, source=f"{reader.archive}:{MANIFEST}")
+    if fp.entries is None:
+        raise reader.corrupt(f"{MANIFEST} lists no files")
+    return fp
 
 
 def describe_system(info: dict[str, Any] | None) -> str:
@@ -508,20 +547,39 @@ def compatibility(archive_key: str, archive_torch: str, entry_keys: dict[str, in
     return tuple(problems)
 
 
-def load_mega_cache(archive: str | os.PathLike[str]) -> dict[str, int] | None:
+def untrusted(archive: str | os.PathLike[str], member: str, scan: picklescan.ScanResult) -> BadInput:
+    """The BadInput for a pickle `load` will not hand to torch: which member, which global."""
+    why = scan.problem or f"it names {', '.join(one_line(g, 120) for g in scan.refused[:3])}, which torch's caches never use"
+    return BadInput(f"{archive}: refused {one_line(member, 200)}: {why}; loading it would run that code",
+                    hint="nothing was changed. If you made this archive or fully trust who did, pass --trust "
+                         "(docs/security.md)")
+
+
+def load_mega_cache(archive: str | os.PathLike[str], *, trust: bool = False) -> dict[str, int] | None:
     """Preload `archive`'s Mega-Cache into *this process* (torch.compiler.load_cache_artifacts).
 
     For trainers whose cache dir differs from the one saved: torch writes the entries into the current
     TORCHINDUCTOR_CACHE_DIR. Returns artifact counts, or None when the archive has no Mega-Cache.
+    Does what `torch.compiler.load_cache_artifacts` does in its two steps (parse the container, which
+    unpickles nothing; populate the caches), with every pickled artifact checked in between unless
+    `trust`.
     """
-    import torch
+    from torch.compiler._cache import CacheArtifactManager
 
     with _Reader(Path(archive)) as r:
         for m in r.members():
             if m.name == MEGA:
-                info = torch.compiler.load_cache_artifacts(r.read(m))
-                if info is None:
+                artifacts = CacheArtifactManager.deserialize(r.read(m, 1 << 40))
+                if artifacts is None:
                     return None
+                for kind, items in ({} if trust else artifacts).items():
+                    for a in items:
+                        content = getattr(a, "content", b"")
+                        if isinstance(content, bytes) and content[:1] == b"\x80":  # a pickle
+                            scan = picklescan.scan(content)
+                            if not scan.ok:
+                                raise untrusted(archive, f"{MEGA}: {kind} {getattr(a, 'key', '?')}", scan)
+                info = CacheArtifactManager.populate_caches(artifacts)
                 return {k: len(v) for k, v in info.artifacts.items()}
     return None
 
@@ -537,56 +595,82 @@ def _safe_rel(name: str) -> str | None:
     return rel
 
 
-def _extract(reader: _Reader, dest: Path, progress: ProgressFn | None = None,
-             ) -> tuple[dict[str, tuple[int, str]], Fingerprint | None]:
-    """Extract cache files into `dest`; returns rel -> (size, xxh3) of what was written, and the manifest.
-    `progress` gets (archive bytes read, archive size): the compressed position, known without a scan."""
-    got: dict[str, tuple[int, str]] = {}
-    manifest = None
+def _extract(reader: _Reader, dest: Path, manifest: Fingerprint, progress: ProgressFn | None = None,
+             ) -> dict[str, tuple[int, str, int]]:
+    """Extract cache files into `dest`; returns rel -> (size, xxh3, mtime) of what was written.
+
+    Only members the manifest lists, each exactly its listed size, each once: nothing else is written
+    (a member is refused before any of its bytes reach the disk), so the total is the manifest's.
+    `progress` gets (archive bytes read, archive size): the compressed position, known without a scan.
+    """
+    want = {e.rel: e.size for e in manifest.entries or ()}
+    budget = sum(want.values())
+    got: dict[str, tuple[int, str, int]] = {}
+    written = 0
     size = reader.archive.stat().st_size
     for m in reader.members():
         if progress is not None:
             progress(min(reader.raw.tell(), size), size)
-        if m.name in (HEADER, MEGA):
-            continue
-        if m.name == MANIFEST:
-            manifest = fp_mod.from_json(json.loads(reader.read(m)), source=f"{reader.archive}:{MANIFEST}")
+        if m.name in (HEADER, MEGA, MANIFEST):
             continue
         rel = _safe_rel(m.name)
         if rel is None or not m.isreg():
-            raise reader.corrupt(f"unexpected member {m.name!r} (only regular files under {PREFIX} are allowed)")
+            raise reader.corrupt(f"unexpected member {one_line(repr(m.name), 200)} (only regular files under "
+                                 f"{PREFIX} are allowed)")
+        if rel in got:
+            raise reader.corrupt(f"member {one_line(rel, 200)} appears twice")
+        if rel not in want:
+            raise reader.corrupt(f"member {one_line(rel, 200)} is not in the manifest")
+        if m.size != want[rel] or written + m.size > budget:
+            raise reader.corrupt(f"member {one_line(rel, 200)} is {m.size} bytes, the manifest says {want[rel]}")
         target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
         h = xxhash.xxh3_128()
         n = 0
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
             src = reader.tar.extractfile(m)
-            with open(target, "wb") as out:
-                while src is not None:
-                    chunk = src.read(_COPY)
+            with open(target, "xb") as out:
+                while src is not None and n < m.size:
+                    chunk = src.read(min(_COPY, m.size - n))
                     if not chunk:
                         break
                     h.update(chunk)
                     out.write(chunk)
                     n += len(chunk)
+            os.utime(target, (m.mtime, m.mtime))
         except (tarfile.TarError, EOFError, ValueError) as e:
             raise reader.corrupt(e) from None
-        os.utime(target, (m.mtime, m.mtime))
-        got[rel] = (n, h.hexdigest())
-    return got, manifest
+        except OSError as e:  # a name too long, a file where a folder must go (`qq` then `qq/child`)
+            raise reader.corrupt(f"cannot write member {one_line(rel, 200)}: {e.strerror or e}") from None
+        written += n
+        got[rel] = (n, h.hexdigest(), int(m.mtime * 1e9) if isinstance(m.mtime, (int, float)) else 0)
+    return got
 
 
-def _check_extracted(reader: _Reader, got: dict[str, tuple[int, str]], manifest: Fingerprint | None) -> None:
-    if manifest is None or manifest.entries is None:
-        raise reader.corrupt(f"no {MANIFEST} at the end: the archive was cut short")
-    want = {e.rel: (e.size, e.hash) for e in manifest.entries}
+def _check_extracted(reader: _Reader, got: dict[str, tuple[int, str, int]], manifest: Fingerprint) -> str:
+    """BadInput unless what was extracted is what the manifest lists; returns the content hash of what
+    was extracted (computed here, not the manifest's claim)."""
+    want = {e.rel: (e.size, e.hash) for e in manifest.entries or ()}
     missing = sorted(set(want) - set(got))
     extra = sorted(set(got) - set(want))
-    bad = sorted(rel for rel in set(want) & set(got) if want[rel] != got[rel])
+    bad = sorted(rel for rel in set(want) & set(got) if want[rel] != got[rel][:2])
     if missing or extra or bad:
-        sample = (missing + extra + bad)[:3]
+        sample = [one_line(x, 120) for x in (missing + extra + bad)[:3]]
         raise reader.corrupt(f"{len(missing)} missing, {len(extra)} unexpected, {len(bad)} damaged files "
                              f"(e.g. {', '.join(sample)})")
+    rows = [FileEntry(rel, size, mtime, digest) for rel, (size, digest, mtime) in got.items()]
+    return fp_mod.merkle(fp_mod.group(rows))[0]
+
+
+def _scan_pickles(archive: Path, root: Path, got: dict[str, tuple[int, str, int]]) -> None:
+    """BadInput for the first extracted fxgraph / aotautograd pickle `picklescan` refuses."""
+    for rel in sorted(got):
+        if layout.subcache_of(rel) not in stamps.STAMPED_SUBCACHES:
+            continue
+        with open(root / rel, "rb") as fh:
+            scan = picklescan.scan(fh.read())
+        if not scan.ok:
+            raise untrusted(archive, PREFIX + rel, scan)
 
 
 def _swap_in(new: Path, target: Path) -> Path | None:
@@ -614,21 +698,30 @@ def _swap_in(new: Path, target: Path) -> Path | None:
     return backup
 
 
-def _check_target(target: Path) -> None:
+def _check_target(target: Path, force: bool) -> None:
     if target.exists() and not target.is_dir():
         raise BadInput(f"{target} exists and is not a directory; nothing was changed")
-    if target.is_dir() and not layout.looks_like_cache(target):
-        raise BadInput(f"{target} exists and does not look like an inductor cache; refusing to replace it",
-                       hint="pass --dir pointing at the cache dir (see `compilewatch cache where`)")
+    if target.is_dir() and not layout.looks_like_cache(target) and not force:
+        raise layout.not_a_cache(target)
+
+
+def _check_space(source: Path, target: Path, manifest: Fingerprint) -> None:
+    need = manifest.bytes + manifest.bytes // 100 + DISK_MARGIN
+    free = shutil.disk_usage(target.parent).free
+    if need > free:
+        raise BadInput(f"{source} holds {manifest.bytes} bytes (manifest), {target.parent} has {free} bytes free",
+                       hint="free some space or load it elsewhere with --dir; nothing was changed")
 
 
 def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = None, *,
-         force: bool = False, progress: ProgressFn | None = None) -> LoadResult:
+         force: bool = False, trust: bool = False, progress: ProgressFn | None = None) -> LoadResult:
     """Load an archive (or restore a backup dir) into the cache dir `path` (default: torch's).
 
-    Refuses (BadInput) when the archive was made for another system key or torch version unless
-    `force`. The previous cache, if any, is moved to `<cache>.backup-<timestamp>`. `progress(done,
-    total)` follows the archive's bytes while extracting (it must not raise).
+    Refuses (BadInput) when the archive was made for another system key or torch version, or when
+    `path` exists and does not look like an inductor cache, unless `force`; refuses pickles that name
+    globals torch's caches never use unless `trust`. The previous cache, if any, is moved to
+    `<cache>.backup-<timestamp>`. `progress(done, total)` follows the archive's bytes while extracting
+    (it must not raise).
     """
     from compilewatch import torchinfo
 
@@ -638,23 +731,26 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
         return _restore_dir(source, path, force, t0)
     loc = layout.locate(path)
     target = loc.path
-    _check_target(target)
+    _check_target(target, force)
     header = read_header(source)
     problems = compatibility(header.system_key, header.torch_version, archive_info=header.system_info)
     if problems and not force:
         raise BadInput(f"{source} was saved for another system: " + "; ".join(problems),
                        hint="pass --force to load it anyway (the entries will not hit on this machine); nothing was changed")
     target.parent.mkdir(parents=True, exist_ok=True)
+    manifest = read_manifest(source, stop_after=shutil.disk_usage(target.parent).free)
+    _check_space(source, target, manifest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.load-", dir=target.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp made it 0700; it becomes the cache dir
     try:
         with _Reader(source) as r:
-            got, manifest = _extract(r, tmp, progress)
+            got = _extract(r, tmp, manifest, progress)
             if progress is not None:
                 size = source.stat().st_size
                 progress(size, size)
-            _check_extracted(r, got, manifest)
-        assert manifest is not None
+            content_hash = _check_extracted(r, got, manifest)
+        if not trust:
+            _scan_pickles(source, tmp, got)
         rewritten = rebase_triton_paths(tmp, target)
         with cache_lock(target):
             backup = _swap_in(tmp, target)
@@ -662,8 +758,8 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return LoadResult(
-        source=str(source), path=str(target), backup=str(backup) if backup else None, files=manifest.files,
-        bytes=manifest.bytes, content_hash=manifest.content_hash, archive_system_key=header.system_key,
+        source=str(source), path=str(target), backup=str(backup) if backup else None, files=len(got),
+        bytes=sum(v[0] for v in got.values()), content_hash=content_hash, archive_system_key=header.system_key,
         system_key=torchinfo.system_key(), mismatches=problems, forced=bool(problems), paths_rewritten=rewritten,
         duration_s=time.perf_counter() - t0, warnings=(),
     )
@@ -680,9 +776,11 @@ def _restore_dir(source: Path, path: str | os.PathLike[str] | None, force: bool,
     if target in source.parents or source in target.parents:
         raise BadInput(f"{source} and the cache dir {target} are nested; nothing was changed",
                        hint="restore a backup that sits beside the cache dir (where `cache clear` puts it)")
-    if not layout.looks_like_cache(source):
-        raise BadInput(f"{source} does not look like an inductor cache; nothing was changed")
-    _check_target(target)
+    if not layout.cache_evidence(source) or not layout.looks_like_cache(source):
+        raise BadInput(f"{source} is not an archive and does not look like an inductor cache "
+                       f"({'it is empty' if not os.listdir(source) else 'no inductor structure in it'}); "
+                       "nothing was changed", hint="load an archive from `cache save`, or a backup dir from `cache clear`")
+    _check_target(target, force)
     fp = fp_mod.fingerprint(source)
     problems = compatibility(fp.system_key, fp.torch_version, fp.entry_system_keys, fp.entry_torch_hashes)
     if problems and not force:

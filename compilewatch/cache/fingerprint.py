@@ -320,28 +320,17 @@ def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, worker
 
 
 def from_json(data: dict, source: str = "fingerprint") -> Fingerprint:
-    """A Fingerprint from its `--json` / manifest form. BadInput when it is not one."""
-    try:
-        if "format" not in data or "content_hash" not in data:
-            raise KeyError("format/content_hash")
-        if data.get("format") != FORMAT:
-            raise BadInput(f"{source}: unsupported fingerprint format {data.get('format')!r} (expected {FORMAT})")
-        entries = data.get("entries")
-        return Fingerprint(
-            path=data["path"], files=int(data["files"]), bytes=int(data["bytes"]),
-            content_hash=data["content_hash"],
-            subcaches=tuple(SubCacheStats(**s) for s in data["subcaches"]),
-            system_key=data["system_key"], torch_version=data["torch_version"],
-            entry_system_keys=dict(data.get("entry_system_keys", {})),
-            entry_torch_hashes=dict(data.get("entry_torch_hashes", {})),
-            foreign_entries=int(data.get("foreign_entries", 0)),
-            created_at=data["created_at"], duration_s=float(data["duration_s"]),
-            hashed=int(data["hashed"]), reused=int(data["reused"]), in_flight=int(data["in_flight"]),
-            warnings=tuple(data.get("warnings", ())),
-            entries=None if entries is None else tuple(FileEntry(**e) for e in entries),
-        )
-    except BadInput:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise BadInput(f"{source} is not a compilewatch fingerprint ({type(e).__name__}: {e})",
-                       hint="make one with `compilewatch cache fingerprint --files --json > fp.json`") from None
+    """A Fingerprint from its `--json` / manifest form; every field type-checked. BadInput when it is not one."""
+    from compilewatch.jsonshape import build
+
+    if not isinstance(data, dict) or "format" not in data or "content_hash" not in data:
+        raise BadInput(f"{source} is not a compilewatch fingerprint (no format/content_hash)",
+                       hint="make one with `compilewatch cache fingerprint --files --json > fp.json`")
+    if data.get("format") != FORMAT:
+        raise BadInput(f"{source}: unsupported fingerprint format {str(data.get('format'))[:40]!r} (expected {FORMAT})")
+    defaults = {"entry_system_keys": {}, "entry_torch_hashes": {}, "foreign_entries": 0, "warnings": [],
+                "entries": None}
+    fp = build(Fingerprint, {**defaults, **data}, source)
+    if fp.files < 0 or fp.bytes < 0 or any(e.size < 0 for e in fp.entries or ()):
+        raise BadInput(f"{source}: negative file counts or sizes")
+    return fp

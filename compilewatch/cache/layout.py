@@ -170,22 +170,96 @@ def walk(root: str | os.PathLike[str]) -> Walk:
     return Walk(tuple(files), tuple(sorted(in_flight)), tuple(warnings))
 
 
-def looks_like_cache(path: str | os.PathLike[str]) -> bool:
-    """True for an empty dir or one holding at least one thing torch writes at the top level.
+_CODE_FILE = re.compile(r"^c([a-z0-9]{2})[a-z0-9]{40,}(\.[A-Za-z0-9_.]+)?$")  # c<base32 key>[.main].py/.cpp/.so
+_FX_KEY_DIR = re.compile(r"^f[a-z0-9]{40,}$")
+_AOT_KEY_DIR = re.compile(r"^a[a-z0-9]{40,}$")
+_TRITON_KERNEL_DIR = re.compile(r"^[A-Z2-7]{52}$")  # triton's base32 kernel hash
+_SYSTEM_KEY_FILE = re.compile(r"^[0-9a-f]{64}$")  # cache/<system key>: sha256 hex of CacheBase.get_system()
+_OTHER_TORCH_DIRS = {"gcc", "precompiled_headers", "unhashed_kernel_inputs", "aot_inductor", "kernel", "cache"}
 
-    Used to refuse acting on a dir that is clearly something else (a repo, a home folder).
-    """
+
+def _listdir(path: str | os.PathLike[str], limit: int = 64) -> list[str]:
     try:
-        names = os.listdir(path)
+        with os.scandir(path) as it:
+            out = []
+            for e in it:
+                out.append(e.name)
+                if len(out) >= limit:
+                    break
+            return out
     except OSError:
-        return False
-    names = [n for n in names if n != SIDECAR]
+        return []
+
+
+def _is_dir(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def cache_evidence(path: str | os.PathLike[str]) -> tuple[str, ...]:
+    """What in `path` is shaped like inductor's own output (empty: nothing is).
+
+    Folder names alone prove nothing (`db/`, `go/`, `cache/` are common names). Evidence is structure:
+    `fxgraph/<2>/f<key>/`, `aotautograd/a<key>/`, `triton/<device>/<KERNEL HASH>/` (or kernel folders
+    at the top of a TRITON_CACHE_DIR), `cache/<64 hex digits>` (the local cache of one system key),
+    or a two-character folder holding a generated file named
+    `c<those two characters><hash>.<ext>` (torch names code files after their hash).
+    """
+    root = os.fspath(path)
+    found: list[str] = []
+    names = [n for n in _listdir(root, limit=4096) if n != SIDECAR]
+    for n in names:
+        full = os.path.join(root, n)
+        if not _is_dir(full):
+            continue
+        if n == "fxgraph":
+            if any(_FX_KEY_DIR.match(k) for d in _listdir(full) if _HASH_DIR.match(d)
+                   for k in _listdir(os.path.join(full, d))):
+                found.append("fxgraph/<2>/f<key>/")
+        elif n == "aotautograd":
+            if any(_AOT_KEY_DIR.match(k) for k in _listdir(full)):
+                found.append("aotautograd/a<key>/")
+        elif n == "cache":
+            if any(_SYSTEM_KEY_FILE.match(k) for k in _listdir(full)):
+                found.append("cache/<system key>")
+        elif n == "triton":
+            if any(_TRITON_KERNEL_DIR.match(k) for d in _listdir(full) for k in _listdir(os.path.join(full, d))):
+                found.append("triton/<device>/<kernel>/")
+        elif _TRITON_KERNEL_DIR.match(n):
+            found.append("triton kernel folders")
+        elif _HASH_DIR.match(n):
+            if any((m := _CODE_FILE.match(f)) and m.group(1) == n for f in _listdir(full)):
+                found.append("generated code in <2>/c<hash>.*")
+    return tuple(dict.fromkeys(found))
+
+
+def unknown_entries(path: str | os.PathLike[str]) -> tuple[str, ...]:
+    """Top-level names torch does not write (files, folders that are none of the sub-caches)."""
+    root = os.fspath(path)
+    out = []
+    for n in _listdir(root, limit=4096):
+        if n == SIDECAR or n.startswith(".") or n.startswith(_TRITON_TMP):
+            continue
+        full = os.path.join(root, n)
+        if not _is_dir(full):
+            out.append(n)
+        elif not (n in _NAMED or n in _OTHER_TORCH_DIRS or _TRITON_KERNEL_DIR.match(n)
+                  or (_HASH_DIR.match(n) and all(_CODE_FILE.match(f) for f in _listdir(full)))):
+            out.append(n + "/")
+    return tuple(sorted(out))
+
+
+def looks_like_cache(path: str | os.PathLike[str]) -> bool:
+    """True for an empty dir (nothing to lose) or one with inductor's structure (`cache_evidence`)
+    and fewer top-level things torch does not write than things it does.
+
+    Used to refuse acting on a dir that is something else (a repo, a home folder, a database).
+    """
+    names = [n for n in _listdir(path, limit=4096) if n != SIDECAR]
     if not names:
-        return True
-    known = sum(1 for n in names if n in _NAMED or _HASH_DIR.match(n) or n in ("gcc", "precompiled_headers"))
-    # a triton-only cache dir (TRITON_CACHE_DIR) holds 52-char base32 kernel folders
-    known += sum(1 for n in names if re.match(r"^[A-Z2-7]{52}$", n))
-    return known > 0 and known >= len(names) / 2
+        return os.path.isdir(path)
+    if not cache_evidence(path):
+        return False
+    return len(unknown_entries(path)) * 2 < len(names)
 
 
 def lock_file_for(path: Path) -> Path:
@@ -251,8 +325,9 @@ def _safe_listdir(path: Path) -> list[str]:
         return []
 
 
-def resolve_existing(path: str | os.PathLike[str] | None) -> CacheLocation:
-    """`locate(path)`, raising BadInput unless it is an existing dir that looks like an inductor cache."""
+def resolve_existing(path: str | os.PathLike[str] | None, *, force: bool = False) -> CacheLocation:
+    """`locate(path)`, raising BadInput unless it is an existing dir that looks like an inductor cache
+    (`force` skips that last check, for caches this module does not recognise)."""
     loc = locate(path)
     if not loc.exists:
         if loc.path.exists():
@@ -261,13 +336,20 @@ def resolve_existing(path: str | os.PathLike[str] | None) -> CacheLocation:
             f"cache dir {loc.path} does not exist ({loc.source})",
             hint="compile something first, or point --dir / TORCHINDUCTOR_CACHE_DIR at an existing cache",
         )
-    if not loc.looks_like_cache:
-        raise BadInput(
-            f"{loc.path} does not look like an inductor cache (no fxgraph/, aotautograd/, triton/, locks/ "
-            "or two-character code folders at its top level)",
-            hint="pass the inductor cache dir (see `compilewatch cache where`); nothing was changed",
-        )
+    if not loc.looks_like_cache and not force:
+        raise not_a_cache(loc.path)
     return loc
+
+
+def not_a_cache(path: Path) -> BadInput:
+    """The BadInput for a dir without inductor's structure, naming what is there."""
+    unknown = unknown_entries(path)
+    shown = ", ".join(unknown[:6]) + (f" and {len(unknown) - 6} more" if len(unknown) > 6 else "")
+    what = (f"it holds {shown}, which torch does not write" if unknown and cache_evidence(path)
+            else "no fxgraph/<2>/f<key>/, aotautograd/a<key>/, triton kernels or generated c<hash> files")
+    return BadInput(f"{path} does not look like an inductor cache ({what})",
+                    hint="pass the inductor cache dir (see `compilewatch cache where`), or --force if it really "
+                         "is one; nothing was changed")
 
 
 def timestamped_sibling(path: Path, label: str) -> Path:

@@ -13,7 +13,6 @@ at most daily, noatime never; then prune is "least recently written first").
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -28,6 +27,7 @@ from compilewatch.cache import layout
 from compilewatch.cache.fingerprint import Fingerprint
 from compilewatch.cache.lock import cache_lock
 from compilewatch.errors import BadInput
+from compilewatch.inputs import loads_json, read_text
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -149,12 +149,15 @@ def restore_command(backup: Path, cache_dir: Path) -> str:
     return f"compilewatch cache load {backup} --dir {cache_dir}"
 
 
-def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, yes: bool = False) -> ClearResult:
-    """Move the cache to `<cache>.backup-<timestamp>` (default) or, with backup=False and yes=True, delete it."""
+def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, yes: bool = False,
+          force: bool = False) -> ClearResult:
+    """Move the cache to `<cache>.backup-<timestamp>` (default) or, with backup=False and yes=True, delete it.
+
+    Refuses a dir without inductor's structure (`layout.looks_like_cache`) unless `force`."""
     if not backup and not yes:
         raise BadInput("--no-backup deletes the cache for good and needs --yes to confirm; nothing was changed",
                        hint="drop --no-backup to keep a backup you can restore")
-    loc = layout.resolve_existing(path)
+    loc = layout.resolve_existing(path, force=force)
     root = loc.path
     with cache_lock(root):
         w = layout.walk(root)
@@ -183,17 +186,18 @@ class PruneResult:
 
 
 def prune(max_size: int | str, path: str | os.PathLike[str] | None = None, *, dry_run: bool = False,
-          delete: bool = False, yes: bool = False) -> PruneResult:
+          delete: bool = False, yes: bool = False, force: bool = False) -> PruneResult:
     """Remove least recently used entries until the cache holds at most `max_size` bytes.
 
-    Removed entries move to `<cache>.pruned-<timestamp>/` unless `delete` (which needs `yes`).
+    Removed entries move to `<cache>.pruned-<timestamp>/` unless `delete` (which needs `yes`). Refuses a
+    dir without inductor's structure unless `force`.
     """
     max_bytes = parse_size(max_size) if isinstance(max_size, str) else int(max_size)
     if max_bytes < 0:
         raise BadInput(f"--max-size must be >= 0, got {max_size}")
     if delete and not yes and not dry_run:
         raise BadInput("--delete removes entries for good and needs --yes to confirm; nothing was changed")
-    loc = layout.resolve_existing(path)
+    loc = layout.resolve_existing(path, force=force)
     root = loc.path
     with cache_lock(root):
         w = layout.walk(root)
@@ -258,10 +262,7 @@ def load_side(x: str | os.PathLike[str]) -> Fingerprint:
     with open(p, "rb") as fh:
         head = fh.read(1)
     if head in (b"{", b"["):
-        try:
-            data = json.loads(p.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadInput(f"{p} is not valid JSON ({e})") from None
+        data = loads_json(read_text(p, what="fingerprint JSON file"), str(p))
         if not isinstance(data, dict):
             raise BadInput(f"{p} is not a compilewatch fingerprint (a JSON object was expected)")
         return fp_mod.from_json(data, source=str(p))

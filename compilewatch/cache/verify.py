@@ -8,7 +8,8 @@ What is checked, and how (no GPU needed for any of it):
 | an fxgraph / aotautograd pickle without pickle framing (first byte 0x80, last byte `.`) | `truncated` | error |
 | a `.so` / `.cubin` whose ELF header is missing or whose section table lies past the file's end | `truncated` | error |
 | generated `.py` that does not compile; triton `.json` or `cache/<key>` JSON that does not parse | `truncated` | error |
-| (deep) an fxgraph / aotautograd entry that `pickle.loads` rejects | `unloadable` | error |
+| (deep) an fxgraph / aotautograd pickle whose opcodes do not parse (`pickletools`; nothing is unpickled) | `unloadable` | error |
+| (deep) a pickle that names a global torch's caches never use (`os.system`, ...): it would run code when loaded | `untrusted` | error |
 | (deep) an aotautograd entry naming an FX-graph key that has no fxgraph entry | `dangling` | error |
 | a triton kernel folder whose group file lists a missing binary, or metadata without a binary | `missing-binary` | error |
 | an entry stamped with a system key other than `torchinfo.system_key()` (`stamps`) | `foreign-system` | foreign |
@@ -23,30 +24,32 @@ error/foreign entry, and stale temp files, move to `<cache>.quarantine-<timestam
 cache (renames; nothing is deleted), and relocated triton paths are rewritten (`relocate`). What cannot be checked without running the code is listed in
 `not_checked`: that a cubin loads on this driver/GPU, that a `.so` links, that guards pass.
 
-Deep checks unpickle entries exactly as torch does on a cache lookup: run them only on caches you
-would let torch load (`deep=False` reads bytes only).
+Nothing here unpickles: deep checks read each pickle's opcodes with `picklescan` (a parser that
+imports and calls nothing), so verifying a cache from elsewhere is safe. That a cache verifies does
+not make it safe to *use*: torch runs the code its entries carry (docs/security.md).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from compilewatch.cache import layout, stamps
+from compilewatch.cache import layout, picklescan, stamps
 from compilewatch.cache.lock import cache_lock
 from compilewatch.cache.relocate import rebase_triton_paths
 
-ERROR_KINDS = ("empty", "truncated", "unloadable", "dangling", "missing-binary")
+ERROR_KINDS = ("empty", "truncated", "unloadable", "untrusted", "dangling", "missing-binary")
 FOREIGN_KINDS = ("foreign-system", "foreign-torch")
 WARNING_KINDS = ("relocated", "stale-temp")
 STALE_TEMP_S = 3600
 _BINARY_EXTS = (".cubin", ".hsaco", ".spv", ".zebin")
 _ELF_MAGIC = b"\x7fELF"
+_FX_KEY = re.compile(r"^f[a-z0-9]{51}$")  # an FX-graph cache key (`f` + base32 sha256), as aotautograd stores it
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,25 +132,24 @@ class _Checker:
         elif st.torch_hash and self.torch_hash and st.torch_hash != self.torch_hash:
             self.add("foreign-torch", f.rel, "built by another torch build (torch version or source differs): "
                      "it can never hit here")
-        elif self.deep:  # foreign entries are never loaded by this torch: unpickling them proves nothing
-            self.unpickle(f.rel, sub, content)
+        elif self.deep:  # foreign entries are never loaded by this torch: checking them proves nothing
+            self.inspect_pickle(f.rel, sub, content)
 
-    def unpickle(self, rel: str, sub: str, content: bytes) -> None:
-        try:
-            obj = pickle.loads(content)  # noqa: S301 - exactly what torch does on every cache lookup
-        except Exception as e:  # noqa: BLE001 - any failure is the finding
-            msg = f"{type(e).__name__}: {e}".splitlines()[0][:200]
-            if "cuda" in msg.lower() and not self.gpu_arch:
-                self.notes.add("entries holding CUDA tensors cannot be unpickled without a GPU; "
-                               "their loadability was not checked")
-                return
-            self.add("unloadable", rel, f"pickle.loads failed: {msg}")
+    def inspect_pickle(self, rel: str, sub: str, content: bytes) -> None:
+        """Parse the pickle's opcodes (never unpickle): malformed, or naming a global torch never uses;
+        an aotautograd entry's FX-graph keys are its string constants shaped like one."""
+        scan = picklescan.scan(content)
+        if scan.problem:
+            self.add("unloadable", rel, scan.problem)
+            return
+        if scan.refused:
+            self.add("untrusted", rel, f"the pickle calls {', '.join(scan.refused[:3])}, which torch's caches never "
+                     "do: loading it would run that code (it was not unpickled)")
             return
         if sub == "aotautograd":
-            for part in ("compiled_fw", "compiled_bw"):
-                info = getattr(getattr(obj, part, None), "fx_graph_cache_info", None)
-                if isinstance(info, tuple) and info and isinstance(info[0], str):
-                    self.aot_refs.append((rel, info[0]))
+            for s in picklescan.strings(content):
+                if _FX_KEY.match(s):
+                    self.aot_refs.append((rel, s))
 
     def check_elf(self, f: layout.FileStat) -> None:
         try:
@@ -339,7 +341,7 @@ def verify(path: str | os.PathLike[str] | None = None, *, deep: bool = True, fix
         notes.append("triton kernel targets not compared with a GPU (none here): "
                      + ", ".join(f"{t} × {n}" for t, n in sorted(ck.triton_targets.items())))
     if not deep:
-        notes.append("entries not unpickled (quick mode): loadability and aotautograd→fxgraph links unchecked")
+        notes.append("pickles not parsed (quick mode): malformed or code-running entries and aotautograd→fxgraph links unchecked")
     notes.append("whether cubins load on this driver/GPU, whether .so files link, whether an entry's guards "
                  "pass for your shapes: only running the code tells")
     if not loc.triton_inside:

@@ -19,6 +19,7 @@ from compilewatch.envformats.pylock import parse_pylock
 from compilewatch.envformats.requirements import parse_requirements
 from compilewatch.envformats.uvlock import parse_uv_lock
 from compilewatch.errors import BadInput
+from compilewatch.inputs import one_line, read_text
 
 PARSERS: dict[str, Callable[[str, str], EnvSpec]] = {
     "lock": parse_lock_file,
@@ -38,14 +39,15 @@ _PYLOCK_NAME = re.compile(r"^pylock\.([^.]+\.)?toml$")
 def normalize_format(name: str) -> str:
     fmt = ALIASES.get(name.lower(), name.lower())
     if fmt not in PARSERS:
-        raise BadInput(f"unknown format {name!r}", hint=f"one of: {', '.join(FORMATS)}")
+        raise BadInput(f"unknown format {one_line(repr(name), 80)}", hint=f"one of: {', '.join(FORMATS)}")
     return fmt
 
 
 def detect_format(path: str | os.PathLike[str], text: str) -> str:
-    """The format of a file, from its name first, then its content."""
+    """The format of a file, from its name first, then its content (all of it: a uv.lock's first
+    `[[package]]` can sit far down a file; the patterns are anchored per line, so this is linear)."""
     name = Path(path).name.lower()
-    head = text.lstrip()[:4096]
+    head = text.lstrip()
     if name.endswith(".json") or head.startswith("{"):
         return "lock"
     if name == "uv.lock" or (name.endswith(".lock") and "[[package]]" in head):
@@ -64,18 +66,12 @@ def detect_format(path: str | os.PathLike[str], text: str) -> str:
 def load_env(path: str | os.PathLike[str], fmt: str | None = None) -> EnvSpec:
     """Read `path` as `fmt` (detected when None) into an EnvSpec."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"{p}: is a directory, expected a lock or requirements file") from None
-    except UnicodeDecodeError as e:
-        raise BadInput(f"{p}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise BadInput(f"{p}: cannot read: {e.strerror}") from None
+    text = read_text(p, what="lock or requirements file")
     fmt = normalize_format(fmt) if fmt else detect_format(p, text)
-    return PARSERS[fmt](text, str(p))
+    try:
+        return PARSERS[fmt](text, str(p))
+    except RecursionError:  # TOML / YAML nested deeper than Python's recursion limit
+        raise BadInput(f"{p}: nested too deeply to read as {fmt}") from None
 
 
 __all__ = ["EnvSpec", "Package", "FORMATS", "PARSERS", "bad_line", "detect_format", "load_env",

@@ -16,13 +16,19 @@ from packaging.utils import canonicalize_name
 
 from compilewatch.envformats.model import EnvSpec, Package, bad_line, line_of
 from compilewatch.envformats.requirements import parse_requirements
+from compilewatch.inputs import one_line
 
 CONDA_TO_PYPI = {"pytorch": "torch", "pytorch-gpu": "torch", "pytorch-cpu": "torch"}
 _SPEC = re.compile(r"^(?:(?P<channel>[^\s:]+)::)?(?P<name>[A-Za-z0-9_.\-]+)\s*(?P<rest>.*)$")
 _ARCHIVE = re.compile(r"^(?P<name>.+)-(?P<version>[^-]+)-(?P<build>[^-]+)\.(?:conda|tar\.bz2)$")
 
 
-def parse_environment_yml(text: str, path: str) -> EnvSpec:
+MAX_YAML_NODES = 1_000_000  # values after alias expansion; a real environment.yml has a few hundred
+
+
+def load_yaml(text: str, path: str):
+    """yaml.safe_load, refusing documents whose aliases expand past MAX_YAML_NODES values (a
+    "billion laughs" file is a few hundred bytes that expand to 10^9 strings)."""
     import yaml
 
     try:
@@ -30,7 +36,33 @@ def parse_environment_yml(text: str, path: str) -> EnvSpec:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e)
-        raise bad_line(path, mark.line + 1 if mark else None, f"invalid YAML: {problem}") from None
+        raise bad_line(path, mark.line + 1 if mark else None, f"invalid YAML: {one_line(problem, 200)}") from None
+    if _expanded_size(data, {}) > MAX_YAML_NODES:
+        raise bad_line(path, None, f"YAML aliases expand to more than {MAX_YAML_NODES:,} values: refused",
+                       hint="an environment file does not need anchors and aliases (`&x` / `*x`)")
+    return data
+
+
+def _expanded_size(obj, memo: dict[int, int]) -> int:
+    """How many values `obj` holds once every shared (aliased) node is counted each time it is used."""
+    if not isinstance(obj, (list, dict)):
+        return 1
+    key = id(obj)
+    if key in memo:
+        return memo[key]
+    memo[key] = MAX_YAML_NODES + 1  # a node that contains itself (a recursive alias) is refused
+    items = obj.items() if isinstance(obj, dict) else ((None, v) for v in obj)
+    total = 1
+    for k, v in items:
+        total += _expanded_size(k, memo) + _expanded_size(v, memo)
+        if total > MAX_YAML_NODES:
+            break
+    memo[key] = total
+    return total
+
+
+def parse_environment_yml(text: str, path: str) -> EnvSpec:
+    data = load_yaml(text, path)
     if not isinstance(data, dict) or not isinstance(data.get("dependencies"), list):
         raise bad_line(path, 1, "not a conda environment file: expected a `dependencies:` list",
                        hint="`conda env export > environment.yml` writes one")
@@ -47,8 +79,8 @@ def parse_environment_yml(text: str, path: str) -> EnvSpec:
             notes.extend(pip_env.notes)
             continue
         if not isinstance(item, str):
-            raise bad_line(path, line_of(text, str(item).split(":")[0].strip("{'\" ")),
-                           f"dependency {item!r} is neither a conda spec nor a `pip:` list")
+            raise bad_line(path, line_of(text, one_line(item, 80).split(":")[0].strip("{'\" ")),
+                           f"dependency {one_line(repr(item), 120)} is neither a conda spec nor a `pip:` list")
         pkg = _conda_spec(item, path, line_of(text, item))
         if pkg.name == "python":
             python = pkg.version or pkg.spec

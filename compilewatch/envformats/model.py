@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from compilewatch.errors import BadInput
+from compilewatch.inputs import one_line
 
 if TYPE_CHECKING:
     from compilewatch.envlock import EnvLock
@@ -21,10 +22,21 @@ class Package:
     marker: str | None = None  # environment marker ("sys_platform == 'linux'"), when the format has one
     build: str | None = None  # conda build string ("py3.12_cuda12.4_cudnn9.1.0_0")
 
+    @property
+    def kind(self) -> str:
+        """Where it comes from: "index", "vcs" (git+/hg+/svn+/bzr+), "url" or "local" (a path)."""
+        if not self.source:
+            return "index"
+        if self.source.startswith(("git+", "hg+", "svn+", "bzr+")):
+            return "vcs"
+        return "url" if "://" in self.source else "local"
+
     def label(self) -> str:
         """How the package's version is shown: "v2.11.0+cu128", ">=1.26", or the source."""
         if self.version:
             return f"v{self.version}"
+        if self.source and self.name == f"{self.kind}:{self.source}":  # no package name: the source is the name
+            return f"({'editable ' if self.editable else ''}{self.kind})"
         if self.spec:
             return self.spec
         return self.source or "(any version)"
@@ -49,9 +61,12 @@ class EnvSpec:
 
 
 def bad_line(path: str, line: int | None, what: str, *, hint: str | None = None) -> BadInput:
-    """A BadInput that names the file and line: `requirements.txt:12: not a requirement: ...`."""
+    """A BadInput that names the file and line: `requirements.txt:12: not a requirement: ...`.
+
+    `what` often quotes the file: it is cut to one line of bounded length (a crafted file must not
+    turn into a megabyte error message)."""
     where = f"{path}:{line}" if line else path
-    return BadInput(f"{where}: {what}", hint=hint)
+    return BadInput(f"{where}: {one_line(what, 400)}", hint=hint)
 
 
 def line_of(text: str, needle: str, start: int = 1) -> int | None:

@@ -4,7 +4,15 @@ Handles what real files hold: `name==version` (local labels like `+cu128` kept),
 (`file://` wheels, VCS URLs), `-e PATH` / `-e VCS_URL#egg=name` (the name taken from the egg
 fragment or from the comment pip freeze writes above it), per-requirement `--hash` options, global
 options (`-i`, `--extra-index-url`, `-f`, `--pre`, ...), `-r`/`-c` (noted, not followed), markers,
-comments and `\\` line continuations. Anything else raises BadInput with the file and line.
+comments and `\\` line continuations.
+
+Every line pip accepts is read, also those that name no package: `.`, `./pkg`, `dist/x.whl`,
+`-e .`, `git+https://host/repo.git` (no `#egg=`), `bzr+lp:project`, `https://host/x.tar.gz`. A wheel
+or sdist file name gives the name and version; a VCS URL gives a name guessed from the repository
+(pip would build it to know); anything else becomes an entry named `<kind>:<source>` (kinds
+`local`, `url`, `vcs`), compared by its source. A line pip would reject is skipped with a note naming
+file:line, and the rest of the file is still read; a file in which no line is a requirement is
+BadInput (it is not a requirements file).
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, canonica
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
 from compilewatch.envformats.model import EnvSpec, Package, bad_line, normalize_source
+from compilewatch.errors import BadInput
+from compilewatch.inputs import one_line
 
 # Options that take a value and apply to the whole file (pip's requirements file format).
 _GLOBAL_WITH_VALUE = {"-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--no-binary",
@@ -30,11 +40,14 @@ _PER_REQUIREMENT = ("--hash", "--config-settings", "--global-option", "--install
 _COMMENT = re.compile(r"(^|\s)#.*$")
 _FREEZE_EDITABLE = re.compile(r"\(([A-Za-z0-9][A-Za-z0-9._-]*)==([^)\s]+)\)")
 _URL_START = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # a bare URL line: no `name @` before it
+_VCS_START = re.compile(r"^(git|hg|svn|bzr)\+", re.IGNORECASE)  # `bzr+lp:project` has no `://`
+_ARCHIVE_EXTS = (".whl", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tar", ".zip")
 
 
 def parse_requirements(text: str, path: str) -> EnvSpec:
     packages: list[Package] = []
     notes: list[str] = []
+    skipped: list[BadInput] = []
     last_comment = ""
     for lineno, line in _logical_lines(text):
         stripped = line.strip()
@@ -44,13 +57,23 @@ def parse_requirements(text: str, path: str) -> EnvSpec:
         stripped = _COMMENT.sub("", stripped).strip()
         if not stripped:
             continue
-        if stripped.startswith("-"):
-            pkg = _option_line(stripped, path, lineno, last_comment, notes)
-            if pkg is not None:
-                packages.append(pkg)
-        else:
-            packages.append(_requirement(stripped, path, lineno))
+        try:
+            if stripped.startswith("-"):
+                pkg = _option_line(stripped, path, lineno, last_comment, notes)
+            else:
+                pkg = _requirement(stripped, path, lineno)
+        except BadInput as e:
+            skipped.append(e)
+            notes.append(f"skipped {e.message}")
+            pkg = None
+        if pkg is not None:
+            packages.append(pkg)
+            if pkg.name.startswith(("local:", "url:", "vcs:")):
+                notes.append(f"{path}:{lineno}: {pkg.name.split(':')[0]} requirement {one_line(pkg.source, 120)} "
+                             "names no package: compared by its source")
         last_comment = ""
+    if skipped and not packages:
+        raise skipped[0]  # not one line was a requirement: this is not a requirements file
     return EnvSpec(path=path, format="requirements", packages=tuple(packages), notes=tuple(notes))
 
 
@@ -73,7 +96,7 @@ def _option_line(line: str, path: str, lineno: int, last_comment: str, notes: li
     try:
         parts = shlex.split(line)
     except ValueError as e:
-        raise bad_line(path, lineno, f"cannot split option line {line!r}: {e}") from None
+        raise bad_line(path, lineno, f"cannot split option line {one_line(repr(line), 160)}: {e}") from None
     opt, _, inline = parts[0].partition("=")
     value = inline or (parts[1] if len(parts) > 1 else "")
     if opt in ("-e", "--editable"):
@@ -88,7 +111,7 @@ def _option_line(line: str, path: str, lineno: int, last_comment: str, notes: li
         if opt in ("-r", "--requirement", "-c", "--constraint"):
             notes.append(f"{path}:{lineno}: {opt} {value} is not followed: diff that file on its own")
         return None
-    raise bad_line(path, lineno, f"unknown option {opt!r}",
+    raise bad_line(path, lineno, f"unknown option {one_line(repr(opt), 80)}",
                    hint="requirements files accept -e, -r, -c, -i, --extra-index-url, -f, --pre, ... "
                         "(pip's requirements file format)")
 
@@ -103,25 +126,54 @@ def _editable(target: str, path: str, lineno: int, last_comment: str) -> Package
     if m:
         name = name or m.group(1)
         version = m.group(2)
+    if not name:  # a directory's or repository's last path part: what pip's build would most likely say
+        name = _repo_name(target) if _VCS_START.match(target) else _dir_name(target)
     if not name:
-        name = PurePosixPath(target.split("#")[0].rstrip("/")).name.split("@")[0]
-        if name.endswith(".git"):
-            name = name[:-4]
-    if not name:
-        raise bad_line(path, lineno, f"cannot tell the name of editable {target!r}",
-                       hint="add #egg=NAME to the URL")
+        return _unnamed(target, editable=True)
     return Package(name=canonicalize_name(name), version=version, source=normalize_source(target), editable=True)
+
+
+def _repo_name(url: str) -> str | None:
+    """`git+https://github.com/psf/requests.git@v2` -> 'requests'; `bzr+lp:bzr-svn` -> 'bzr-svn'."""
+    base = url.split("#")[0].rstrip("/")
+    tail = re.split(r"[/:]", base)[-1].split("@")[0]
+    if tail.endswith(".git"):
+        tail = tail[:-4]
+    return tail if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", tail or "") else None
+
+
+def _dir_name(target: str) -> str | None:
+    """`./tinykernels` -> 'tinykernels'; `.` and `..` name nothing."""
+    tail = PurePosixPath(target.split("#")[0].replace("\\", "/").rstrip("/")).name
+    return tail if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", tail or "") else None
+
+
+def _unnamed(target: str, *, editable: bool = False) -> Package:
+    """An entry whose package name the line does not say: keyed by kind and source."""
+    source = normalize_source(target) or target
+    kind = "vcs" if _VCS_START.match(target) else "url" if _URL_START.match(target) else "local"
+    return Package(name=f"{kind}:{source}", version=None, source=source, editable=editable)
+
+
+def _looks_like_path(text: str) -> bool:
+    """pip's test for a local project or archive: a path separator, a leading dot, or an archive name."""
+    return (text.startswith((".", "/", "~")) or "/" in text.split("@")[0] or "\\" in text
+            or text.lower().endswith(_ARCHIVE_EXTS))
 
 
 def _requirement(line: str, path: str, lineno: int) -> Package:
     req_text, _, _options = _split_options(line)
-    if _URL_START.match(req_text):
+    if _URL_START.match(req_text) or _VCS_START.match(req_text):
         return _bare_url(req_text, path, lineno)
     try:
         req = Requirement(req_text)
     except InvalidRequirement as e:
-        raise bad_line(path, lineno, f"not a requirement: {req_text!r} ({e})",
+        if _looks_like_path(req_text):
+            return _local(req_text)
+        raise bad_line(path, lineno, f"not a requirement: {one_line(repr(req_text), 160)} ({one_line(e, 160)})",
                        hint="expected `name==version`, `name @ URL` or an option line") from None
+    except ValueError as e:  # a version longer than Python's digit limit
+        raise bad_line(path, lineno, f"not a requirement: {one_line(e, 160)}") from None
     name = canonicalize_name(req.name)
     marker = str(req.marker) if req.marker else None
     if req.url:
@@ -130,6 +182,19 @@ def _requirement(line: str, path: str, lineno: int) -> Package:
     if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
         return Package(name=name, version=specs[0].version, marker=marker)
     return Package(name=name, version=None, spec=str(req.specifier) or None, marker=marker)
+
+
+def _local(text: str) -> Package:
+    """`.`, `./pkg`, `dist/x-1.0-py3-none-any.whl`: a wheel or sdist name gives name and version."""
+    target = text.split(";")[0].strip()
+    filename = PurePosixPath(target.replace("\\", "/")).name
+    version = _version_from_url(target)
+    name = _name_from_filename(filename) if version is not None else None
+    if name is None and not target.lower().endswith(_ARCHIVE_EXTS):
+        name = _dir_name(target)
+    if name is None:
+        return _unnamed(target)
+    return Package(name=canonicalize_name(name), version=version, source=normalize_source(target))
 
 
 def _split_options(line: str) -> tuple[str, str, str]:
@@ -150,9 +215,10 @@ def _bare_url(text: str, path: str, lineno: int) -> Package:
     version = _version_from_url(url)
     if name is None and version is not None:
         name = _name_from_filename(filename)
+    if name is None and _VCS_START.match(url):
+        name = _repo_name(url)
     if name is None:
-        raise bad_line(path, lineno, f"cannot tell the package name of URL {url!r}",
-                       hint="write it as `name @ URL`")
+        return _unnamed(url)
     return Package(name=canonicalize_name(name), version=version, source=normalize_source(url))
 
 
@@ -164,7 +230,7 @@ def _version_from_url(url: str) -> str | None:
             return str(parse_wheel_filename(filename)[1])
         if filename.endswith((".tar.gz", ".zip")):
             return str(parse_sdist_filename(filename)[1])
-    except (InvalidWheelFilename, InvalidSdistFilename):
+    except (InvalidWheelFilename, InvalidSdistFilename, ValueError):
         return None
     return None
 
@@ -174,5 +240,5 @@ def _name_from_filename(filename: str) -> str | None:
         if filename.endswith(".whl"):
             return str(parse_wheel_filename(filename)[0])
         return str(parse_sdist_filename(filename)[0])
-    except (InvalidWheelFilename, InvalidSdistFilename):
+    except (InvalidWheelFilename, InvalidSdistFilename, ValueError):
         return None

@@ -1,0 +1,80 @@
+"""Reading files that come from elsewhere: bounded size, clear errors, one-line messages.
+
+Every file a user hands us (lock files, requirements, reports, configs, manifests) is untrusted: it
+may be huge (`/dev/zero`), binary, deeply nested, or crafted to make an error message megabytes long.
+These helpers turn each of those into a `BadInput` with a message a person can read:
+
+- `read_bytes` / `read_text`: read at most `limit` bytes (one byte more tells "too large"), so an
+  endless device or a multi-GB file stops early; a missing file, a directory or non-UTF-8 bytes are
+  BadInput naming the file.
+- `loads_json`: json.loads, with nesting deeper than Python's recursion limit and integers longer
+  than Python's digit limit (both raise something other than JSONDecodeError) reported as bad input.
+- `one_line`: what we quote from a file in a message: one line, at most `width` characters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from compilewatch.errors import BadInput
+
+TEXT_LIMIT = 64 << 20  # lock files, requirements, reports: the largest real ones are a few MB
+MESSAGE_WIDTH = 300
+
+
+def one_line(text: object, width: int = MESSAGE_WIDTH) -> str:
+    """`text` as one line of at most `width` characters (an ellipsis says it was cut)."""
+    s = " ".join(str(text).split())
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _size_words(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.0f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def read_bytes(path: str | os.PathLike[str], *, limit: int = TEXT_LIMIT, what: str = "file") -> bytes:
+    """The bytes of `path`, BadInput past `limit` bytes (read stops at limit + 1: /dev/zero is safe)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(limit + 1)
+    except FileNotFoundError:
+        raise BadInput(f"{p}: no such file (expected a {what})") from None
+    except IsADirectoryError:
+        raise BadInput(f"{p}: is a directory, expected a {what}") from None
+    except OSError as e:
+        raise BadInput(f"{p}: cannot read: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise BadInput(f"{p}: file too large (more than {_size_words(limit)}) for a {what}",
+                       hint="is it the right file? nothing was read past the limit")
+    return data
+
+
+def read_text(path: str | os.PathLike[str], *, limit: int = TEXT_LIMIT, what: str = "file") -> str:
+    """`read_bytes` decoded as UTF-8 (a BOM is dropped); BadInput for binary content."""
+    data = read_bytes(path, limit=limit, what=what)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path}: not UTF-8 text (byte {e.start}): expected a {what}") from None
+
+
+def loads_json(text: str | bytes, where: str) -> Any:
+    """json.loads with every way untrusted JSON can fail as BadInput `where:line: ...`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{where}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+    except RecursionError:
+        raise BadInput(f"{where}: JSON nested too deeply to read") from None
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{where}: not UTF-8 text (byte {e.start})") from None
+    except ValueError as e:  # an integer longer than sys.get_int_max_str_digits()
+        raise BadInput(f"{where}: invalid JSON: {one_line(e, 160)}") from None

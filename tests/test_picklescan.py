@@ -1,0 +1,62 @@
+"""picklescan: what a pickle would import, read from its opcodes without running anything."""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import subprocess
+
+import pytest
+
+from compilewatch.cache import picklescan
+
+
+class _Call:
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return (self.fn, self.args)
+
+
+@pytest.mark.parametrize("protocol", range(0, pickle.HIGHEST_PROTOCOL + 1))
+def test_code_running_globals_are_refused_in_every_protocol(protocol):
+    for fn in (os.system, subprocess.Popen, eval, exec, getattr, __import__):
+        r = picklescan.scan(pickle.dumps(_Call(fn, "x"), protocol=protocol))
+        assert r.refused and not r.ok, (fn, r)
+
+
+def test_plain_data_and_allowed_classes_pass():
+    data = {"a": [1, 2.0, "s", b"b", None], "c": collections.OrderedDict(x=1), "d": {1, 2}, "e": (slice(1, 2),)}
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        assert picklescan.scan(pickle.dumps(data, protocol=protocol)).ok
+
+
+def test_dotted_names_reach_only_listed_globals():
+    # STACK_GLOBAL("torch._inductor.codecache", "PyCodeCache.load"): pickle resolves dotted names
+    # attribute by attribute, so a class-module prefix must not let a method through
+    evil = (b"\x80\x04\x8c\x19torch._inductor.codecache\x94\x8c\x10PyCodeCache.load\x94\x93\x94.")
+    r = picklescan.scan(evil)
+    assert r.refused == ("torch._inductor.codecache.PyCodeCache.load",)
+    ok = b"\x80\x04\x8c\x19torch._inductor.codecache\x94\x8c\x0bPyCodeCache\x94\x93\x94."
+    assert picklescan.scan(ok).ok  # a class of a data module
+
+
+def test_memo_references_are_followed():
+    # module and name pushed, memoized, then fetched back with BINGET before STACK_GLOBAL
+    blob = (b"\x80\x04\x8c\x05posix\x94\x8c\x06system\x94h\x00h\x01\x93\x94.")
+    assert picklescan.scan(blob).refused == ("posix.system",)
+
+
+def test_computed_names_and_extension_codes_are_refused():
+    computed = b"\x80\x04K\x01K\x02\x93."  # STACK_GLOBAL over two ints
+    assert picklescan.scan(computed).refused == ("<a global whose name is computed>",)
+    ext = b"\x80\x02\x82\x01)R."  # EXT1 1, EMPTY_TUPLE, REDUCE
+    assert picklescan.scan(ext).refused
+
+
+@pytest.mark.parametrize("blob", [b"", b"\x80", b"\x80\x04garbage", b"\x80\x04\x8c\x05ab"])
+def test_malformed_pickles_are_a_problem_not_an_exception(blob):
+    r = picklescan.scan(blob)
+    assert r.problem and not r.ok
