@@ -23,6 +23,7 @@ about eight passes over fp32 logits); elsewhere it runs eagerly. `use_compiled_c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -107,19 +108,28 @@ class _HeadCE(torch.autograd.Function):
                 None if grad_b is None else grad_b * g, None, None, None)
 
 
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for this device type; False for types autocast does not know (meta: a dry run)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
+
+
 def head_cross_entropy(h: torch.Tensor, head: torch.nn.Linear, labels: torch.Tensor, w: torch.Tensor,
                        chunk_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Σ w·CE(head(h), labels) and argmax(head(h)) for rows h (..., H), labels (...), w (...) fp32,
     without keeping logits. Computes in the autocast dtype when autocast is on (as `head(h)` would),
     else in h's dtype. Returns (weighted CE sum (fp32 scalar), argmax with labels' shape)."""
     dev = h.device.type
-    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+    autocast = _autocast_on(dev)
+    dtype = torch.get_autocast_dtype(dev) if autocast else h.dtype
     shape = labels.shape
     h2 = h.reshape(-1, h.shape[-1]).to(dtype).contiguous()  # (R, H)
     weight = head.weight.to(dtype)
     bias = head.bias.to(dtype) if head.bias is not None else None
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.shape[0])
-    with torch.autocast(dev, enabled=False):
+    with torch.autocast(dev, enabled=False) if autocast else contextlib.nullcontext():
         wce, pred = _HeadCE.apply(h2, weight, bias, labels.reshape(-1),
                                   w.reshape(-1).to(torch.promote_types(dtype, torch.float32)), rows)
     return wce, pred.view(shape)
