@@ -115,12 +115,12 @@ def rank_device(info: RankInfo, requested: str) -> str:
     """The device of a rank that runs one drafter (no device lists): with `auto`, cuda:LOCAL_RANK when
     GPUs are visible (one process per GPU), else cpu; plain `cuda` is cuda:LOCAL_RANK (as torchrun
     users mean it); an explicit device (cuda:N, N, cpu) is used as given."""
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise BadInput("--device cuda: no CUDA device is visible", hint="use --device cpu, or run on a machine with GPUs")
     if requested not in ("auto", "cuda"):
         return requested
     import torch  # here, not at the top: `dflash --help` and rank_info() stay free of torch
 
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda: no CUDA device is visible", hint="use --device cpu, or run on a machine with GPUs")
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
         if info.local_rank >= n:
