@@ -8,6 +8,11 @@ to `max_length`. Every record that is not trained on (an unreadable line, no ass
 conversation the template refuses, no anchor position left) is counted by reason in `DataStats`,
 with its first examples; `data.strict` turns any of them into bad input.
 
+`tokenize_record` is the one tokenizing step: the in-memory path (`build_dataset`, `data.cache_dir =
+"off"`) and the memory-mapped cache (dflash/datacache.py, built in worker processes) both call it,
+and `ChatDataset` batches either (it needs the sequences' lengths for the plan and reads only the
+samples of each batch it makes).
+
 Anchors: every epoch, each sequence gets `num_anchors` positions sampled without replacement from its
 loss-masked positions in [0, S-B] (fewer if it has fewer; the rest are padding marked invalid). The
 sampling generator is seeded by (seed, epoch, sample index), so epochs, batches and a resumed run all
