@@ -214,6 +214,7 @@ def test_trainer_second_start_is_a_cache_hit(tiny_target, tmp_path):
     try:
         assert any(n.startswith("data cache built") for n in t.notes)
         first = [(s.input_ids, s.loss_mask) for s in t.dataset.samples]
+        t.train()  # one step and its checkpoint (resumed below)
     finally:
         t.close()
     before = datacache.BUILDS["count"]
@@ -224,8 +225,53 @@ def test_trainer_second_start_is_a_cache_hit(tiny_target, tmp_path):
                    for a, b in zip(first, t2.dataset.samples))
     finally:
         t2.close()
+    from dflash.trainer import build_config_for_resume
+
+    before = datacache.BUILDS["count"]
+    r = Trainer.from_config(build_config_for_resume(tmp_path / "run", {"train.max_steps": 2}), resume=True)
+    try:
+        assert r.step == 1 and datacache.BUILDS["count"] == before and any(n.startswith("data cache hit") for n in r.notes)
+    finally:
+        r.close()
     off = Trainer.from_config(small_config(tmp_path / "run3", chat_file, **{"data.cache_dir": "off"}))
     try:
         assert isinstance(off.dataset.samples, list) and not any("data cache" in n for n in off.notes)
     finally:
         off.close()
+
+
+def test_benchmark_script_runs_small(tmp_path):
+    """benchmarks/dflash_data.py end to end at a tiny size (its numbers are not asserted)."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "dflash_data.py"
+    spec = importlib.util.spec_from_file_location("dflash_data_bench", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--conversations", "64", "--words", "60", "--workers", "1", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "dflash_data.json").read_text())
+    assert res["builds"]["1"]["kept"] == 64 and res["reader_rank0"]["hit"] and res["reader_all"]["samples_read"] == 64
+    assert res["reader_rank0"]["samples_read"] == res["reader_rank0"]["batches"] * 4 < 64  # its share only
+
+
+def test_ranks_starting_together_build_once(tiny_target, tmp_path):
+    import threading
+
+    path = write_word_chats(tmp_path / "d.jsonl", n=12)
+    cfg, root = _cfg(path), tmp_path / "c"
+    start = threading.Barrier(2)
+    got: list = [None, None]
+
+    def rank(i: int) -> None:
+        start.wait()
+        got[i] = datacache.prepare(cfg, tiny_target.tokenizer, BS, root=root)
+
+    before = datacache.BUILDS["count"]
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert datacache.BUILDS["count"] == before + 1  # the file lock: one built, the other read its result
+    assert sorted(p.hit for p in got) == [False, True] and got[0].cache_dir == got[1].cache_dir
