@@ -231,6 +231,7 @@ def open_cache(directory: str | Path, key: str | None = None) -> tuple[dict[str,
                 raise CorruptCache(f"{INDEX} points outside the shard files")
         if int(idx[:, 2].sum()) != int(man["stats"]["tokens"]):
             raise CorruptCache(f"{INDEX} holds {int(idx[:, 2].sum())} tokens, the manifest says {man['stats']['tokens']}")
+        stats_from(man)  # the stats a start reports must load too
     except (KeyError, TypeError, ValueError) as e:
         raise CorruptCache(f"{MANIFEST} is missing or has a bad field ({type(e).__name__}: {e})") from None
     return man, samples
@@ -239,7 +240,7 @@ def open_cache(directory: str | Path, key: str | None = None) -> tuple[dict[str,
 def stats_from(man: dict[str, Any]) -> DataStats:
     try:
         return DataStats(**man["stats"])
-    except TypeError as e:
+    except TypeError as e:  # unknown or missing fields
         raise CorruptCache(f"{MANIFEST} stats: {e}") from None
 
 

@@ -159,6 +159,10 @@ def test_prepare_then_train_starts_from_the_cache(tmp_path, local_target_dir):
     run = invoke_json(app, ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--max-steps", "1", *args,
                             *COMMON, "--set", f"data.cache_dir={cache}"])
     assert f"data cache hit: {p['cache_dir']}" in run["notes"]
+    with open(f"{p['cache_dir']}/shard-00000.tokens", "r+b") as fh:  # a damaged cache: rebuilt, with a note
+        fh.truncate(4)
+    fixed = invoke_json(app, ["prepare", str(data), "--out", str(cache), *args])
+    assert not fixed["hit"] and "moved to" in fixed["notes"][0] and fixed["tokens"] == p["tokens"]
 
 
 def test_prepare_bad_input_exits_2(tmp_path):

@@ -142,7 +142,7 @@ def test_a_torn_build_is_never_used(tiny_target, tmp_path, monkeypatch):
     assert len(list(root.glob(f"{good.key}.corrupt-*"))) == 1  # moved aside, not deleted
 
 
-@pytest.mark.parametrize("damage", ["manifest", "shard", "index", "bounds"])
+@pytest.mark.parametrize("damage", ["manifest", "fields", "shard", "index", "bounds"])
 def test_corrupted_cache_files_are_rebuilt_not_a_traceback(damage, tiny_target, tmp_path):
     path = write_word_chats(tmp_path / "d.jsonl", n=12)
     cfg, tok, root = _cfg(path), tiny_target.tokenizer, tmp_path / "c"
@@ -152,6 +152,11 @@ def test_corrupted_cache_files_are_rebuilt_not_a_traceback(damage, tiny_target, 
     del good
     if damage == "manifest":
         (d / datacache.MANIFEST).write_text("{half a manif")
+    elif damage == "fields":
+        man = json.loads((d / datacache.MANIFEST).read_text())
+        man["stats"]["surprise"] = 1
+        del man["shards"][0]["mask"]
+        (d / datacache.MANIFEST).write_text(json.dumps(man))
     elif damage == "shard":
         with open(d / "shard-00000.tokens", "r+b") as fh:
             fh.truncate(8)
