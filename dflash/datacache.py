@@ -51,7 +51,6 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from compilewatch.errors import BadInput
 from dflash.config import EMBEDDED_DATA, DataConfig
 from dflash.data import (DataStats, Sample, check_usable, hold_out_eval, load_conversations, stats_with_warnings,
                          tokenize_record)
