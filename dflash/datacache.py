@@ -55,7 +55,7 @@ from dflash.config import EMBEDDED_DATA, DataConfig
 from dflash.data import (DataStats, Sample, check_usable, hold_out_eval, load_conversations, stats_with_warnings,
                          tokenize_record)
 
-DATA_VERSION = 1  # bump when dflash/data.py or dflash/chat_mask.py change which tokens or masks come out
+DATA_VERSION = 1  # bump when dflash/data.py or dflash/chat_mask.py change which records, tokens, masks or stats come out
 FORMAT = "dflash-data-cache"
 MANIFEST = "manifest.json"
 INDEX = "index.npy"
