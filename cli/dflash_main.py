@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 import dflash
-from cli import dflash_eval, dflash_regen, dflash_train
+from cli import dflash_eval, dflash_prepare, dflash_regen, dflash_train
 from cli.app import make_app
 
 app = make_app("dflash", "Train DFlash block-diffusion drafters, safe with threads and torch.compile.")
@@ -31,6 +31,7 @@ def root(
 app.command("train")(dflash_train.train_cmd)
 app.command("eval")(dflash_eval.eval_cmd)
 app.command("regen")(dflash_regen.regen_cmd)
+app.command("prepare")(dflash_prepare.prepare_cmd)
 
 
 def main() -> None:

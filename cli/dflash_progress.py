@@ -31,12 +31,20 @@ class TrainProgress:
             detail = {"target": f"loading target {data.get('source')}",
                       "regenerate": f"regenerating {data.get('conversations')} answers with the target",
                       "data": f"tokenizing {data.get('conversations')} conversations",
+                      "data-cache": f"tokenized data {'from the cache' if data.get('hit') else 'cached'}: "
+                                    f"{data.get('dir')}",
                       "eval": f"speculative decoding on {data.get('prompts')} prompts"}.get(name, name)
             p.print(f"[dim]·[/] {detail}")
-            if name in ("regenerate", "eval"):
-                self.sub = p.add(name)
-        elif kind in ("regen", "eval") and self.sub is not None:
-            p.update(self.sub, completed=data["done"], total=data["total"])
+            if name in ("regenerate", "eval", "data"):
+                if self.sub is not None:
+                    p.remove(self.sub)
+                self.sub = p.add("tokenize" if name == "data" else name)
+            elif name == "data-cache" and self.sub is not None:
+                p.remove(self.sub)
+                self.sub = None
+        elif kind in ("regen", "eval", "tokenize") and self.sub is not None:
+            info = f"{data['workers']} worker(s)" if "workers" in data else None
+            p.update(self.sub, completed=data["done"], total=data["total"], info=info)
         elif kind == "start":
             if self.sub is not None:
                 p.remove(self.sub)

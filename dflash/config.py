@@ -103,6 +103,12 @@ class DataConfig:
     strict: bool = False
     """Any skipped record (unreadable line, no assistant turn, refused by the chat template, no anchor
     position) is bad input (exit 2) instead of a counted skip."""
+    cache_dir: str | None = None
+    """Where tokenized data is cached (memory-mapped, keyed by data, tokenizer, template, max length
+    and code version; dflash/datacache.py): None = $DFLASH_DATA_CACHE, else ~/.cache/dflash/data
+    (shared by runs and resumes); "off" = tokenize in memory at every start."""
+    workers: int | None = None
+    """Processes that tokenize when the cache is built; None = one per CPU core (small data: none)."""
 
     def __post_init__(self) -> None:
         _need(bool(self.path), "data.path", "must be a JSONL file or embedded:tiny-chat")
@@ -110,6 +116,8 @@ class DataConfig:
         _need(self.num_anchors >= 1, "data.num_anchors", "must be >= 1")
         _need(self.batch_size >= 1, "data.batch_size", "must be >= 1")
         _need(self.regen_max_new_tokens >= 1, "data.regen_max_new_tokens", "must be >= 1")
+        _need(self.workers is None or self.workers >= 1, "data.workers", "must be >= 1 or none")
+        _need(self.cache_dir is None or bool(self.cache_dir), "data.cache_dir", 'must be a directory, "off" or none')
         _need(all(b >= 1 for b in self.buckets) and list(self.buckets) == sorted(set(self.buckets)),
               "data.buckets", "must be increasing positive lengths")
 

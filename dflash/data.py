@@ -8,6 +8,11 @@ to `max_length`. Every record that is not trained on (an unreadable line, no ass
 conversation the template refuses, no anchor position left) is counted by reason in `DataStats`,
 with its first examples; `data.strict` turns any of them into bad input.
 
+`tokenize_record` is the one tokenizing step: the in-memory path (`build_dataset`, `data.cache_dir =
+"off"`) and the memory-mapped cache (dflash/datacache.py, built in worker processes) both call it,
+and `ChatDataset` batches either (it needs the sequences' lengths for the plan and reads only the
+samples of each batch it makes).
+
 Anchors: every epoch, each sequence gets `num_anchors` positions sampled without replacement from its
 loss-masked positions in [0, S-B] (fewer if it has fewer; the rest are padding marked invalid). The
 sampling generator is seeded by (seed, epoch, sample index), so epochs, batches and a resumed run all
@@ -23,8 +28,9 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
+import numpy as np
 import torch
 
 from compilewatch.errors import BadInput
@@ -65,6 +71,19 @@ class DataStats:
     @property
     def skipped(self) -> int:
         return sum(self.dropped.values())
+
+    def merge(self, other: DataStats) -> None:
+        """Add `other`'s counts (a later shard of the same records): equal to counting both in order."""
+        self.records += other.records
+        self.kept += other.kept
+        self.truncated += other.truncated
+        self.tokens += other.tokens
+        self.loss_tokens += other.loss_tokens
+        for reason, n in other.dropped.items():
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
+            shown = self.examples.setdefault(reason, [])
+            shown += other.examples.get(reason, [])[: EXAMPLES_PER_REASON - len(shown)]
+        self.warnings += other.warnings
 
     def summary(self) -> str:
         """'N skipped (reason: n, ...)' for messages; '' when nothing was skipped."""
@@ -147,6 +166,15 @@ EMBEDDED_TRAIN = 384  # conversations in the embedded training set
 EMBEDDED_EVAL_SEED = 99991  # held-out embedded prompts come from another seed
 
 
+def hold_out_eval(cfg: DataConfig, convs: list, n_eval: int) -> tuple[list, list]:
+    """(training conversations, eval prompts): the eval prompts come from the last records, which are
+    held out of training when the dataset has more than twice as many."""
+    eval_convs = eval_prompts(cfg, n_eval) if n_eval else []
+    if eval_convs and cfg.path != EMBEDDED_DATA and len(convs) > 2 * len(eval_convs):
+        convs = convs[: -len(eval_convs)]
+    return convs, eval_convs
+
+
 def load_conversations(cfg: DataConfig) -> tuple[list[list[dict[str, str]]], list[str]]:
     if cfg.path == EMBEDDED_DATA:
         return embedded_prompts(EMBEDDED_TRAIN, seed=7), []
@@ -180,29 +208,39 @@ def render_ids(tokenizer, messages: list[dict[str, str]], add_generation_prompt:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def tokenize_record(tokenizer, conv: list[dict[str, str]], n: int, max_length: int, block_size: int,
+                    stats: DataStats) -> tuple[list[int], list[int]] | None:
+    """Record number `n` (1-based) -> (ids, loss mask), truncated to `max_length`; None when it is
+    skipped (counted in `stats` by reason). The one tokenizing step of the in-memory path and of the
+    cache builder (dflash.datacache), so both give the same tokens and masks."""
+    stats.records += 1
+    if not any(m["role"] == "assistant" for m in conv):
+        stats.drop("no assistant turn", _example(n, conv))
+        return None
+    try:
+        ids, mask = tokenize_conversation(tokenizer, conv)
+    except ChatMaskError as e:
+        stats.drop(e.reason, _example(n, conv, str(e)))
+        return None
+    if len(ids) > max_length:
+        ids, mask = ids[:max_length], mask[:max_length]
+        stats.truncated += 1
+    if len(ids) < block_size or not any(mask[: len(ids) - block_size + 1]):
+        stats.drop(NO_ANCHOR, _example(n, conv, f"{len(ids)} tokens"))
+        return None
+    stats.kept += 1
+    stats.tokens += len(ids)
+    stats.loss_tokens += sum(mask)
+    return ids, mask
+
+
 def tokenize_all(tokenizer, convs: Iterable[list[dict[str, str]]], cfg: DataConfig, block_size: int,
                  stats: DataStats) -> list[Sample]:
     samples = []
     for n, conv in enumerate(convs, 1):
-        stats.records += 1
-        if not any(m["role"] == "assistant" for m in conv):
-            stats.drop("no assistant turn", _example(n, conv))
-            continue
-        try:
-            ids, mask = tokenize_conversation(tokenizer, conv)
-        except ChatMaskError as e:
-            stats.drop(e.reason, _example(n, conv, str(e)))
-            continue
-        if len(ids) > cfg.max_length:
-            ids, mask = ids[: cfg.max_length], mask[: cfg.max_length]
-            stats.truncated += 1
-        if len(ids) < block_size or not any(mask[: len(ids) - block_size + 1]):
-            stats.drop(NO_ANCHOR, _example(n, conv, f"{len(ids)} tokens"))
-            continue
-        samples.append(Sample(torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)))
-        stats.kept += 1
-        stats.tokens += len(ids)
-        stats.loss_tokens += sum(mask)
+        out = tokenize_record(tokenizer, conv, n, cfg.max_length, block_size, stats)
+        if out is not None:
+            samples.append(Sample(torch.tensor(out[0], dtype=torch.long), torch.tensor(out[1], dtype=torch.bool)))
     return samples
 
 
@@ -243,11 +281,19 @@ def bucket_length(n: int, buckets: tuple[int, ...]) -> int:
 
 
 class ChatDataset:
-    """Tokenized samples plus the per-epoch batch plan."""
+    """Tokenized samples plus the per-epoch batch plan. `samples` is a list of Samples (in memory) or
+    any sequence of them, e.g. dflash.datacache.MappedSamples over a memory-mapped cache: the plan
+    needs only `lengths`, and a batch reads only its own samples."""
 
-    def __init__(self, samples: list[Sample], cfg: DataConfig, block_size: int, seed: int, stats: DataStats) -> None:
+    def __init__(self, samples: Sequence[Sample], cfg: DataConfig, block_size: int, seed: int, stats: DataStats,
+                 lengths: Sequence[int] | None = None) -> None:
         self.samples, self.cfg, self.block_size, self.seed, self.stats = samples, cfg, block_size, seed, stats
         self.buckets = cfg.bucket_lengths()
+        if lengths is None:
+            lengths = getattr(samples, "lengths", None)
+        if lengths is None:
+            lengths = [s.input_ids.numel() for s in samples]
+        self.lengths = np.asarray(lengths, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -263,8 +309,10 @@ class ChatDataset:
         bs = self.cfg.batch_size
         window = bs * SORT_WINDOW
         batches = []
+        order_a = np.asarray(order, dtype=np.int64)
         for w in range(0, len(order), window):
-            chunk = sorted(order[w: w + window], key=lambda i: -self.samples[i].input_ids.numel())
+            chunk = order_a[w: w + window]
+            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")].tolist()  # longest first, stable
             batches += [chunk[i: i + bs] for i in range(0, len(chunk), bs)]
         if len(self.samples) >= bs:
             batches = [b for b in batches if len(b) == bs]
@@ -293,19 +341,31 @@ def build_dataset(convs: list[list[dict[str, str]]], tokenizer, cfg: DataConfig,
                   warnings: list[str] | None = None) -> ChatDataset:
     """Tokenize conversations; BadInput when nothing usable is left, or when `cfg.strict` and any record
     was skipped (no checkpoint is written then). `warnings`: the lines read_jsonl skipped."""
+    stats = stats_with_warnings(warnings)
+    samples = tokenize_all(tokenizer, convs, cfg, block_size, stats)
+    check_usable(stats, cfg)
+    return ChatDataset(samples, cfg, block_size, seed, stats)
+
+
+def stats_with_warnings(warnings: list[str] | None) -> DataStats:
+    """Fresh stats that already count the lines read_jsonl skipped."""
     stats = DataStats(warnings=list(warnings or []))
     for w in stats.warnings:
         stats.drop(UNREADABLE, w)
-    samples = tokenize_all(tokenizer, convs, cfg, block_size, stats)
+    return stats
+
+
+def check_usable(stats: DataStats, cfg: DataConfig) -> None:
+    """BadInput when nothing usable is left, or when `cfg.strict` and any record was skipped (the same
+    check for freshly tokenized and cached data)."""
     if cfg.strict and stats.dropped:
         shown = "; ".join(f"{k}: {v} (e.g. {stats.examples[k][0]})" if stats.examples.get(k) else f"{k}: {v}"
                           for k, v in stats.dropped.items())
         raise BadInput(f"data.strict: {stats.skipped} of {stats.records + len(stats.warnings)} records would be "
                        f"skipped: {shown}", hint="fix or remove those records, or train without --strict")
-    if not samples and cfg.path == EMBEDDED_DATA and not cfg.regenerate:
+    if not stats.kept and cfg.path == EMBEDDED_DATA and not cfg.regenerate:
         raise BadInput(f"{EMBEDDED_DATA} holds prompts only", hint="set data.regenerate=true so the target answers them")
-    if not samples:
+    if not stats.kept:
         why = stats.summary() or "no records"
         raise BadInput(f"the dataset {cfg.path!r} has no usable conversation ({stats.records} read; {why})",
                        hint="each line needs an assistant turn of at least drafter.block_size tokens")
-    return ChatDataset(samples, cfg, block_size, seed, stats)

@@ -154,15 +154,19 @@ def build_tiny_target():
 
 
 # ---------------------------------------------------------------- loading
-def _load_dir(path: Path, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _check_dir(path: Path) -> None:
     if not path.is_dir():
         raise BadInput(f"target directory {str(path)!r} does not exist",
                        hint="pass a local Hugging Face model directory (target.path); nothing is downloaded")
     if not (path / "config.json").is_file():
         raise BadInput(f"{str(path)!r} has no config.json: not a Hugging Face model directory",
                        hint="point target.path at the folder holding config.json, tokenizer and weights")
+
+
+def _load_dir(path: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _check_dir(path)
     try:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
@@ -171,14 +175,45 @@ def _load_dir(path: Path, dtype: torch.dtype):
     return model, tok
 
 
-def ensure_mask_token(model: nn.Module, tokenizer, mask_token: str) -> tuple[int, list[str]]:
-    """The mask token's id, adding the token (and embedding rows if needed) when missing."""
+def _check_template(tok, source: str) -> None:
+    if getattr(tok, "chat_template", None) is None:
+        raise BadInput(f"the target tokenizer at {source!r} has no chat template",
+                       hint="DFlash data is rendered through the target's chat template; add one to tokenizer_config.json")
+
+
+def load_tokenizer(cfg: TargetConfig):
+    """The target's tokenizer alone (no weights), with the mask token added exactly as load_target
+    adds it: what `dflash prepare` tokenizes with, so its cache key matches the trainer's."""
+    if cfg.path == EMBEDDED_TARGET:
+        tok = build_tiny_tokenizer()
+    elif cfg.path.startswith("embedded:"):
+        raise BadInput(f"unknown embedded target {cfg.path!r}", hint=f"the embedded target is {EMBEDDED_TARGET}")
+    else:
+        from transformers import AutoTokenizer
+
+        path = Path(cfg.path).expanduser()
+        _check_dir(path)
+        try:
+            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise BadInput(f"could not load the target's tokenizer from {str(path)!r}: {e}") from None
+    _check_template(tok, cfg.path)
+    add_mask_token(tok, cfg.mask_token)
+    return tok
+
+
+def add_mask_token(tokenizer, mask_token: str) -> tuple[int, list[str]]:
+    """The mask token's id, adding it to the tokenizer when missing (the tokenizer alone)."""
     notes: list[str] = []
-    vocab = tokenizer.get_vocab()
-    if mask_token not in vocab:
+    if mask_token not in tokenizer.get_vocab():
         tokenizer.add_tokens([mask_token], special_tokens=True)
         notes.append(f"added {mask_token} to the tokenizer (id {tokenizer.convert_tokens_to_ids(mask_token)})")
-    mid = int(tokenizer.convert_tokens_to_ids(mask_token))
+    return int(tokenizer.convert_tokens_to_ids(mask_token)), notes
+
+
+def ensure_mask_token(model: nn.Module, tokenizer, mask_token: str) -> tuple[int, list[str]]:
+    """The mask token's id, adding the token (and embedding rows if needed) when missing."""
+    mid, notes = add_mask_token(tokenizer, mask_token)
     rows = model.get_input_embeddings().weight.shape[0]
     if mid >= rows:
         model.resize_token_embeddings(len(tokenizer))
@@ -217,9 +252,7 @@ def load_target(cfg: TargetConfig, num_draft_layers: int, device: torch.device,
         raise BadInput(f"unknown embedded target {cfg.path!r}", hint=f"the embedded target is {EMBEDDED_TARGET}")
     else:
         model, tok = _load_dir(Path(cfg.path).expanduser(), dtype)
-    if getattr(tok, "chat_template", None) is None:
-        raise BadInput(f"the target tokenizer at {cfg.path!r} has no chat template",
-                       hint="DFlash data is rendered through the target's chat template; add one to tokenizer_config.json")
+    _check_template(tok, cfg.path)
     layer_ids = choose_taps(cfg.layer_ids, int(model.config.num_hidden_layers), num_draft_layers)
     mask_id, notes = ensure_mask_token(model, tok, cfg.mask_token)
     model.requires_grad_(False)

@@ -1,7 +1,7 @@
 """Fixtures that pin the environment for every test (STYLE.md §12-13).
 
 - NO_COLOR / COLUMNS fixed, so rendered output does not depend on the terminal.
-- TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and COMPILEWATCH_STATE_DIR point into tmp_path: tests never
+- TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, COMPILEWATCH_STATE_DIR and DFLASH_DATA_CACHE point into tmp_path: tests never
   touch a user's cache.
 - Environment variables a test leaks fail that test.
 - GPU tests: `@requires_cuda(...)` (tests/helpers.py) skips with the reason; `-m gpu` runs only them.
@@ -28,6 +28,7 @@ def _pinned_env(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     monkeypatch.setenv("COMPILEWATCH_STATE_DIR", str(tmp_path / "compilewatch-state"))  # the triton key memo
+    monkeypatch.setenv("DFLASH_DATA_CACHE", str(tmp_path / "dflash-data-cache"))  # tokenized data (dflash.datacache)
     yield
     monkeypatch.undo()
     after = dict(os.environ)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cli.dflash_main import app
-from tests.dflash_helpers import chat_file, local_target_dir, tiny_target, write_jsonl  # noqa: F401 (fixtures)
+from tests.dflash_helpers import chat_file, local_target_dir, tiny_target, write_jsonl, write_word_chats  # noqa: F401 (fixtures)
 from tests.helpers import invoke, invoke_json
 
 COMMON = ["--set", "data.regenerate=false", "--set", "metrics.tensorboard=false", "--set", "checkpoint.every=100",
@@ -22,7 +22,7 @@ EVAL_KEYS = {"prompts", "rounds", "tau", "max_tau", "acceptance_histogram", "gen
 
 def test_command_list_is_frozen():
     names = {c.name or c.callback.__name__ for c in app.registered_commands}
-    assert names == {"train", "eval", "regen"}
+    assert names == {"train", "eval", "regen", "prepare"}
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +136,37 @@ def test_qwen3_8b_dry_run_on_the_meta_device(tmp_path):
     assert data["taps_shape"] == [1, 3072, 5 * h] and data["hidden_shape"] == [1, 512 * 16, h]
     assert data["export_config"]["dflash_config"]["target_layer_ids"] == [1, 9, 17, 25, 33]
     assert data["notes"] == [] and not (tmp_path / "run").exists()
+
+
+PREPARE_KEYS = {"cache_dir", "key", "hit", "seconds", "workers", "shards", "bytes", "records", "kept", "truncated",
+                "skipped", "skipped_by_reason", "examples", "tokens", "loss_tokens", "max_length", "block_size",
+                "eval_held_out", "notes", "train_with"}
+
+
+def test_prepare_then_train_starts_from_the_cache(tmp_path, local_target_dir):
+    data = write_word_chats(tmp_path / "d.jsonl", n=30)
+    with open(data, "a") as fh:
+        fh.write('{"messages": [{"role": "user", "content": "ba"}]}\n')
+    cache = tmp_path / "cache"
+    args = ["--target", str(local_target_dir), "--set", "data.max_length=40", "--set", "eval.at_end=false"]
+    p = invoke_json(app, ["prepare", str(data), "--out", str(cache), *args])
+    assert set(p) == PREPARE_KEYS and not p["hit"] and p["kept"] == 30 and p["records"] == 31
+    assert p["skipped_by_reason"] == {"no assistant turn": 1} and p["examples"]["no assistant turn"] == ["record 31 ('ba')"]
+    assert p["truncated"] > 0 and p["cache_dir"].startswith(str(cache))
+    again = invoke_json(app, ["prepare", str(data), "--out", str(cache), *args])
+    assert again["hit"] and {k: v for k, v in again.items() if k not in ("hit", "seconds", "workers")} == \
+        {k: v for k, v in p.items() if k not in ("hit", "seconds", "workers")}
+    run = invoke_json(app, ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--max-steps", "1", *args,
+                            *COMMON, "--set", f"data.cache_dir={cache}"])
+    assert f"data cache hit: {p['cache_dir']}" in run["notes"]
+    with open(f"{p['cache_dir']}/shard-00000.tokens", "r+b") as fh:  # a damaged cache: rebuilt, with a note
+        fh.truncate(4)
+    fixed = invoke_json(app, ["prepare", str(data), "--out", str(cache), *args])
+    assert not fixed["hit"] and "moved to" in fixed["notes"][0] and fixed["tokens"] == p["tokens"]
+
+
+def test_prepare_bad_input_exits_2(tmp_path):
+    r = invoke(app, ["prepare", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "c")])
+    assert r.exit_code == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+    r = invoke(app, ["prepare", str(tmp_path / "x.jsonl"), "--target", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "does not exist" in r.stderr

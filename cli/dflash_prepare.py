@@ -1,0 +1,82 @@
+"""`dflash prepare DATA --target DIR`: tokenize a chat dataset into the data cache ahead of training."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from cli import output
+from cli.options import JsonOpt
+from compilewatch.errors import BadInput
+from dflash.config import EMBEDDED_TARGET, build_config, parse_set
+
+
+def prepare_cmd(
+    data: Annotated[str, typer.Argument(help="Chat JSONL (messages or ShareGPT conversations), already regenerated.")],
+    target: Annotated[str, typer.Option("--target", help="Local HF target directory (its tokenizer and chat template).")] = EMBEDDED_TARGET,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Cache root (= data.cache_dir; default $DFLASH_DATA_CACHE or ~/.cache/dflash/data).")] = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1, help="Tokenizing processes (default: one per CPU core).")] = None,
+    recipe: Annotated[str, typer.Option("--recipe", help="The recipe you will train with (max length, block size).")] = "tiny",
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="The TOML config you will train with.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="The overrides you will train with (repeatable).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tokenize DATA once into memory-mapped shards (parallel over CPU cores), keyed by the data, the
+    target's tokenizer and chat template, max length and block size; `dflash train` with the same
+    data, target and config then starts from it. Give the recipe/config/--set you will train with:
+    they decide the max length, block size and held-out eval prompts.
+
+    Examples:
+      dflash prepare data/regen.jsonl --target /models/Qwen3-8B --recipe qwen3_8b
+      dflash prepare data/regen.jsonl --target /models/Qwen3-8B --recipe qwen3_8b \\
+        --out /shared/dflash-data --workers 16
+    """
+    from cli.dflash_progress import TrainProgress
+    from dflash.datacache import prepare
+    from dflash.target import load_tokenizer
+
+    try:
+        overrides = parse_set(set_ or [])
+        overrides.update({"data.path": data, "target.path": target, "data.regenerate": False})
+        if out is not None:
+            overrides["data.cache_dir"] = out
+        cfg = build_config(recipe, config, overrides)
+    except ValueError as e:
+        raise BadInput(f"bad config: {e}", hint="see `dflash train --print-config` for every field") from None
+    if cfg.data.cache_dir == "off":
+        raise BadInput("data.cache_dir is off: there is nothing to prepare", hint="drop --set data.cache_dir=off")
+    tokenizer = load_tokenizer(cfg.target)
+    n_eval = cfg.eval.num_prompts if cfg.eval.at_end else 0
+    with TrainProgress() as progress:
+        p = prepare(cfg.data, tokenizer, cfg.drafter.block_size, n_eval=n_eval, workers=workers, on_event=progress)
+    s = p.stats
+    result: dict[str, Any] = {
+        "cache_dir": p.cache_dir, "key": p.key, "hit": p.hit, "seconds": round(p.seconds, 3), "workers": p.workers,
+        "shards": p.shards, "bytes": p.bytes, "records": s.records + len(s.warnings), "kept": s.kept,
+        "truncated": s.truncated, "skipped": s.skipped, "skipped_by_reason": dict(s.dropped),
+        "examples": {k: list(v) for k, v in s.examples.items()}, "tokens": s.tokens, "loss_tokens": s.loss_tokens,
+        "max_length": cfg.data.max_length, "block_size": cfg.drafter.block_size, "eval_held_out": n_eval,
+        "notes": p.notes,
+        "train_with": " ".join(["dflash train --data", data, "--target", target, "--recipe", recipe,
+                                *(["--config", config] if config else []), *(f"--set {x}" for x in set_ or []),
+                                "--set data.regenerate=false", *([f"--set data.cache_dir={out}"] if out else [])]),
+    }
+    output.emit(result, as_json, _render)
+
+
+def _render(r: dict[str, Any]) -> None:
+    o = output.out
+    for n in r["notes"]:
+        o.print(f"[dim]note:[/] {n}", highlight=False)
+    how = "already prepared (cache hit, nothing tokenized)" if r["hit"] else \
+        f"tokenized in {output.fmt_seconds(r['seconds'])} with {r['workers']} worker(s), {r['shards']} shard(s)"
+    o.print(f"{r['kept']:,} of {r['records']:,} conversations kept ({r['tokens']:,} tokens, {r['loss_tokens']:,} trained), "
+            f"{r['truncated']:,} truncated to {r['max_length']}, {r['skipped']:,} skipped: {how}", highlight=False)
+    for reason, n in r["skipped_by_reason"].items():
+        o.print(f"  {n:,} × {reason}", markup=False, highlight=False)
+        for ex in r["examples"].get(reason, []):
+            o.print(f"      e.g. {ex}", markup=False, highlight=False, style="dim")
+    o.print(f"cache: {r['cache_dir']} ({output.fmt_bytes(r['bytes'])}; block size {r['block_size']}, "
+            f"{r['eval_held_out']} eval prompts held out)", highlight=False)
+    o.print(f"train with the same config: {r['train_with']}", markup=False, highlight=False)
