@@ -101,7 +101,7 @@ def threads_step(a: argparse.Namespace, cache_dir: Path, warm: bool) -> dict:
 
 def child_threads(a: argparse.Namespace) -> None:
     """In the child: N workloads (own compiled wrapper each), optional prewarm, then N threads at once."""
-    from compilewatch import counters, stacks, torchinfo, warm
+    from compilewatch import counters, fxpatch, stacks, torchinfo, warm
     from compilewatch.probe import run_threads
     from compilewatch.targets import FlexAttentionWorkload, FlexShape
 
@@ -127,7 +127,7 @@ def child_threads(a: argparse.Namespace) -> None:
         torch.cuda.synchronize(dev)
     result["threads_wall_s"] = round(time.perf_counter() - t0, 3)
     hung = any(o.outcome == "hang" for o in outcomes)
-    result["fx_flag_stuck"] = torchinfo.fx_flag() and not hung
+    result["fx_flag_stuck"] = not hung and fxpatch.stuck_state().stuck
     result["frames_compiled_in_threads"] = counters.delta(before).frames_ok
     result["threads"] = [{"name": o.name, "outcome": o.outcome, "wall_s": o.wall_s,
                           "error": (o.error or "")[:600] or None} for o in outcomes]

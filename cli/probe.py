@@ -110,7 +110,7 @@ def _render_single(r: probe_lib.ProbeReport) -> None:
         o.print(f"  recompile: {escape(reason)}")
     for reason in c.graph_break_reasons:
         o.print(f"  graph break: {escape(reason)}")
-    o.print(f"_is_fx_tracing_flag after: {r.fx_flag_after}")
+    o.print(f"FX flag after: {r.fx_flag_after}; tracing state left set: {r.stuck_after}")
     for v in r.verdicts:
         o.print(f"[bold]→[/] {escape(v)}")
 
@@ -126,7 +126,7 @@ def _render_threads(r: probe_lib.ThreadsReport) -> None:
                       escape((t.error or "").splitlines()[0][:160]) if t.error else "")
     o.print(table)
     o.print(f"Tracer.trace entries: {r.traces} {r.traces_per_thread}; dynamo frames compiled: "
-            f"{r.counters.frames_total}; _is_fx_tracing_flag stuck: {r.fx_flag_stuck}")
+            f"{r.counters.frames_total}; tracing state stuck: {r.fx_flag_stuck}")
     if r.stacks:
         o.print("[bold]stacks of every thread at the timeout:[/]")
         for name, frames in r.stacks.items():

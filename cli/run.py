@@ -76,7 +76,8 @@ def run_cmd(
 
 def render_summary(s: WatchSummary, console) -> None:
     style = "green" if s.ok else "red"
-    console.print(f"[{style}][bold]{'ok' if s.ok else f'{s.problems} problem(s)'}[/][/]  "
+    head = "ok" if s.ok else f"{s.problems} problem(s)" if s.problems else "not fully watched"
+    console.print(f"[{style}][bold]{head}[/][/]  "
                   + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items()) if k not in ("start", "end")))
     if s.setter_threads:
         console.print(f"setter thread(s): {escape(', '.join(s.setter_threads))}")

@@ -124,6 +124,7 @@ class WatchSummary:
     verdicts: tuple[str, ...]
     advice: tuple[str, ...]
     first_problems: tuple[dict[str, Any], ...]  # the first few problem events, in full
+    unwatched: tuple[str, ...] = ()  # what a watcher could not install on its torch (never "ok" for that)
 
 
 def _first_line(text: str | None) -> str:
@@ -205,19 +206,23 @@ def summarize(events: Iterable[WatchEvent]) -> WatchSummary:
             for t in e.detail.get("threads_in_compile", []):
                 add(stalled, t)
     verdicts: list[str] = []
+    unwatched = tuple(dict.fromkeys(
+        f"not watched (pid {e.pid}, torch {e.detail.get('torch')}): {u.get('what')}: {u.get('why')}"
+        for e in events if e.kind == "start" for u in e.detail.get("unwatched") or ()))
+    verdicts.extend(unwatched)
     seen: set[str] = set()
     for e in problems:
         v = _verdict(e)
         if v not in seen:
             seen.add(v)
             verdicts.append(v)
-    if not problems:
+    if not problems and not unwatched:
         traces = counts.get("trace", 0)
         verdicts.append(f"no cross-thread problem seen ({traces} trace window(s), {counts.get('compile', 0)} compile(s) watched).")
     advice = tuple(dict.fromkeys(_ADVICE[e.kind] for e in problems if e.kind in _ADVICE))
     return WatchSummary(
-        schema_version=SCHEMA_VERSION, ok=not problems, counts=dict(counts), problems=len(problems),
+        schema_version=SCHEMA_VERSION, ok=not problems and not unwatched, counts=dict(counts), problems=len(problems),
         setter_threads=tuple(setters), victim_threads=tuple(victims), stalled_threads=tuple(stalled),
         pids=tuple(sorted({e.pid for e in events})), verdicts=tuple(verdicts[:20]), advice=advice,
-        first_problems=tuple(e.to_json() for e in problems[:10]),
+        first_problems=tuple(e.to_json() for e in problems[:10]), unwatched=unwatched,
     )

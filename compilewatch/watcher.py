@@ -9,7 +9,11 @@
 What it listens to (each through the one module that owns that patch point):
 - tracehooks: every `Tracer.trace` window (thread, tracer class, target, stack);
 - fxpatch: every read of the FX flag that finds it set, and every module call a thread makes through
-  another thread's class-level `nn.Module.__call__` patch;
+  another thread's class-level `nn.Module.__call__` patch. Where torch keeps the flag per thread
+  (2.15), a flag read can only see the reading thread's own trace, so no flag leak is reported there;
+  the class-level patch and CURRENT_PATCHER are still shared and still watched. On a torch whose
+  layout compilewatch.torchcompat does not recognise, fxpatch installs nothing: the `start` event
+  lists it under `unwatched` and the summary is not ok;
 - compile_events: dynamo compile windows (for stalls and compiles after `mark_warm()`);
 - a watchdog thread that wakes every `min(0.5, stall_after / 4)` s: a compile or trace open longer
   than `stall_after` is reported with every thread's stack; stuck tracing state is checked too.
@@ -29,7 +33,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterator
 
-from compilewatch import fxpatch, stacks, tracehooks
+from compilewatch import fxpatch, stacks, torchcompat, tracehooks
 from compilewatch.compile_events import CompileRecorder, CompileWindow
 from compilewatch.stacks import Frame
 from compilewatch.watch_events import EventLog, WatchEvent, WatchSummary, summarize
@@ -101,6 +105,8 @@ class Watcher:
         self._stuck_ticks = 0
         self._recent: deque[tracehooks.TraceWindow] = deque(maxlen=16)
         self.repeats: dict[tuple, int] = {}
+        self._fx_observed = False  # fxpatch installed (flag reads, module calls, stuck state watched)
+        self._flag_per_thread = False
 
     # --- lifecycle ---------------------------------------------------------------------------
     def install(self) -> "Watcher":
@@ -108,11 +114,21 @@ class Watcher:
             return self
         import torch
 
+        from compilewatch.errors import CompilewatchError
+
+        unwatched = []
+        try:  # all or nothing: a failed install leaves nothing patched
+            fxpatch.add_observer(self)
+            self._fx_observed = True
+            self._flag_per_thread = torchcompat.fx_flag_layout().per_thread
+        except CompilewatchError as e:
+            unwatched.append({"what": "FX flag reads, module calls through another thread's nn.Module patch, stuck "
+                                      "tracing state", "why": e.message})
         self._emit("start", {"argv": list(sys.argv), "torch": torch.__version__, "python": sys.version.split()[0],
                              "stall_after_s": self.stall_after, "repair": self.repair_stuck,
-                             "thread_local_flag": fxpatch.thread_local_enabled()})
+                             "thread_local_flag": fxpatch.thread_local_enabled(),
+                             "fx_flag": torchcompat.fx_flag_layout().kind, "unwatched": unwatched})
         tracehooks.subscribe(self)
-        fxpatch.add_observer(self)
         self._compiles.listeners.append(self)
         from compilewatch.importhook import after_import
 
@@ -141,7 +157,9 @@ class Watcher:
                 self._dog.join(timeout=5)
             self._check_stuck("close")
             tracehooks.unsubscribe(self)
-            fxpatch.remove_observer(self)
+            if self._fx_observed:
+                fxpatch.remove_observer(self)
+                self._fx_observed = False
             from compilewatch.importhook import cancel
 
             cancel("torch._dynamo", self._install_compile_callbacks)
@@ -266,7 +284,8 @@ class Watcher:
             return
         me = threading.get_ident()
         call = _compiled_call_name(read.caller)
-        setters = [] if read.thread_is_tracing else self._setters(exclude_thread=me)
+        # a per-thread flag read True outside a trace was set by this thread, never by another's trace
+        setters = [] if read.thread_is_tracing or self._flag_per_thread else self._setters(exclude_thread=me)
         if read.thread_is_tracing:
             if call is not None and read.effective and self._fallback_configured():
                 if self._first(("eager_fallback", me, call)):
@@ -332,7 +351,7 @@ class Watcher:
 
     # --- checks ---------------------------------------------------------------------------------
     def _check_stuck(self, seen_at: str) -> bool:
-        if fxpatch.thread_local_enabled() or tracehooks.active_windows():
+        if not self._fx_observed or fxpatch.thread_local_enabled() or tracehooks.active_windows():
             return False
         state = fxpatch.stuck_state()
         if not state.stuck:
@@ -386,7 +405,7 @@ class Watcher:
                                  "stall_after_s": self.stall_after, "threads_in_compile": in_compile,
                                  "stacks": {k: [str(f) for f in v] for k, v in all_stacks.items()}},
                        thread=thread or _NamedThread(tname, tid))
-        if tracehooks.active_windows():
+        if not self._fx_observed or tracehooks.active_windows():
             self._stuck_ticks = 0
         elif fxpatch.stuck_state().stuck:
             self._stuck_ticks += 1
