@@ -83,7 +83,8 @@ def test_gpu_imbalance_is_a_problem(monkeypatch):
 def test_verdicts_say_what_this_torch_fixed_and_what_not(layout, monkeypatch):
     """doctor's race verdicts follow the probed layout (simulated here, so both columns are checked on any torch)."""
     monkeypatch.setattr(torchcompat, "fx_flag_layout", lambda: torchcompat.FlagLayout(layout, "simulated"))
-    verdicts = doctor._verdicts(doctor.env_facts(), doctor.cache_status(), doctor.gpu_summary(), doctor.fx_facts(),
+    fx = doctor.FxFacts(layout == "global", False, True, False, layout=layout, race=torchcompat.race_facts())
+    verdicts = doctor._verdicts(doctor.env_facts(), doctor.cache_status(), doctor.gpu_summary(), fx,
                                 doctor.dynamo_limits())
     fx = {(v.level, v.message.split(": ", 1)[1]) for v in verdicts if v.topic == "fx-flag"}
     flag = ("ok", torchcompat.FLAG_FIXED) if layout == "thread_local" else ("warn", torchcompat.FLAG_NOT_FIXED)
