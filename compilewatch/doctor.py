@@ -70,11 +70,11 @@ class CacheStatus:
 
 @dataclass(frozen=True, slots=True)
 class FxFacts:
-    global_flag: bool  # torch keeps the FX tracing flag as a plain module global (up to 2.14)
+    global_flag: bool  # torch keeps the FX tracing flag as a plain module global (up to 2.13)
     flag_now: bool | None  # its value now, in this thread (True outside any trace = stuck; None: unknown layout)
     error_on_nested_fx_trace: bool | None
     force_compile_during_fx_trace: bool | None
-    layout: str = "unknown"  # "global", "thread_local" (torch 2.15) or "unknown"
+    layout: str = "unknown"  # "global", "thread_local" (torch 2.14+) or "unknown"
     stuck: bool = False  # the flag, nn.Module.__call__/__getattr__ or CURRENT_PATCHER left set now
     race: torchcompat.RaceFacts | None = None  # what this torch fixed upstream and what it did not
 

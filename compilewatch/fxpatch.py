@@ -3,12 +3,12 @@
 `torch.fx._symbolic_trace` keeps tracing state that other threads see (FACTS.md §1; how each torch
 keeps it is probed in compilewatch.torchcompat, the only module that knows the layouts):
 - the FX tracing flag, read through `is_fx_symbolic_tracing()` / `is_fx_tracing()`: a module global
-  up to torch 2.14, per thread from 2.15 (dynamo's `compile_wrapper` binds `is_fx_symbolic_tracing`
+  up to torch 2.13, per thread from 2.14 (dynamo's `compile_wrapper` binds `is_fx_symbolic_tracing`
   when `torch.compile(fn)` runs, so rebinding the module attribute would miss every function compiled
   before us: we swap the two functions' `__code__` for torchcompat's template of this layout, which
   every existing reference sees);
 - the `_Patcher` that `Tracer.trace` uses to set `nn.Module.__call__` / `__getattr__` **on the
-  class**, plus `CURRENT_PATCHER`, a module global that two overlapping traces corrupt (2.15 too).
+  class**, plus `CURRENT_PATCHER`, a module global that two overlapping traces corrupt (2.14 and 2.15 too).
 
 This module owns those patches (tracehooks owns `Tracer.trace`; nothing else patches these):
 
@@ -395,7 +395,7 @@ class StuckState:
 
 def stuck_state() -> StuckState:
     """What is set although no thread is inside Tracer.trace (only meaningful with no trace open).
-    A per-thread flag (torch 2.15) can only be read for the calling thread."""
+    A per-thread flag (torch 2.14+) can only be read for the calling thread."""
     import torch
 
     call = torch.nn.Module.__dict__["__call__"]

@@ -19,7 +19,7 @@ Three independent parts (FACTS.md §1 says why each is needed):
 - thread-local FX flag (`compilewatch.fxpatch`): the flag readers and the class-level
   `nn.Module.__call__` patch become per thread, so a make_fx / symbolic_trace in one thread cannot
   break compiled calls or module calls in another, and overlapping traces cannot leave state stuck.
-  It covers what the installed torch did not fix: torch 2.15 keeps the flag per thread itself, so
+  It covers what the installed torch did not fix: torch 2.14 and 2.15 keep the flag per thread themselves, so
   there only the class-level patch and CURRENT_PATCHER are made per thread (`support()` says which).
 
 What none of them changes: `torch.compiler.is_compiling()` stays a process global (2.11-2.15), and

@@ -5,8 +5,8 @@ torch's own functions and attributes, never by comparing version strings:
 
 | state | layouts seen | recognised by |
 |---|---|---|
-| FX tracing flag | `global`: module global `_is_fx_tracing_flag` (2.11-2.14); `thread_local`: `_is_fx_tracing_tls` read through `_get_is_fx_tracing` / `_set_is_fx_tracing` (2.15) | the attributes, and the names the readers' code uses |
-| `Tracer.trace`'s patcher | `_Patcher.patch_method` sets `nn.Module.__call__`/`__getattr__` on the class; `_new_patcher` keeps it in the module global `CURRENT_PATCHER` (every release so far, 2.15 included) | the helpers exist, and the names `Tracer.trace` / `_new_patcher` use |
+| FX tracing flag | `global`: module global `_is_fx_tracing_flag` (2.11-2.13); `thread_local`: `_is_fx_tracing_tls` read through `_get_is_fx_tracing` / `_set_is_fx_tracing` (2.14.1, 2.15) | the attributes, and the names the readers' code uses |
+| `Tracer.trace`'s patcher | `_Patcher.patch_method` sets `nn.Module.__call__`/`__getattr__` on the class; `_new_patcher` keeps it in the module global `CURRENT_PATCHER` (every release so far, 2.14 and 2.15 included) | the helpers exist, and the names `Tracer.trace` / `_new_patcher` use |
 | compiling flag | `torch.compiler._is_compiling_flag`, a process global (2.11-2.15); held for a whole dynamo compile session where `_compile_session_context` exists (2.13+) | the attribute, and the names `is_compiling` uses |
 | dynamo config | per thread (a ContextVar) since 2.12 | measured: a value set here, read from a new thread |
 

@@ -1,7 +1,7 @@
 """One patch point on `torch.fx.Tracer.trace`, shared by every instrument (probe, watcher).
 
-`Tracer.trace` is where the FX tracing flag is set and restored (a module global up to torch 2.14, per
-thread from 2.15: compilewatch.torchcompat reads it), and where `nn.Module.__call__` is patched on the
+`Tracer.trace` is where the FX tracing flag is set and restored (a module global up to torch 2.13, per
+thread from 2.14: compilewatch.torchcompat reads it), and where `nn.Module.__call__` is patched on the
 class for the duration of a trace (FACTS.md §1). make_fx's
 `PythonKeyTracer`, AOTAutograd and Inductor all trace through it: subclasses that override `trace`
 call `super().trace`, so patching the base class sees every trace window, with `type(self)` naming

@@ -10,7 +10,7 @@ What it listens to (each through the one module that owns that patch point):
 - tracehooks: every `Tracer.trace` window (thread, tracer class, target, stack);
 - fxpatch: every read of the FX flag that finds it set, and every module call a thread makes through
   another thread's class-level `nn.Module.__call__` patch. Where torch keeps the flag per thread
-  (2.15), a flag read can only see the reading thread's own trace, so no flag leak is reported there;
+  (2.14+), a flag read can only see the reading thread's own trace, so no flag leak is reported there;
   the class-level patch and CURRENT_PATCHER are still shared and still watched. On a torch whose
   layout compilewatch.torchcompat does not recognise, fxpatch installs nothing: the `start` event
   lists it under `unwatched` and the summary is not ok;

@@ -6,7 +6,7 @@ each thread raised (None: nothing). Shared by test_watch.py and test_guard.py.
 
 What a trial does depends on how the installed torch keeps the FX flag (compilewatch.torchcompat):
 tests of the module-global flag's leak are marked `needs_global_flag` and skip, with the reason, on a
-torch that keeps it per thread (2.15), where `needs_per_thread_flag` tests check that nothing leaks.
+torch that keeps it per thread (2.14+), where `needs_per_thread_flag` tests check that nothing leaks.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ GLOBAL_FLAG = FLAG.kind == "global"
 needs_global_flag = pytest.mark.skipif(
     not GLOBAL_FLAG, reason=f"needs torch's module-global FX flag (_is_fx_tracing_flag); this torch: {FLAG.why}")
 needs_per_thread_flag = pytest.mark.skipif(
-    not FLAG.per_thread, reason=f"needs a torch that keeps the FX flag per thread (2.15+); this torch: {FLAG.why}")
+    not FLAG.per_thread, reason=f"needs a torch that keeps the FX flag per thread (2.14+); this torch: {FLAG.why}")
 
 
 @dataclass

@@ -28,7 +28,7 @@ def test_clean_cache_is_ok(tmp_path):
 
 
 def test_torch_215_load_ok_markers_are_not_empty_entries(tmp_path):
-    """torch 2.15's cpu_vec_isa.py writes a zero-byte `<probe>.so.load_ok` on purpose once the probe .so
+    """torch 2.14/2.15's cpu_vec_isa.py writes a zero-byte `<probe>.so.load_ok` on purpose once the probe .so
     dlopen'ed; an empty .so is still an error."""
     root = make_cache(tmp_path / "c")
     so = next(root.glob("*/c02*.so"))

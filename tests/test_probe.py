@@ -136,7 +136,7 @@ def test_cross_thread_flag_leak_is_deterministic():
 
 @needs_per_thread_flag
 def test_per_thread_flag_a_foreign_trace_no_longer_breaks_compiled_calls():
-    """torch 2.15: the same setup as above, and the victim's compiled call succeeds every time."""
+    """torch 2.14+: the same setup as above, and the victim's compiled call succeeds every time."""
     compiled = torch.compile(lambda x: x + 1, backend="eager")
     compiled(torch.ones(2))
     inside, release = threading.Event(), threading.Event()

@@ -32,7 +32,7 @@ RACE = textwrap.dedent("""
         tracing.wait(30)
         try:
             try:
-                step(x)  # fails where torch keeps the FX flag module-global (up to 2.14)
+                step(x)  # fails where torch keeps the FX flag module-global (up to 2.13)
             except RuntimeError as e:
                 print("worker failed:", str(e)[:40])
             try:
@@ -70,7 +70,7 @@ def test_run_reports_setter_and_victim_threads_by_name(tmp_path):
     assert data["exit_code"] == 3 and len(data["processes"]) == 1
     kinds = [json.loads(line)["kind"] for line in report.read_text().splitlines()]
     assert kinds[0] == "start" and "module_call_leak" in kinds and kinds[-1] == "end"
-    assert ("flag_leak" in kinds) == GLOBAL_FLAG  # torch 2.15 keeps the flag per thread: no flag leak
+    assert ("flag_leak" in kinds) == GLOBAL_FLAG  # torch 2.14+ keeps the flag per thread: no flag leak
     trace = json.loads(timeline.read_text())
     assert validate(trace) == [] and data["timeline"] == str(timeline)
     tracks = {m["args"]["name"] for m in trace["traceEvents"] if m.get("name") == "thread_name"}

@@ -47,7 +47,7 @@ def test_flag_leak_is_reproduced_and_names_setter_and_victim(tmp_path, tracer):
 @needs_per_thread_flag
 @pytest.mark.parametrize("tracer", ["symbolic_trace", "make_fx"])
 def test_per_thread_flag_does_not_leak_and_nothing_is_reported(tracer):
-    """torch 2.15 fixed the flag leak upstream: the victim's compiled call runs, the watcher stays quiet."""
+    """torch 2.14+ fixed the flag leak upstream: the victim's compiled call runs, the watcher stays quiet."""
     with Watcher() as w:
         trial = leak_trial(lambda: step(X), tracer)
     assert trial.setter_error is None and trial.victim_error is None
@@ -72,7 +72,7 @@ def test_overlapping_traces_leave_stuck_state_which_is_reported_and_repaired():
         trial = overlap_trial()
     assert isinstance(trial.victim_error, AssertionError)  # CURRENT_PATCHER is None in finally block
     (ev,) = _kinds(w, "stuck_state")
-    # a per-thread flag (torch 2.15) is restored by each thread; the class-level patch is still left behind
+    # a per-thread flag (torch 2.14+) is restored by each thread; the class-level patch is still left behind
     assert ev.detail["flag"] == GLOBAL_FLAG and ev.detail["module_call_patched"] and ev.detail["repaired"]
     assert {r["thread"] for r in ev.detail["recent_windows"]} == {"setter", "victim"}
     assert not fxpatch.stuck_state().stuck

@@ -47,7 +47,7 @@ WARNING_KINDS = ("relocated", "stale-temp")
 STALE_TEMP_S = 3600
 _BINARY_EXTS = (".cubin", ".hsaco", ".spv", ".zebin")
 _ELF_MAGIC = b"\x7fELF"
-# zero-byte files torch writes on purpose: lock files, and (torch 2.15 cpu_vec_isa.py) `<isa probe>.so.load_ok`,
+# zero-byte files torch writes on purpose: lock files, and (torch 2.14/2.15 cpu_vec_isa.py) `<isa probe>.so.load_ok`,
 # "this .so was dlopen'ed once", next to the probe's .so in the codegen cache
 _EMPTY_BY_DESIGN = (".lock", ".so.load_ok")
 
