@@ -222,21 +222,28 @@ def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn
                            "will fail", "a crashed or overlapping trace left it set; restart the process"))
     race = fx.race
     warm_advice = ("compile every device one after another before starting threads: `compilewatch warm --devices ... "
-                   "-- python train.py` (or compilewatch.warm.prewarm in the trainer), or CompileGuard(thread_local=True)")
+                   "-- python train.py` (or compilewatch.warm.prewarm in the trainer)")
+    patch_advice = ("use compilewatch.CompileGuard() (its thread-local mode makes the patch and CURRENT_PATCHER per "
+                    "thread), and do not trace while other threads run modules: `compilewatch warm` before threads start")
+    held = torchcompat.compiling_flag_held_for_session()
     if race is not None:
         for fixed in race.fixed:
             out.append(Verdict("ok", "fx-flag", f"fixed in torch {env.torch}: {fixed}"))
         for still in race.not_fixed:
-            topic = "threads" if still.startswith("torch.compiler") else "fx-flag"
-            out.append(Verdict("info" if topic == "threads" else "warn", topic, f"not fixed in torch {env.torch}: {still}",
-                               None if topic == "threads" else warm_advice))
+            if still == torchcompat.COMPILING_NOT_FIXED:
+                if not held:  # else the "torch" verdict below says it, with what it means
+                    out.append(Verdict("info", "threads", f"not fixed in torch {env.torch}: {still}"))
+                continue
+            out.append(Verdict("warn", "fx-flag", f"not fixed in torch {env.torch}: {still}",
+                               warm_advice if still == torchcompat.FLAG_NOT_FIXED else patch_advice))
         for unknown in race.unknown:
             out.append(Verdict("warn", "fx-flag", f"not recognised in torch {env.torch}: {unknown}; compilewatch's "
                                "watcher and guard cannot watch or fix it on this torch",
                                "check for a newer compilewatch; warm sequentially before threads start"))
     if fx.error_on_nested_fx_trace is False and not fx.force_compile_during_fx_trace:
+        who = "another thread" if fx.global_flag else "the same thread"  # a per-thread flag only leaks within
         out.append(Verdict("warn", "fx-flag", "torch._dynamo.config.error_on_nested_fx_trace is False: a compiled "
-                           "call made while another thread traces runs EAGERLY, silently (for flex_attention: the "
+                           f"call made while {who} traces runs EAGERLY, silently (for flex_attention: the "
                            "dense, unfused path)", "leave it True so the race shows up as an error"))
     # --- dynamo limits and per-thread config ---
     if dyn.recompile_limit is not None:
@@ -258,9 +265,9 @@ def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn
         out.append(Verdict("warn", "torch", "torch 2.11: is_compiling() is False inside AOTAutograd's traces, and a "
                            "3-thread cold start of compiled flex_attention fwd+bwd hung 3/3 on an H200",
                            "always warm sequentially before threads start"))
-    if torchcompat.compiling_flag_held_for_session():
-        msg = (f"torch {env.torch} holds torch.compiler's compiling flag for a whole dynamo compile session: while one "
-               "thread compiles, is_compiling() reads True in every thread")
+    if held:
+        msg = (f"torch {env.torch} holds torch.compiler's compiling flag, a process global, for a whole dynamo compile "
+               "session: while one thread compiles, is_compiling() reads True in every thread")
         if fx.global_flag:
             msg += (", which hides the FX-flag race for dynamo compiles, but plain make_fx/symbolic_trace in one "
                     "thread still breaks compiled calls in others")
