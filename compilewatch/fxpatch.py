@@ -371,7 +371,9 @@ def disable_thread_local() -> None:
             st._new_patcher = _saved.pop("new_patcher")
             st._maybe_revert_all_patches = _saved.pop("maybe_revert")
         _uninstall_base_if_unused()
-    tracehooks.unsubscribe(_keeper)
+        last = _thread_local_users == 0
+    if last:
+        tracehooks.unsubscribe(_keeper)
     _unsubscribe_if_unused()
 
 
