@@ -354,6 +354,7 @@ def enable_thread_local() -> None:
             _saved["new_patcher"] = st.__dict__["_new_patcher"]
             _saved["maybe_revert"] = st.__dict__["_maybe_revert_all_patches"]
             st._new_patcher = _tl_new_patcher
+            _tl_new_patcher.__compilewatch_original__ = _saved["new_patcher"]  # torchcompat probes through it
             st._maybe_revert_all_patches = _tl_maybe_revert_all_patches
             assert torch.nn.Module.__dict__["__call__"] is _saved["orig_module_call"]
         _thread_local_users += 1
@@ -369,6 +370,7 @@ def disable_thread_local() -> None:
         _thread_local_users -= 1
         if _thread_local_users == 0:
             st._new_patcher = _saved.pop("new_patcher")
+            _tl_new_patcher.__compilewatch_original__ = None
             st._maybe_revert_all_patches = _saved.pop("maybe_revert")
         _uninstall_base_if_unused()
         last = _thread_local_users == 0

@@ -79,6 +79,15 @@ def test_thread_local_overlapping_traces_leave_nothing_stuck(guard):
 
 
 @needs_thread_local
+def test_torch_facts_are_the_same_with_the_guard_installed(guard):
+    """The probes see through compilewatch's own patches: the guard does not make torch look fixed."""
+    assert guard.thread_local and fxpatch.thread_local_enabled()
+    race = torchcompat.race_facts()
+    assert race.patcher_global and race.module_patch_on_class and race.fx_flag == FLAG.kind
+    assert torchcompat.PATCHER_NOT_FIXED in support().not_fixed_upstream
+
+
+@needs_thread_local
 def test_thread_local_mode_keeps_same_thread_tracing_semantics(guard):
     class Block(torch.nn.Module):
         def __init__(self):
