@@ -83,7 +83,9 @@ def warm_step(a: argparse.Namespace, cache_dir: Path) -> dict:
 
 
 def threads_step(a: argparse.Namespace, cache_dir: Path, warm: bool) -> dict:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--child-threads", "--device", a.device,
+    # faulthandler: a child that crashes (torch 2.11 on CPU segfaults in a threaded cold dynamo compile)
+    # leaves every thread's stack in stderr_tail
+    argv = [sys.executable, "-X", "faulthandler", str(Path(__file__).resolve()), "--child-threads", "--device", a.device,
             "--threads", str(a.threads), "--timeout", str(a.timeout), *shape_args(a)]
     if warm:
         argv.append("--child-warm")
@@ -96,6 +98,9 @@ def threads_step(a: argparse.Namespace, cache_dir: Path, warm: bool) -> dict:
                         "frames_in_threads": r["data"]["frames_compiled_in_threads"]}
     elif r["rc"] == "killed":
         r["summary"] = {"outcome": "hang", "threads": [], "note": "the child process was killed"}
+    elif isinstance(r["rc"], int) and r["rc"] < 0:
+        r["summary"] = {"outcome": "crash", "threads": [],
+                        "note": f"the child process died of signal {-r['rc']} (stacks in stderr_tail)"}
     return r
 
 

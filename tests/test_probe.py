@@ -11,7 +11,7 @@ import torch.fx
 
 from cli.main import app
 from compilewatch import probe as probe_lib
-from compilewatch import tracehooks
+from compilewatch import torchcompat, tracehooks
 from compilewatch.errors import BadInput
 from tests.helpers import invoke, invoke_json
 from tests.race_cases import needs_global_flag, needs_per_thread_flag
@@ -31,7 +31,8 @@ def test_flex_attention_traces_with_stacks():
     assert report.ok, report.error
     assert len(report.traces) > 0
     assert set(report.traces_per_tracer) == {"PythonKeyTracer"}  # make_fx's tracer, a Tracer subclass
-    assert all(t.compiling for t in report.traces)  # dynamo holds is_compiling() while AOT traces
+    if torchcompat.compiling_flag_held_for_session():  # 2.13+; on 2.11 is_compiling() is False in AOT's traces
+        assert all(t.compiling for t in report.traces)  # dynamo holds is_compiling() while AOT traces
     assert report.counters.frames_total >= 1
     assert report.compiles and report.compiles[0].compile_id.startswith("0/")
     # each entry names where torch took over
