@@ -106,7 +106,7 @@ def test_eager_module_call_through_a_foreign_tracer_carries_its_nameerror():
 
 def test_overlapping_traces_report_stuck_state():
     truth, s = watched("overlapping_make_fx_leave_state_stuck")
-    assert truth["stuck"], "the forced order must leave the flag stuck on this torch"
+    assert truth["stuck"], "the forced order must leave tracing state stuck on this torch"
     assert_honest(truth, s)
     assert not s.ok
     stuck = [f for f in s.findings if f.kind == "stuck_state"]
