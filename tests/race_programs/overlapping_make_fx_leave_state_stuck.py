@@ -17,8 +17,6 @@ def record(errors: dict, thread: str, e: BaseException) -> None:
 
 
 def main() -> dict:
-    import torch.fx._symbolic_trace as st
-
     errors: dict = {}
     first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
 
