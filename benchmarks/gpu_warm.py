@@ -83,7 +83,9 @@ def warm_step(a: argparse.Namespace, cache_dir: Path) -> dict:
 
 
 def threads_step(a: argparse.Namespace, cache_dir: Path, warm: bool) -> dict:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--child-threads", "--device", a.device,
+    # faulthandler: a child that crashes (torch 2.11 on CPU segfaults in a threaded cold dynamo compile)
+    # leaves every thread's stack in stderr_tail
+    argv = [sys.executable, "-X", "faulthandler", str(Path(__file__).resolve()), "--child-threads", "--device", a.device,
             "--threads", str(a.threads), "--timeout", str(a.timeout), *shape_args(a)]
     if warm:
         argv.append("--child-warm")
@@ -96,12 +98,15 @@ def threads_step(a: argparse.Namespace, cache_dir: Path, warm: bool) -> dict:
                         "frames_in_threads": r["data"]["frames_compiled_in_threads"]}
     elif r["rc"] == "killed":
         r["summary"] = {"outcome": "hang", "threads": [], "note": "the child process was killed"}
+    elif isinstance(r["rc"], int) and r["rc"] < 0:
+        r["summary"] = {"outcome": "crash", "threads": [],
+                        "note": f"the child process died of signal {-r['rc']} (stacks in stderr_tail)"}
     return r
 
 
 def child_threads(a: argparse.Namespace) -> None:
     """In the child: N workloads (own compiled wrapper each), optional prewarm, then N threads at once."""
-    from compilewatch import counters, stacks, torchinfo, warm
+    from compilewatch import counters, fxpatch, stacks, torchinfo, warm
     from compilewatch.probe import run_threads
     from compilewatch.targets import FlexAttentionWorkload, FlexShape
 
@@ -127,7 +132,7 @@ def child_threads(a: argparse.Namespace) -> None:
         torch.cuda.synchronize(dev)
     result["threads_wall_s"] = round(time.perf_counter() - t0, 3)
     hung = any(o.outcome == "hang" for o in outcomes)
-    result["fx_flag_stuck"] = torchinfo.fx_flag() and not hung
+    result["fx_flag_stuck"] = not hung and fxpatch.stuck_state().stuck
     result["frames_compiled_in_threads"] = counters.delta(before).frames_ok
     result["threads"] = [{"name": o.name, "outcome": o.outcome, "wall_s": o.wall_s,
                           "error": (o.error or "")[:600] or None} for o in outcomes]

@@ -47,8 +47,10 @@ def _render(r: doctor_lib.DoctorReport) -> None:
         facts.add_row("", ", ".join(f"{k} {output.fmt_bytes(v)}" for k, v in c.subdirs.items()))
     match = {True: "matches", False: "DOES NOT MATCH", None: "unknown"}[c.system_key_match]
     facts.add_row("system key", f"{c.system_key[:16]}… ({match})")
-    facts.add_row("FX flag", f"module global: {r.fx.global_flag}, now: {r.fx.flag_now}, "
+    facts.add_row("FX flag", f"layout: {r.fx.layout}, now: {r.fx.flag_now}, stuck state: {r.fx.stuck}, "
                   f"error_on_nested_fx_trace: {r.fx.error_on_nested_fx_trace}")
+    if r.fx.race is not None:
+        facts.add_row("thread race", r.fx.race.headline)
     facts.add_row("dynamo", f"recompile_limit {d.recompile_limit}, accumulated {d.accumulated_recompile_limit}, "
                   f"config per thread: {d.config_per_thread}")
     for k, v in e.env.items():

@@ -112,7 +112,7 @@ def _render_single(r: probe_lib.ProbeReport) -> None:
         o.print(f"  recompile: {escape(reason)}")
     for reason in c.graph_break_reasons:
         o.print(f"  graph break: {escape(reason)}")
-    o.print(f"_is_fx_tracing_flag after: {r.fx_flag_after}")
+    o.print(f"FX flag after: {r.fx_flag_after}; tracing state left set: {r.stuck_after}")
     for v in r.verdicts:
         o.print(f"[bold]→[/] {escape(v)}")
 
@@ -129,7 +129,7 @@ def _render_threads(r: probe_lib.ThreadsReport) -> None:
     o.print(table)
     o.print(f"Tracer.trace entries: {len(r.traces)} {r.traces_per_thread}; dynamo frames compiled ok: "
             f"{r.counters.frames_ok} of {r.counters.frames_total}; compiles that raised: {len(r.compile_failures)}; "
-            f"_is_fx_tracing_flag stuck: {r.fx_flag_stuck}")
+            f"tracing state stuck: {r.fx_flag_stuck}")
     if r.stacks:
         o.print("[bold]stacks of every thread at the timeout:[/]")
         for name, frames in r.stacks.items():

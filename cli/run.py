@@ -91,7 +91,7 @@ def run_cmd(
 
 def render_summary(s: WatchSummary, console) -> None:
     style = "green" if s.ok else "red"
-    head = "ok" if s.ok else f"{s.failures} failure(s)"
+    head = "ok" if s.ok else f"{s.failures} failure(s)" if s.failures else "not fully watched"
     if s.risks:
         head += f", {s.risks} risk(s) (no harm observed)"
     console.print(f"[{style}][bold]{head}[/][/]  "

@@ -1,8 +1,8 @@
 """`doctor`: one report on what decides whether torch.compile works in this environment, with verdicts.
 
 Environment facts (torch build, triton, python), the inductor cache (where, how big, whether it was
-built for this machine's system key), the GPUs, whether torch keeps the FX tracing flag as a module
-global (the thread race), the dynamo limits that silently turn compiled code eager, whether dynamo
+built for this machine's system key), the GPUs, the thread race on this torch (what it fixed upstream
+and what it did not, probed by compilewatch.torchcompat), the dynamo limits that silently turn compiled code eager, whether dynamo
 config is per thread, and known issues of the installed torch. Each check ends in a Verdict; a
 verdict of level "problem" makes the command exit 1.
 
@@ -16,12 +16,11 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import threading
 from dataclasses import dataclass
 from typing import Literal
 
 from compilewatch import gpus as _gpus
-from compilewatch import torchinfo
+from compilewatch import torchcompat, torchinfo
 
 Level = Literal["ok", "info", "warn", "problem"]
 
@@ -71,10 +70,13 @@ class CacheStatus:
 
 @dataclass(frozen=True, slots=True)
 class FxFacts:
-    global_flag: bool  # torch.fx._symbolic_trace._is_fx_tracing_flag is a plain module global
-    flag_now: bool  # its value now (True outside any trace = stuck)
+    global_flag: bool  # torch keeps the FX tracing flag as a plain module global (up to 2.13)
+    flag_now: bool | None  # its value now, in this thread (True outside any trace = stuck; None: unknown layout)
     error_on_nested_fx_trace: bool | None
     force_compile_during_fx_trace: bool | None
+    layout: str = "unknown"  # "global", "thread_local" (torch 2.14+) or "unknown"
+    stuck: bool = False  # the flag, nn.Module.__call__/__getattr__ or CURRENT_PATCHER left set now
+    race: torchcompat.RaceFacts | None = None  # what this torch fixed upstream and what it did not
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,25 +168,16 @@ def cache_status(env: dict[str, str] | None = None) -> CacheStatus:
 def fx_facts() -> FxFacts:
     import torch._dynamo.config as dc
 
-    return FxFacts(torchinfo.has_global_fx_flag(), torchinfo.fx_flag(),
-                   getattr(dc, "error_on_nested_fx_trace", None), getattr(dc, "force_compile_during_fx_trace", None))
+    from compilewatch import fxpatch
 
-
-def _config_is_per_thread() -> bool | None:
-    """Set a dynamo config value here (temporarily) and read it from a new thread."""
-    import torch._dynamo.config as dc
-
-    name = "recompile_limit" if hasattr(dc, "recompile_limit") else "cache_size_limit"
+    race = torchcompat.race_facts()
     try:
-        current = getattr(dc, name)
-        seen: list[int] = []
-        with dc.patch(**{name: current + 1}):
-            t = threading.Thread(target=lambda: seen.append(getattr(dc, name)), name="compilewatch-doctor")
-            t.start()
-            t.join()
-        return bool(seen) and seen[0] != current + 1
-    except Exception:  # noqa: BLE001 - a torch without patch(): cannot tell
-        return None
+        stuck = fxpatch.stuck_state().stuck
+    except Exception:  # noqa: BLE001 - a torch whose patcher is not recognised: reported through `race`
+        stuck = False
+    return FxFacts(race.fx_flag == "global", torchcompat.fx_flag(),
+                   getattr(dc, "error_on_nested_fx_trace", None), getattr(dc, "force_compile_during_fx_trace", None),
+                   layout=race.fx_flag, stuck=stuck, race=race)
 
 
 def dynamo_limits() -> DynamoLimits:
@@ -201,7 +194,7 @@ def dynamo_limits() -> DynamoLimits:
         accumulated_recompile_limit=first("accumulated_recompile_limit", "accumulated_cache_size_limit"),
         fail_on_recompile_limit_hit=first("fail_on_recompile_limit_hit"),
         automatic_dynamic_shapes=first("automatic_dynamic_shapes"),
-        config_per_thread=_config_is_per_thread(),
+        config_per_thread=torchcompat.dynamo_config_per_thread(),
     )
 
 
@@ -222,21 +215,35 @@ def _public(version: str) -> tuple[int, int]:
 def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn: DynamoLimits) -> list[Verdict]:
     out: list[Verdict] = []
     v = _public(env.torch)
-    # --- the race ---
-    if fx.flag_now:
-        out.append(Verdict("problem", "fx-flag", "the FX tracing flag is True while nothing traces: it is stuck, "
-                           "every compiled call in this process will fail",
-                           "a crashed or overlapping trace left it set; restart the process"))
-    if fx.global_flag:
-        out.append(Verdict("warn", "fx-flag", f"torch {env.torch} keeps the FX tracing flag as a module global: a "
-                           "compile in one thread breaks compiled calls in others (error, stuck flag or hang)",
-                           "compile every device one after another before starting threads: `compilewatch warm "
-                           "--devices ... -- python train.py` (or compilewatch.warm.prewarm in the trainer)"))
-    else:
-        out.append(Verdict("ok", "fx-flag", "the FX tracing flag is not a plain module global in this torch"))
+    # --- the race (what this torch fixed upstream and what it did not: torchcompat.race_facts) ---
+    if fx.flag_now or fx.stuck:
+        out.append(Verdict("problem", "fx-flag", "tracing state (the FX flag, nn.Module.__call__ or CURRENT_PATCHER) "
+                           "is set while nothing traces: it is stuck, later compiled or module calls in this process "
+                           "will fail", "a crashed or overlapping trace left it set; restart the process"))
+    race = fx.race
+    warm_advice = ("compile every device one after another before starting threads: `compilewatch warm --devices ... "
+                   "-- python train.py` (or compilewatch.warm.prewarm in the trainer)")
+    patch_advice = ("use compilewatch.CompileGuard() (its thread-local mode makes the patch and CURRENT_PATCHER per "
+                    "thread), and do not trace while other threads run modules: `compilewatch warm` before threads start")
+    held = torchcompat.compiling_flag_held_for_session()
+    if race is not None:
+        for fixed in race.fixed:
+            out.append(Verdict("ok", "fx-flag", f"fixed in torch {env.torch}: {fixed}"))
+        for still in race.not_fixed:
+            if still == torchcompat.COMPILING_NOT_FIXED:
+                if not held:  # else the "torch" verdict below says it, with what it means
+                    out.append(Verdict("info", "threads", f"not fixed in torch {env.torch}: {still}"))
+                continue
+            out.append(Verdict("warn", "fx-flag", f"not fixed in torch {env.torch}: {still}",
+                               warm_advice if still == torchcompat.FLAG_NOT_FIXED else patch_advice))
+        for unknown in race.unknown:
+            out.append(Verdict("warn", "fx-flag", f"not recognised in torch {env.torch}: {unknown}; compilewatch's "
+                               "watcher and guard cannot watch or fix it on this torch",
+                               "check for a newer compilewatch; warm sequentially before threads start"))
     if fx.error_on_nested_fx_trace is False and not fx.force_compile_during_fx_trace:
+        who = "another thread" if fx.global_flag else "the same thread"  # a per-thread flag only leaks within
         out.append(Verdict("warn", "fx-flag", "torch._dynamo.config.error_on_nested_fx_trace is False: a compiled "
-                           "call made while another thread traces runs EAGERLY, silently (for flex_attention: the "
+                           f"call made while {who} traces runs EAGERLY, silently (for flex_attention: the "
                            "dense, unfused path)", "leave it True so the race shows up as an error"))
     # --- dynamo limits and per-thread config ---
     if dyn.recompile_limit is not None:
@@ -258,10 +265,13 @@ def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn
         out.append(Verdict("warn", "torch", "torch 2.11: is_compiling() is False inside AOTAutograd's traces, and a "
                            "3-thread cold start of compiled flex_attention fwd+bwd hung 3/3 on an H200",
                            "always warm sequentially before threads start"))
-    if v >= (2, 13):
-        out.append(Verdict("info", "torch", f"torch {env.torch}: the compiling flag is held for a whole dynamo compile, "
-                           "which hides the race for dynamo compiles, but plain make_fx/symbolic_trace in one thread "
-                           "still breaks compiled calls in others"))
+    if held:
+        msg = (f"torch {env.torch} holds torch.compiler's compiling flag, a process global, for a whole dynamo compile "
+               "session: while one thread compiles, is_compiling() reads True in every thread")
+        if fx.global_flag:
+            msg += (", which hides the FX-flag race for dynamo compiles, but plain make_fx/symbolic_trace in one "
+                    "thread still breaks compiled calls in others")
+        out.append(Verdict("info", "torch", msg))
     if v < (2, 6):
         out.append(Verdict("warn", "torch", f"torch {env.torch} has no torch.compiler.set_stance: `warm` cannot "
                            "verify strictly", "use torch >= 2.6"))

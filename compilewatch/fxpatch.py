@@ -1,24 +1,29 @@
 """The FX tracing flag's readers and the class-level `nn.Module` patch: one patch point for both.
 
-`torch.fx._symbolic_trace` keeps two pieces of tracing state process-wide (FACTS.md §1):
-- the flag `_is_fx_tracing_flag`, read through `is_fx_symbolic_tracing()` / `is_fx_tracing()`
-  (dynamo's `compile_wrapper` binds `is_fx_symbolic_tracing` when `torch.compile(fn)` runs, so
-  rebinding the module attribute would miss every function compiled before us: we swap the two
-  functions' `__code__` instead, which every existing reference sees);
+`torch.fx._symbolic_trace` keeps tracing state that other threads see (FACTS.md §1; how each torch
+keeps it is probed in compilewatch.torchcompat, the only module that knows the layouts):
+- the FX tracing flag, read through `is_fx_symbolic_tracing()` / `is_fx_tracing()`: a module global
+  up to torch 2.13, per thread from 2.14 (dynamo's `compile_wrapper` binds `is_fx_symbolic_tracing`
+  when `torch.compile(fn)` runs, so rebinding the module attribute would miss every function compiled
+  before us: we swap the two functions' `__code__` for torchcompat's template of this layout, which
+  every existing reference sees);
 - the `_Patcher` that `Tracer.trace` uses to set `nn.Module.__call__` / `__getattr__` **on the
-  class**, plus `CURRENT_PATCHER`, a module global that two overlapping traces corrupt.
+  class**, plus `CURRENT_PATCHER`, a module global that two overlapping traces corrupt (2.14 and 2.15 too).
 
 This module owns those patches (tracehooks owns `Tracer.trace`; nothing else patches these):
 
 - observers (the watcher) hear every flag read that returns True and every module call that a
   thread makes through *another* thread's class-level `__call__` patch;
-- thread-local mode (the guard) makes the state effectively per thread: a reader returns True only
-  in a thread that is inside `Tracer.trace` (and only while the global flag is set, so torch's own
-  "not tracing here" override in `_set_compilation_env` keeps working); the class patch dispatches
-  to the tracing thread's wrapper only in that thread; `CURRENT_PATCHER` lives in a thread-local.
-  Function globals a trace autowraps (`math.sqrt`, `torch.fx.wrap`'d functions) stay process-wide.
+- thread-local mode (the guard) makes the state effectively per thread: with a global flag, a reader
+  returns True only in a thread that is inside `Tracer.trace` (and only while the global flag is
+  set, so torch's own "not tracing here" override in `_set_compilation_env` keeps working; a
+  per-thread flag is left as torch keeps it); the class patch dispatches to the tracing thread's
+  wrapper only in that thread; `CURRENT_PATCHER` lives in a thread-local. Function globals a trace
+  autowraps (`math.sqrt`, `torch.fx.wrap`'d functions) stay process-wide.
 
-Everything is refcounted and fully reverted when the last user leaves.
+Everything is refcounted and fully reverted when the last user leaves. Installing is all or
+nothing: on a torch whose layout torchcompat does not recognise, nothing is patched (tracehooks'
+`Tracer.trace` patch included) and CompilewatchError says what was not recognised.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Callable, Protocol
 
-from compilewatch import tracehooks
+from compilewatch import torchcompat, tracehooks
 
 _lock = threading.RLock()
 _observers: list["FlagObserver"] = []
@@ -43,7 +48,7 @@ _global_flag_lock = threading.Lock()
 
 @dataclass(frozen=True, slots=True)
 class FlagRead:
-    """A read of the FX tracing flag that found it set (`_is_fx_tracing_flag` True)."""
+    """A read of the FX tracing flag that found it set (the global flag, or the reading thread's own)."""
 
     reader: str  # "is_fx_symbolic_tracing" or "is_fx_tracing"
     original: bool  # what torch's own reader would have returned
@@ -68,22 +73,12 @@ class FlagObserver(Protocol):
 
 
 # --- the flag readers -------------------------------------------------------------------------
-# Templates: their code objects replace the readers' code. Names resolve in
-# torch.fx._symbolic_trace's globals, where `_compilewatch_fxflag` is injected. The fast path (flag
-# False) costs what the original costs.
-
-
-def _template_is_fx_symbolic_tracing() -> bool:
-    return _is_fx_tracing_flag and _compilewatch_fxflag.symbolic_tracing()  # type: ignore[name-defined] # noqa: F821
-
-
-def _template_is_fx_tracing() -> bool:
-    is_fx_tracing_warning()  # type: ignore[name-defined] # noqa: F821
-    return _is_fx_tracing_flag and _compilewatch_fxflag.tracing()  # type: ignore[name-defined] # noqa: F821
+# torchcompat.reader_templates() replace the readers' code; they call this object (injected into
+# torch.fx._symbolic_trace's globals as torchcompat.READER_HOOK) once the flag reads True.
 
 
 class _Readers:
-    """Decides a flag read when the global flag is set; injected into the FX module's globals."""
+    """Decides a flag read when the flag is set; injected into the FX module's globals."""
 
     def symbolic_tracing(self) -> bool:
         import torch
@@ -96,7 +91,8 @@ class _Readers:
 
     def _decide(self, reader: str, original: bool) -> bool:
         tracing_here = tracehooks.thread_is_tracing()
-        effective = original and (tracing_here if _thread_local_users else True)
+        # thread-local mode narrows a global flag to the tracing thread; a per-thread flag already is
+        effective = original and (tracing_here if _thread_local_users and not _per_thread_flag() else True)
         if _observers:
             read = FlagRead(reader, original, effective, tracing_here, sys._getframe(3))
             for obs in list(_observers):
@@ -110,31 +106,20 @@ class _Readers:
 _readers = _Readers()
 
 
+def _per_thread_flag() -> bool:
+    return _saved.get("flag_kind") == "thread_local"
+
+
 def readers_patchable() -> tuple[bool, str]:
-    """Whether the installed torch has the readers and flag this module knows how to patch."""
-    try:
-        import torch.fx._symbolic_trace as st
-    except Exception as e:  # noqa: BLE001
-        return False, f"torch.fx._symbolic_trace cannot be imported: {e!r}"
-    if not isinstance(getattr(st, "_is_fx_tracing_flag", None), bool):
-        return False, "torch.fx._symbolic_trace has no module-global _is_fx_tracing_flag (already thread-local?)"
-    for name in ("is_fx_symbolic_tracing", "is_fx_tracing"):
-        fn = getattr(st, name, None)
-        code = getattr(fn, "__code__", None)
-        if code is None or code.co_freevars or "_is_fx_tracing_flag" not in code.co_names:
-            return False, f"torch.fx._symbolic_trace.{name} does not read _is_fx_tracing_flag the known way"
-    for name in ("_Patcher", "_new_patcher", "_maybe_revert_all_patches", "_orig_module_call", "_orig_module_getattr"):
-        if not hasattr(st, name):
-            return False, f"torch.fx._symbolic_trace.{name} is missing"
-    trace = st.Tracer.__dict__.get("trace")
-    for _ in range(8):  # tracehooks' patch keeps the original; dynamo's disable wrapper sets __wrapped__
-        inner = getattr(trace, "__compilewatch_original__", None) or getattr(trace, "__wrapped__", None)
-        if inner is None:
-            break
-        trace = inner
-    if "_new_patcher" not in getattr(getattr(trace, "__code__", None), "co_names", ()):
-        return False, "Tracer.trace does not take its patcher from _new_patcher()"
-    return True, "ok"
+    """Whether this torch's flag readers and patcher have a layout this module can patch (all or
+    nothing), and why not."""
+    layout = torchcompat.fx_flag_layout()
+    if not layout.known:
+        return False, layout.why
+    ok, why = torchcompat.patcher_support()
+    if not ok:
+        return False, why
+    return True, f"ok ({layout.why})"
 
 
 # --- the class-level Module patch --------------------------------------------------------------
@@ -266,10 +251,8 @@ class _GlobalFlagKeeper:
         pass
 
     def on_trace_exit(self, window: tracehooks.TraceWindow) -> None:
-        import torch.fx._symbolic_trace as st
-
         with _global_flag_lock:
-            st._is_fx_tracing_flag = bool(tracehooks.active_windows())
+            torchcompat.set_fx_flag(bool(tracehooks.active_windows()))
 
 
 _keeper = _GlobalFlagKeeper()
@@ -289,16 +272,15 @@ def _install_base() -> None:
         raise CompilewatchError(f"cannot instrument the FX flag on this torch: {why}")
     import torch.fx._symbolic_trace as st
 
-    st._compilewatch_fxflag = _readers
-    _saved["readers"] = {
-        "is_fx_symbolic_tracing": st.is_fx_symbolic_tracing.__code__,
-        "is_fx_tracing": st.is_fx_tracing.__code__,
-    }
-    st.is_fx_symbolic_tracing.__code__ = _template_is_fx_symbolic_tracing.__code__
-    st.is_fx_tracing.__code__ = _template_is_fx_tracing.__code__
+    templates = torchcompat.reader_templates()
+    setattr(st, torchcompat.READER_HOOK, _readers)
+    _saved["flag_kind"] = torchcompat.fx_flag_layout().kind
+    _saved["readers"] = {name: getattr(st, name).__code__ for name in templates}
+    for name, code in templates.items():
+        getattr(st, name).__code__ = code
     _saved["patch_method"] = st._Patcher.__dict__["patch_method"]
-    _saved["orig_module_call"] = st._orig_module_call
-    _saved["orig_module_getattr"] = st._orig_module_getattr
+    _saved["orig_module_call"] = torchcompat.orig_module_call()
+    _saved["orig_module_getattr"] = torchcompat.orig_module_getattr()
     st._Patcher.patch_method = _patch_method
 
 
@@ -307,18 +289,23 @@ def _uninstall_base_if_unused() -> None:
         return
     import torch.fx._symbolic_trace as st
 
-    codes = _saved.pop("readers")
-    st.is_fx_symbolic_tracing.__code__ = codes["is_fx_symbolic_tracing"]
-    st.is_fx_tracing.__code__ = codes["is_fx_tracing"]
+    for name, code in _saved.pop("readers").items():
+        getattr(st, name).__code__ = code
     st._Patcher.patch_method = _saved.pop("patch_method")
-    st.__dict__.pop("_compilewatch_fxflag", None)
+    _saved.pop("flag_kind", None)
+    st.__dict__.pop(torchcompat.READER_HOOK, None)
 
 
 def add_observer(observer: FlagObserver) -> None:
-    """Hear flag reads that find the flag set and cross-thread module calls (the watcher)."""
+    """Hear flag reads that find the flag set and cross-thread module calls (the watcher). Raises
+    CompilewatchError, having installed nothing, when this torch's layout is not recognised."""
     tracehooks.subscribe(_noop)  # thread_is_tracing() needs tracehooks' patch installed
     with _lock:
-        _install_base()
+        try:
+            _install_base()
+        except Exception:
+            _unsubscribe_if_unused()
+            raise
         if observer not in _observers:
             _observers.append(observer)
 
@@ -356,25 +343,28 @@ def enable_thread_local() -> None:
     import torch.fx._symbolic_trace as st
 
     tracehooks.subscribe(_noop)
-    tracehooks.subscribe(_keeper)
     with _lock:
         try:
             _install_base()
         except Exception:
-            tracehooks.unsubscribe(_keeper)
             _unsubscribe_if_unused()
             raise
+        if not _per_thread_flag():  # a global flag: keep it "some thread traces" after each trace
+            tracehooks.subscribe(_keeper)
         if _thread_local_users == 0:
             if tracehooks.active_windows():
                 from compilewatch.errors import CompilewatchError
 
                 tracehooks.unsubscribe(_keeper)
+                _uninstall_base_if_unused()
+                _unsubscribe_if_unused()
                 raise CompilewatchError("cannot switch the FX flag to thread-local while a trace is running",
                                         hint="enable it before threads start tracing or compiling")
             repair_state()
             _saved["new_patcher"] = st.__dict__["_new_patcher"]
             _saved["maybe_revert"] = st.__dict__["_maybe_revert_all_patches"]
             st._new_patcher = _tl_new_patcher
+            _tl_new_patcher.__compilewatch_original__ = _saved["new_patcher"]  # torchcompat probes through it
             st._maybe_revert_all_patches = _tl_maybe_revert_all_patches
             assert torch.nn.Module.__dict__["__call__"] is _saved["orig_module_call"]
         _thread_local_users += 1
@@ -390,9 +380,12 @@ def disable_thread_local() -> None:
         _thread_local_users -= 1
         if _thread_local_users == 0:
             st._new_patcher = _saved.pop("new_patcher")
+            _tl_new_patcher.__compilewatch_original__ = None
             st._maybe_revert_all_patches = _saved.pop("maybe_revert")
         _uninstall_base_if_unused()
-    tracehooks.unsubscribe(_keeper)
+        last = _thread_local_users == 0
+    if last:
+        tracehooks.unsubscribe(_keeper)
     _unsubscribe_if_unused()
 
 
@@ -404,7 +397,7 @@ def thread_local_enabled() -> bool:
 class StuckState:
     """Tracing state left behind with no trace running (overlapping traces restore out of order)."""
 
-    flag: bool  # _is_fx_tracing_flag True
+    flag: bool  # the FX flag True (a per-thread flag: the checking thread's own)
     module_call_patched: bool  # nn.Module.__call__ is not the original
     module_getattr_patched: bool
     patcher_left: bool  # CURRENT_PATCHER not None
@@ -415,17 +408,17 @@ class StuckState:
 
 
 def stuck_state() -> StuckState:
-    """What is set although no thread is inside Tracer.trace (only meaningful with no trace open)."""
+    """What is set although no thread is inside Tracer.trace (only meaningful with no trace open).
+    A per-thread flag (torch 2.14+) can only be read for the calling thread."""
     import torch
-    import torch.fx._symbolic_trace as st
 
     call = torch.nn.Module.__dict__["__call__"]
     getattr_ = torch.nn.Module.__dict__["__getattr__"]
     return StuckState(
-        flag=bool(st._is_fx_tracing_flag),
-        module_call_patched=call is not st._orig_module_call and call is not _dispatch_call,
-        module_getattr_patched=getattr_ is not st._orig_module_getattr and getattr_ is not _dispatch_getattr,
-        patcher_left=getattr(st, "CURRENT_PATCHER", None) is not None,
+        flag=torchcompat.fx_flag() is True,
+        module_call_patched=call is not torchcompat.orig_module_call() and call is not _dispatch_call,
+        module_getattr_patched=getattr_ is not torchcompat.orig_module_getattr() and getattr_ is not _dispatch_getattr,
+        patcher_left=torchcompat.current_patcher() is not None,
     )
 
 
@@ -433,14 +426,13 @@ def repair_state() -> StuckState:
     """Put the flag, `nn.Module.__call__`/`__getattr__` and `CURRENT_PATCHER` back to "not tracing".
     Call it only when no thread is tracing. Returns what was stuck before the repair."""
     import torch
-    import torch.fx._symbolic_trace as st
 
     before = stuck_state()
-    st._is_fx_tracing_flag = False
+    torchcompat.reset_fx_flag()
     if before.module_call_patched:
-        torch.nn.Module.__call__ = st._orig_module_call
+        torch.nn.Module.__call__ = torchcompat.orig_module_call()
     if before.module_getattr_patched:
-        torch.nn.Module.__getattr__ = st._orig_module_getattr
+        torch.nn.Module.__getattr__ = torchcompat.orig_module_getattr()
     if before.patcher_left:
-        st.CURRENT_PATCHER = None
+        torchcompat.clear_current_patcher()
     return before

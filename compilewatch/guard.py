@@ -19,8 +19,10 @@ Three independent parts (FACTS.md §1 says why each is needed):
 - thread-local FX flag (`compilewatch.fxpatch`): the flag readers and the class-level
   `nn.Module.__call__` patch become per thread, so a make_fx / symbolic_trace in one thread cannot
   break compiled calls or module calls in another, and overlapping traces cannot leave state stuck.
+  It covers what the installed torch did not fix: torch 2.14 and 2.15 keep the flag per thread themselves, so
+  there only the class-level patch and CURRENT_PATCHER are made per thread (`support()` says which).
 
-What none of them changes: `torch.compiler.is_compiling()` stays a process global (2.11-2.13), and
+What none of them changes: `torch.compiler.is_compiling()` stays a process global (2.11-2.15), and
 since 2.12 dynamo config set in one thread does not reach others (set it in each worker).
 """
 
@@ -51,29 +53,39 @@ class GuardSupport:
     freeze: bool
     freeze_how: str
     serialize: bool
-    thread_local_flag: bool
-    thread_local_why: str
-    dynamo_config_per_thread: bool  # torch >= 2.12: dynamo/inductor config is a per-thread ContextVar
-    compiling_flag_global: bool  # torch.compiler.is_compiling() reads a process global
+    thread_local_flag: bool  # the thread-local mode can install here
+    thread_local_why: str  # what it makes per thread on this torch, or why it cannot install
+    dynamo_config_per_thread: bool | None  # measured (torch >= 2.12: a per-thread ContextVar)
+    compiling_flag_global: bool | None  # torch.compiler.is_compiling() reads a process global
+    fx_flag: str = "unknown"  # how torch keeps the FX flag: "global", "thread_local" or "unknown"
+    fixed_upstream: tuple[str, ...] = ()  # thread-race sources this torch fixed itself
+    not_fixed_upstream: tuple[str, ...] = ()  # the ones it still has (the guard covers them)
 
 
 def support() -> GuardSupport:
-    import torch
     import torch._dynamo.eval_frame as ef
-    from packaging.version import Version
 
-    v = Version(torch.__version__)
+    from compilewatch import torchcompat
+
     freeze = hasattr(ef, "_callback_from_stance")
     tl, why = fxpatch.readers_patchable()
+    race = torchcompat.race_facts()
+    if tl:
+        why = ("nn.Module.__call__/__getattr__ patch and CURRENT_PATCHER per thread (torch keeps the FX flag per "
+               "thread itself)" if race.fx_flag == "thread_local" else
+               "FX flag readers, nn.Module.__call__/__getattr__ patch and CURRENT_PATCHER per thread")
     return GuardSupport(
-        torch_version=torch.__version__,
+        torch_version=race.torch_version,
         freeze=freeze,
         freeze_how="per-thread hook on eval_frame._callback_from_stance" if freeze else "unavailable (torch < 2.6)",
         serialize=freeze,
         thread_local_flag=tl,
         thread_local_why=why,
-        dynamo_config_per_thread=v.release >= (2, 12),
-        compiling_flag_global=hasattr(torch.compiler, "_is_compiling_flag"),
+        dynamo_config_per_thread=torchcompat.dynamo_config_per_thread(),
+        compiling_flag_global=race.compiling_flag_global,
+        fx_flag=race.fx_flag,
+        fixed_upstream=race.fixed,
+        not_fixed_upstream=race.not_fixed,
     )
 
 

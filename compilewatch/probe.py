@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal
 
 from compilewatch import counters as _counters
-from compilewatch import stacks
+from compilewatch import fxpatch, stacks, torchcompat
 from compilewatch import torchinfo
 from compilewatch.compile_events import CompileRecorder, CompileWindow
 from compilewatch.devices import parse_devices
@@ -40,7 +40,7 @@ class TraceEntry:
     tracer: str
     target: str
     compiling: bool | None  # torch.compiler.is_compiling() on entry
-    flag_before: bool
+    flag_before: bool | None  # the FX flag on entry, as the tracing thread saw it (None: unknown layout)
     duration_s: float | None
     error: str | None
     nested: bool
@@ -85,9 +85,11 @@ class ProbeReport:
     traces_per_tracer: dict[str, int]
     compiles: tuple[CompileEntry, ...]
     counters: _counters.CompileCounters
-    fx_flag_after: bool
+    fx_flag_after: bool | None  # this thread's FX flag after the run (None: this torch's layout is unknown)
     cache_dir: str
     verdicts: tuple[str, ...]
+    stuck_after: bool = False  # tracing state (flag, nn.Module patch, CURRENT_PATCHER) left set after the run
+    race: torchcompat.RaceFacts | None = None  # what this torch fixed upstream and what it did not
 
 
 Outcome = Literal["ok", "error", "hang"]
@@ -114,7 +116,7 @@ class ThreadsReport:
     threads: tuple[ThreadOutcome, ...]
     timeout_s: float
     wall_s: float
-    fx_flag_stuck: bool  # _is_fx_tracing_flag True after every thread finished/was abandoned
+    fx_flag_stuck: bool  # tracing state left set after every thread finished (flag, Module patch, CURRENT_PATCHER)
     traces: tuple[TraceEntry, ...]  # every Tracer.trace entry, as in ProbeReport
     traces_per_thread: dict[str, int]
     counters: _counters.CompileCounters  # frames_ok of frames_total: how many dynamo frame compiles succeeded
@@ -123,6 +125,7 @@ class ThreadsReport:
     stacks: dict[str, tuple[Frame, ...]]  # every thread's stack, dumped when something hung
     cache_dir: str
     verdicts: tuple[str, ...]
+    race: torchcompat.RaceFacts | None = None  # what this torch fixed upstream and what it did not
 
     @property
     def failed(self) -> bool:
@@ -162,15 +165,28 @@ def _error_text(e: BaseException) -> str:
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
+def _trace_effect(race: torchcompat.RaceFacts) -> str:
+    """What one Tracer.trace entry does to other threads on this torch."""
+    parts = []
+    if race.fx_flag == "global":
+        parts.append("holds the module-global FX flag")
+    if race.module_patch_on_class:
+        parts.append("patches nn.Module.__call__ for every thread")
+    if not parts:
+        return "keeps its tracing state to its own thread on this torch"
+    return " and ".join(parts)
+
+
 def _verdicts_single(target: str, traces: list[TraceEntry], c: _counters.CompileCounters, error: str | None,
-                     fx_flag_after: bool) -> list[str]:
+                     fx_flag_after: bool | None, stuck: fxpatch.StuckState,
+                     race: torchcompat.RaceFacts) -> list[str]:
     out: list[str] = []
     if not traces:
         out.append(f"{target} does not trace: 0 Tracer.trace entries, so it cannot set the FX tracing flag by itself.")
     else:
         tracers = Counter(t.tracer for t in traces)
         out.append(f"{target} entered Tracer.trace {len(traces)} times ({', '.join(f'{k} x{v}' for k, v in tracers.items())}): "
-                   "each entry holds the module-global FX flag and patches nn.Module.__call__ for every thread.")
+                   f"each entry {_trace_effect(race)}.")
     if c.frames_total:
         out.append(f"dynamo compiled {c.frames_total} frame(s); recompiles: {c.recompiles}; graph breaks: {c.graph_breaks}.")
     if c.fxgraph_cache_hit or c.fxgraph_cache_miss or c.autograd_cache_hit or c.autograd_cache_miss:
@@ -178,9 +194,21 @@ def _verdicts_single(target: str, traces: list[TraceEntry], c: _counters.Compile
                    f"AOTAutograd cache {c.autograd_cache_hit} hit / {c.autograd_cache_miss} miss.")
     if fx_flag_after:
         out.append("the FX tracing flag is still True after the target returned: every later compiled call will fail.")
+    elif fx_flag_after is None:
+        out.append(f"the FX tracing flag could not be read on this torch ({race.fx_flag_why}): whether the target left "
+                   "it stuck is not known, so the probe does not report ok.")
+    if stuck.module_call_patched or stuck.module_getattr_patched or stuck.patcher_left:
+        out.append("nn.Module.__call__/__getattr__ or CURRENT_PATCHER were left patched after the target returned: "
+                   "later module calls go through a dead tracer.")
     if error:
         out.append(f"the target raised {error.splitlines()[0]}")
+    out.append(race_verdict(race))
     return out
+
+
+def race_verdict(race: torchcompat.RaceFacts) -> str:
+    """One line: what this torch fixed upstream about the thread race and what it did not."""
+    return f"torch {race.torch_version}: {race.headline}"
 
 
 def probe(target: str | Target, *, device: str = "cpu", backend: str = "inductor", reset: bool = True,
@@ -202,17 +230,21 @@ def probe(target: str | Target, *, device: str = "cpu", backend: str = "inductor
             wall = time.perf_counter() - t0
         delta = _counters.delta(before)
     traces = [TraceEntry.from_window(w) for w in rec.windows]
-    flag = torchinfo.fx_flag()
+    flag = torchcompat.fx_flag()
+    stuck = fxpatch.stuck_state()
+    race = torchcompat.race_facts()
     compiles = [CompileEntry.from_window(w) for w in comp.windows]
     failed = [c for c in compiles if c.error]
     return ProbeReport(
         target=tgt.name, device=dev, backend=backend, torch_version=_torch_version(), wall_s=wall,
-        ok=error is None and not flag and not failed, error=error, traces=tuple(traces),
+        ok=error is None and flag is False and not stuck.stuck and not failed, error=error, traces=tuple(traces),
         traces_per_thread=dict(Counter(t.thread for t in traces)),
         traces_per_tracer=dict(Counter(t.tracer for t in traces)),
         compiles=tuple(compiles), counters=delta,
         fx_flag_after=flag, cache_dir=cache_dir,
-        verdicts=tuple(_failure_lines(failed, error, "the target") + _verdicts_single(tgt.name, traces, delta, None, flag)),
+        verdicts=tuple(_failure_lines(failed, error, "the target")
+                       + _verdicts_single(tgt.name, traces, delta, None, flag, stuck, race)),
+        stuck_after=stuck.stuck, race=race,
     )
 
 
@@ -320,11 +352,12 @@ def probe_threads(target: str | Target, n: int, *, devices: str | list[str] = "c
         wall = time.perf_counter() - t0
         delta = _counters.delta(before)
     hung = any(o.outcome == "hang" for o in outcomes)
-    stuck = torchinfo.fx_flag() and not hung
+    stuck = not hung and fxpatch.stuck_state().stuck
     per_thread_traces = dict(Counter(w.thread_name for w in rec.windows))
     compiles = tuple(CompileEntry.from_window(w) for w in comp.windows)
     plain_traces = any(not any(f.file == "torch/_dynamo/convert_frame.py" for f in w.stack) for w in rec.windows)
-    verdicts = _verdicts_threads(tgt.name, outcomes, stuck, timeout, compiles, delta, plain_traces)
+    race = torchcompat.race_facts()
+    verdicts = _verdicts_threads(tgt.name, outcomes, stuck, timeout, race, compiles, delta, plain_traces)
     if tmp is not None and not hung:
         import shutil
 
@@ -334,7 +367,7 @@ def probe_threads(target: str | Target, n: int, *, devices: str | list[str] = "c
         threads=tuple(outcomes), timeout_s=timeout, wall_s=wall, fx_flag_stuck=stuck,
         traces=tuple(TraceEntry.from_window(w) for w in rec.windows), traces_per_thread=per_thread_traces,
         counters=delta, compiles=compiles, compile_failures=tuple(c for c in compiles if c.error), stacks=dumped,
-        cache_dir=cache_dir, verdicts=tuple(verdicts),
+        cache_dir=cache_dir, verdicts=tuple(verdicts), race=race,
     )
 
 
@@ -378,8 +411,8 @@ def _fixes(messages: list[str], plain_traces: bool) -> list[str]:
 
 
 def _verdicts_threads(name: str, outcomes: list[ThreadOutcome], stuck: bool, timeout: float,
-                      compiles: tuple[CompileEntry, ...] = (), c: _counters.CompileCounters | None = None,
-                      plain_traces: bool = False) -> list[str]:
+                      race: torchcompat.RaceFacts, compiles: tuple[CompileEntry, ...] = (),
+                      c: _counters.CompileCounters | None = None, plain_traces: bool = False) -> list[str]:
     from compilewatch import patterns
     from compilewatch.watch_events import headline
 
@@ -396,19 +429,30 @@ def _verdicts_threads(name: str, outcomes: list[ThreadOutcome], stuck: bool, tim
         else:
             out.append(f"failure: {o.name} ({o.device}) raised {headline(o.error)}{_known(o.error)}")
     out += _failure_lines(failed_compiles, None, name)
+    messages = [e for o in errs for e in (o.returned_errors or (o.error,)) if e] + [x.error for x in failed_compiles if x.error]
+    if any("symbolically trace a dynamo-optimized function" in m for m in messages):
+        out.append("that is the cross-thread FX-flag race: another thread's trace held the module-global "
+                   "FX tracing flag while the failing thread called a compiled function."
+                   if race.fx_flag == "global" else
+                   "this torch keeps the FX flag per thread, so that error came from the failing thread's own trace "
+                   "(a compiled call inside symbolic_trace/make_fx), not from another thread.")
+    if any("is not installed as a submodule" in m or "CURRENT_PATCHER" in m for m in messages):
+        out.append("that is the class-level patch race: another thread's Tracer.trace had nn.Module.__call__/"
+                   "__getattr__ (and CURRENT_PATCHER) patched for every thread while the failing thread ran modules.")
     for o in hangs:
         out.append(f"failure: {o.name} ({o.device}) did not finish within {timeout:g} s: hang (all stacks dumped)"
                    f" — {patterns.by_name('compile_hang').cause}")
     if stuck:
-        out.append("failure: _is_fx_tracing_flag was left True after all threads finished (overlapping traces restored "
-                   "it in the wrong order): every later compiled call in this process will fail.")
+        out.append("failure: tracing state (the FX flag, nn.Module.__call__ or CURRENT_PATCHER) was left set after all "
+                   "threads finished (overlapping traces restored it in the wrong order): later compiled or module "
+                   "calls in this process will fail.")
     if c is not None and c.frames_total:
         out.append(f"dynamo frames compiled ok: {c.frames_ok} of {c.frames_total}"
                    + (f" ({c.frames_total - c.frames_ok} failed or fell back)" if c.frames_ok < c.frames_total else "") + ".")
     if not errs and not hangs and not stuck and not failed_compiles:
         out.insert(0, f"all {len(outcomes)} threads finished {name} without error.")
+        out.append(race_verdict(race))
         return out
-    messages = [e for o in errs for e in (o.returned_errors or (o.error,)) if e] + [x.error for x in failed_compiles if x.error]
     fixes = _fixes(messages, plain_traces)
     if hangs:
         fixes.append(patterns.by_name("compile_hang").fix)
@@ -418,4 +462,5 @@ def _verdicts_threads(name: str, outcomes: list[ThreadOutcome], stuck: bool, tim
         fixes.append("run the target once in one thread (`compilewatch probe TARGET`) to see whether threads matter; "
                      "if only the threaded run fails: " + patterns.WARM_FREEZE_FIX)
     out += [f"fix: {f}" for f in dict.fromkeys(fixes)]
+    out.append(race_verdict(race))
     return out

@@ -1,7 +1,8 @@
 """Facts about the installed torch that several commands need, each asked of torch itself.
 
 torch is imported lazily: commands that only read files (diff-env, cache ls) stay fast.
-Every function here works on a machine without CUDA.
+Every function here works on a machine without CUDA. Tracing state whose layout changes between torch
+releases (the FX flag, the compiling flag) is read through compilewatch.torchcompat.
 """
 
 from __future__ import annotations
@@ -175,33 +176,6 @@ def system_info() -> dict:
     from torch._inductor.codecache import CacheBase
 
     return dict(CacheBase.get_system())
-
-
-def fx_flag() -> bool:
-    """Current value of the module-global `torch.fx._symbolic_trace._is_fx_tracing_flag`."""
-    import torch.fx._symbolic_trace as st
-
-    return bool(st._is_fx_tracing_flag)
-
-
-def set_fx_flag(value: bool) -> None:
-    import torch.fx._symbolic_trace as st
-
-    st._is_fx_tracing_flag = bool(value)
-
-
-def compiling_flag() -> bool | None:
-    """`torch.compiler._is_compiling_flag` (a process global in 2.11-2.13), None if torch lacks it."""
-    torch = torch_module()
-    flag = getattr(torch.compiler, "_is_compiling_flag", None)
-    return None if flag is None else bool(flag)
-
-
-def has_global_fx_flag() -> bool:
-    """True when the installed torch keeps the FX tracing flag as a plain module global (the race)."""
-    import torch.fx._symbolic_trace as st
-
-    return isinstance(getattr(st, "_is_fx_tracing_flag", None), bool)
 
 
 def env_flag(name: str) -> str | None:

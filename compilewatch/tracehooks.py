@@ -1,7 +1,8 @@
 """One patch point on `torch.fx.Tracer.trace`, shared by every instrument (probe, watcher).
 
-`Tracer.trace` is where the module-global `_is_fx_tracing_flag` is set and restored, and where
-`nn.Module.__call__` is patched on the class for the duration of a trace (FACTS.md §1). make_fx's
+`Tracer.trace` is where the FX tracing flag is set and restored (a module global up to torch 2.13, per
+thread from 2.14: compilewatch.torchcompat reads it), and where `nn.Module.__call__` is patched on the
+class for the duration of a trace (FACTS.md §1). make_fx's
 `PythonKeyTracer`, AOTAutograd and Inductor all trace through it: subclasses that override `trace`
 call `super().trace`, so patching the base class sees every trace window, with `type(self)` naming
 the subclass. Nested entries of one tracer object (a subclass's override calling the base) are
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from compilewatch import torchcompat
 from compilewatch.stacks import Frame, current_stack
 
 
@@ -35,7 +37,7 @@ class TraceWindow:
     target: str  # what was traced: the module's class or the function's qualified name
     start: float  # time.time()
     compiling: bool | None  # torch.compiler.is_compiling() on entry (a process global!)
-    flag_before: bool  # _is_fx_tracing_flag on entry
+    flag_before: bool | None  # the FX flag on entry, as this thread sees it (None: unknown layout)
     stack: tuple[Frame, ...]  # innermost last
     end: float | None = None
     flag_after: bool | None = None  # the value `finally` restored
@@ -85,7 +87,6 @@ def _make_patched(original):
     @functools.wraps(original)
     def trace(self, root, *args, **kwargs):
         import torch
-        import torch.fx._symbolic_trace as st
 
         stack_ids: list[tuple[int, int]] = getattr(_local, "open", None) or []
         _local.open = stack_ids
@@ -100,7 +101,7 @@ def _make_patched(original):
             target=_target_name(root),
             start=time.time(),
             compiling=bool(torch.compiler.is_compiling()),
-            flag_before=bool(st._is_fx_tracing_flag),
+            flag_before=torchcompat.fx_flag(),
             stack=tuple(current_stack(skip=1)),
             outer_window=stack_ids[-1][1] if stack_ids else None,
         )
@@ -115,7 +116,7 @@ def _make_patched(original):
             raise
         finally:
             window.end = time.time()
-            window.flag_after = bool(st._is_fx_tracing_flag)
+            window.flag_after = torchcompat.fx_flag()
             stack_ids.pop()
             with _lock:
                 _active.pop(window.window_id, None)

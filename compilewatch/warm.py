@@ -1,8 +1,10 @@
 """Sequential prewarm: compile a workload on every device, one device after another, in the calling
 thread, then prove a second pass compiles nothing.
 
-Why: the FX tracing flag is a module global (FACTS.md §1). A thread that compiles while another
-thread calls a compiled function breaks the caller (error, stuck flag, or hang on GPU). Compiling
+Why: tracing state is shared between threads (FACTS.md §1, docs/race.md): the FX tracing flag up
+to torch 2.13, the class-level nn.Module patch on every torch so far. A thread that compiles while
+another thread calls a compiled function or a module breaks the caller (error, stuck state, or
+hang on GPU). Compiling
 everything first, in one thread, and only then starting worker threads avoids the race.
 
 The workload API (`compilewatch.targets.Workload`): `build()` runs once per process and creates the

@@ -242,6 +242,7 @@ class WatchSummary:
     verdicts: tuple[str, ...]  # the findings' text, same order
     advice: tuple[str, ...]  # the fixes, same order, deduplicated
     first_problems: tuple[dict[str, Any], ...]  # the first event of each of the first findings, in full
+    unwatched: tuple[str, ...] = ()  # what a watcher could not install on its torch (never "ok" for that)
 
 
 def headline(text: str | None) -> str:
@@ -434,17 +435,23 @@ def summarize(events: Iterable[WatchEvent]) -> WatchSummary:
             count=g["count"], pattern=p.name if p else None, race=p.race if p else None,
             cause=p.cause if p else None, fix=_fix(e, p), text=f"{label}: {text}", first=e.to_json()))
     findings.sort(key=_rank)  # stable: time order within a rank
-    verdicts = [f.text for f in findings[:_MAX_FINDINGS]]
-    if not problems:
+    shown = findings[:_MAX_FINDINGS]
+    unwatched = tuple(dict.fromkeys(
+        f"not watched (pid {e.pid}, torch {e.detail.get('torch')}): {u.get('what')}: {u.get('why')}"
+        for e in events if e.kind == "start" for u in e.detail.get("unwatched") or ()))
+    # what failed, then what could not be watched (never "ok" for that), then risks
+    verdicts = [f.text for f in shown if f.severity == FAILURE] + list(unwatched)
+    verdicts += [f.text for f in shown if f.severity != FAILURE]
+    if not problems and not unwatched:
         verdicts.append(f"no cross-thread problem seen ({counts.get('trace', 0)} trace window(s), "
                         f"{counts.get('compile', 0)} compile(s) watched).")
-    elif not failures:
-        verdicts.insert(0, f"nothing failed: {risks} risk(s) seen, no exception and no harm observed.")
+    elif problems and not failures:
+        verdicts.insert(len(unwatched), f"nothing failed: {risks} risk(s) seen, no exception and no harm observed.")
     advice = tuple(dict.fromkeys(f.fix for f in findings if f.fix))
     return WatchSummary(
-        schema_version=SCHEMA_VERSION, ok=failures == 0, counts=dict(counts), problems=len(problems),
+        schema_version=SCHEMA_VERSION, ok=failures == 0 and not unwatched, counts=dict(counts), problems=len(problems),
         failures=failures, risks=risks, setter_threads=tuple(setters), victim_threads=tuple(victims),
         stalled_threads=tuple(stalled), pids=tuple(sorted({e.pid for e in events})),
         findings=tuple(findings[:_MAX_FINDINGS]), verdicts=tuple(verdicts), advice=advice,
-        first_problems=tuple(f.first for f in findings[:10]),
+        first_problems=tuple(f.first for f in findings[:10]), unwatched=unwatched,
     )

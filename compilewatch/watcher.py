@@ -9,7 +9,11 @@
 What it listens to (each through the one module that owns that patch point):
 - tracehooks: every `Tracer.trace` window (thread, tracer class, target, stack);
 - fxpatch: every read of the FX flag that finds it set, and every module call a thread makes through
-  another thread's class-level `nn.Module.__call__` patch;
+  another thread's class-level `nn.Module.__call__` patch. Where torch keeps the flag per thread
+  (2.14+), a flag read can only see the reading thread's own trace, so no flag leak is reported there;
+  the class-level patch and CURRENT_PATCHER are still shared and still watched. On a torch whose
+  layout compilewatch.torchcompat does not recognise, fxpatch installs nothing: the `start` event
+  lists it under `unwatched` and the summary is not ok;
 - compile_events: dynamo compile windows (for stalls and compiles after `mark_warm()`);
 - a watchdog thread that wakes every `min(0.5, stall_after / 4)` s: a compile or trace open longer
   than `stall_after` is reported with every thread's stack; stuck tracing state is checked too.
@@ -37,7 +41,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterator
 
-from compilewatch import fxpatch, stacks, tracehooks
+from compilewatch import fxpatch, stacks, torchcompat, tracehooks
 from compilewatch.compile_events import CompileRecorder, CompileWindow
 from compilewatch.stacks import Frame
 from compilewatch.watch_events import EventLog, WatchEvent, WatchSummary, summarize
@@ -145,6 +149,8 @@ class Watcher:
         self._recent: deque[tracehooks.TraceWindow] = deque(maxlen=16)
         self.repeats: dict[tuple, int] = {}
         self.repeat_total = 0  # detections that repeated a first event (counted, not re-reported)
+        self._fx_observed = False  # fxpatch installed (flag reads, module calls, stuck state watched)
+        self._flag_per_thread = False
 
     # --- lifecycle ---------------------------------------------------------------------------
     def install(self) -> "Watcher":
@@ -152,11 +158,21 @@ class Watcher:
             return self
         import torch
 
+        from compilewatch.errors import CompilewatchError
+
+        unwatched = []
+        try:  # all or nothing: a failed install leaves nothing patched
+            fxpatch.add_observer(self)
+            self._fx_observed = True
+            self._flag_per_thread = torchcompat.fx_flag_layout().per_thread
+        except CompilewatchError as e:
+            unwatched.append({"what": "FX flag reads, module calls through another thread's nn.Module patch, stuck "
+                                      "tracing state", "why": e.message})
         self._emit("start", {"argv": list(sys.argv), "torch": torch.__version__, "python": sys.version.split()[0],
                              "stall_after_s": self.stall_after, "repair": self.repair_stuck,
-                             "thread_local_flag": fxpatch.thread_local_enabled()})
+                             "thread_local_flag": fxpatch.thread_local_enabled(),
+                             "fx_flag": torchcompat.fx_flag_layout().kind, "unwatched": unwatched})
         tracehooks.subscribe(self)
-        fxpatch.add_observer(self)
         self._compiles.listeners.append(self)
         self._prev_excepthook = threading.excepthook
         threading.excepthook = self._on_thread_exception
@@ -187,7 +203,9 @@ class Watcher:
                 self._dog.join(timeout=5)
             self._check_stuck("close")
             tracehooks.unsubscribe(self)
-            fxpatch.remove_observer(self)
+            if self._fx_observed:
+                fxpatch.remove_observer(self)
+                self._fx_observed = False
             from compilewatch.importhook import cancel
 
             cancel("torch._dynamo", self._install_compile_callbacks)
@@ -379,7 +397,8 @@ class Watcher:
                     self._emit("eager_fallback", {"call": call, "cross_thread": False, "setters": [],
                                                   "victim_stack": _frames(stacks.current_stack(skip=2))})
             return
-        setter_threads = self._setter_threads(exclude_thread=me)
+        # a per-thread flag read True outside a trace was set by this thread, never by another's trace
+        setter_threads = () if self._flag_per_thread else self._setter_threads(exclude_thread=me)
         if not setter_threads:  # the flag is set and nobody is tracing: stuck
             self._check_stuck("flag_read")
             return
@@ -456,7 +475,7 @@ class Watcher:
 
     # --- checks ---------------------------------------------------------------------------------
     def _check_stuck(self, seen_at: str) -> bool:
-        if fxpatch.thread_local_enabled() or tracehooks.active_windows():
+        if not self._fx_observed or fxpatch.thread_local_enabled() or tracehooks.active_windows():
             return False
         state = fxpatch.stuck_state()
         if not state.stuck:
@@ -510,7 +529,7 @@ class Watcher:
                                  "stall_after_s": self.stall_after, "threads_in_compile": in_compile,
                                  "stacks": {k: [str(f) for f in v] for k, v in all_stacks.items()}},
                        thread=thread or _NamedThread(tname, tid, _thread_key(tid)[1]))
-        if tracehooks.active_windows():
+        if not self._fx_observed or tracehooks.active_windows():
             self._stuck_ticks = 0
         elif fxpatch.stuck_state().stuck:
             self._stuck_ticks += 1

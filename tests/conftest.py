@@ -44,9 +44,17 @@ def _pinned_env(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _clean_fx_flag():
-    """A test that leaves the module-global FX flag stuck must not poison the ones after it."""
+    """A test that leaves the FX flag stuck must not poison the ones after it. Reset through
+    compilewatch.torchcompat (this thread's flag where torch keeps it per thread); a test that
+    plants the module-global flag on a torch that no longer has one fails."""
     yield
     import torch.fx._symbolic_trace as st
 
-    st._is_fx_tracing_flag = False
+    from compilewatch import torchcompat
+
+    planted = torchcompat.fx_flag_layout().per_thread and "_is_fx_tracing_flag" in vars(st)
+    if planted:
+        del st._is_fx_tracing_flag  # remove it before failing, so later tests see torch as it is
+    torchcompat.reset_fx_flag()
+    assert not planted, "the test planted _is_fx_tracing_flag, which this torch removed"
 

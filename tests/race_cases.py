@@ -3,6 +3,10 @@
 Each trial starts a "setter" thread that traces a function which waits on an Event while it holds
 the FX tracing state, and a "victim" thread that does one thing inside that window. Returns what
 each thread raised (None: nothing). Shared by test_watch.py and test_guard.py.
+
+What a trial does depends on how the installed torch keeps the FX flag (compilewatch.torchcompat):
+tests of the module-global flag's leak are marked `needs_global_flag` and skip, with the reason, on a
+torch that keeps it per thread (2.14+), where `needs_per_thread_flag` tests check that nothing leaks.
 """
 
 from __future__ import annotations
@@ -16,7 +20,17 @@ import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from compilewatch import torchcompat
+
 WAIT = 30.0  # upper bound for an Event wait; a correct run never comes close
+
+
+FLAG = torchcompat.fx_flag_layout()
+GLOBAL_FLAG = FLAG.kind == "global"
+needs_global_flag = pytest.mark.skipif(
+    not GLOBAL_FLAG, reason=f"needs torch's module-global FX flag (_is_fx_tracing_flag); this torch: {FLAG.why}")
+needs_per_thread_flag = pytest.mark.skipif(
+    not FLAG.per_thread, reason=f"needs a torch that keeps the FX flag per thread (2.14+); this torch: {FLAG.why}")
 
 
 @dataclass

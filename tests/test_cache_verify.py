@@ -27,6 +27,18 @@ def test_clean_cache_is_ok(tmp_path):
     assert any("triton kernel targets" in n and "cuda:90" in n for n in r.not_checked)  # no GPU here
 
 
+def test_torch_215_load_ok_markers_are_not_empty_entries(tmp_path):
+    """torch 2.14/2.15's cpu_vec_isa.py writes a zero-byte `<probe>.so.load_ok` on purpose once the probe .so
+    dlopen'ed; an empty .so is still an error."""
+    root = make_cache(tmp_path / "c")
+    so = next(root.glob("*/c02*.so"))
+    (so.parent / (so.name + ".load_ok")).write_bytes(b"")
+    assert verify_mod.verify(root).findings == ()
+    so.write_bytes(b"")
+    r = verify_mod.verify(root)
+    assert [(f.kind, f.path) for f in r.findings] == [("empty", str(so.relative_to(root)))]
+
+
 @pytest.mark.parametrize("damage, kind", [
     (lambda root: (root / "01" / ("c01" + "x" * 49 + ".cpp")).write_bytes(b""), "empty"),
     (lambda root: _truncate(next(root.glob("fxgraph/*/*/*")), 20), "truncated"),

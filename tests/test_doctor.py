@@ -8,7 +8,7 @@ import os
 import pytest
 
 from cli.main import app
-from compilewatch import doctor, gpus, torchinfo
+from compilewatch import doctor, gpus, torchcompat, torchinfo
 from tests.helpers import invoke, invoke_json
 from tests.test_gpus import fake_nvml, no_driver, seeds_drafters
 
@@ -29,12 +29,16 @@ def test_doctor_json_on_a_clean_cpu_machine():
     assert data["cache"]["path"] == os.environ["TORCHINDUCTOR_CACHE_DIR"]
     assert data["cache"]["system_key"] == torchinfo.system_key()
     assert data["gpus"]["available"] is False
-    assert data["fx"]["global_flag"] is True and data["fx"]["flag_now"] is False
+    layout = torchcompat.fx_flag_layout().kind
+    assert data["fx"]["layout"] == layout and data["fx"]["global_flag"] is (layout == "global")
+    assert data["fx"]["flag_now"] is False and data["fx"]["stuck"] is False
     assert data["dynamo"]["recompile_limit"] >= 1
     levels = {v["level"] for v in data["verdicts"]}
     assert "problem" not in levels
     fx = [v for v in data["verdicts"] if v["topic"] == "fx-flag"]
-    assert fx and "compilewatch warm" in fx[0]["advice"]
+    warn = [v for v in fx if v["level"] == "warn"]  # the class-level nn.Module patch: not fixed on any torch yet
+    assert warn and "compilewatch warm" in warn[0]["advice"]
+    assert any("not fixed in torch" in v["message"] and "nn.Module.__call__" in v["message"] for v in warn)
 
 
 def test_config_per_thread_is_measured():
@@ -47,7 +51,7 @@ def test_config_per_thread_is_measured():
 
 
 def test_stuck_fx_flag_is_a_problem():
-    torchinfo.set_fx_flag(True)  # conftest resets it after the test
+    torchcompat.set_fx_flag(True)  # this thread's flag where torch keeps it per thread; conftest resets it
     result = invoke(app, ["doctor"])
     assert result.exit_code == 1
     assert "stuck" in result.stdout
@@ -73,6 +77,25 @@ def test_gpu_imbalance_is_a_problem(monkeypatch):
     assert data["gpus"]["available"] and len(data["gpus"]["gpus"]) == 3
     assert any(v["topic"] == "gpus" and v["level"] == "problem" and "GPU 0 uses 40.0 GB" in v["message"]
                for v in data["verdicts"])
+
+
+@pytest.mark.parametrize("layout", ["global", "thread_local"])
+def test_verdicts_say_what_this_torch_fixed_and_what_not(layout, monkeypatch):
+    """doctor's race verdicts follow the probed layout (simulated here, so both columns are checked on any torch)."""
+    monkeypatch.setattr(torchcompat, "fx_flag_layout", lambda: torchcompat.FlagLayout(layout, "simulated"))
+    fx = doctor.FxFacts(layout == "global", False, True, False, layout=layout, race=torchcompat.race_facts())
+    verdicts = doctor._verdicts(doctor.env_facts(), doctor.cache_status(), doctor.gpu_summary(), fx,
+                                doctor.dynamo_limits())
+    fx = {(v.level, v.message.split(": ", 1)[1]) for v in verdicts if v.topic == "fx-flag"}
+    flag = ("ok", torchcompat.FLAG_FIXED) if layout == "thread_local" else ("warn", torchcompat.FLAG_NOT_FIXED)
+    assert flag in fx and ("warn", torchcompat.PATCH_NOT_FIXED) in fx and ("warn", torchcompat.PATCHER_NOT_FIXED) in fx
+
+
+def test_doctor_on_an_unrecognised_torch_does_not_raise(monkeypatch):
+    monkeypatch.setattr(torchcompat, "fx_flag_layout", lambda: torchcompat.FlagLayout("unknown", "simulated layout"))
+    data = invoke_json(app, ["doctor"])
+    assert data["fx"]["layout"] == "unknown" and data["fx"]["flag_now"] is None
+    assert any(v["level"] == "warn" and "simulated layout" in v["message"] for v in data["verdicts"])
 
 
 def test_recompile_limit_warns_when_gpus_reach_it():

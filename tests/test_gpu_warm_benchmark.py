@@ -32,7 +32,10 @@ def test_gpu_warm_benchmark_tiny_cpu(tmp_path):
     assert steps["warm_cold"]["summary"]["verify_compiles"] == 0
     for name in ("warm_then_threads", "disk_warm_then_threads"):
         s = steps[name]["summary"]
-        assert s["outcome"] in ("ok", "error", "hang") and len(s["threads"]) == 3
+        # torch 2.11 on CPU segfaults in the disk-warm case (3 threads still compile dynamo frames cold):
+        # a crash is an outcome the benchmark reports, with the child's stacks
+        assert (s["outcome"] in ("ok", "error", "hang") and len(s["threads"]) == 3) or (
+            s["outcome"] == "crash" and "signal" in s["note"] and "File " in steps[name]["stderr_tail"]), s
     warmed = steps["warm_then_threads"]["summary"]
     assert warmed["outcome"] == "ok" and warmed["frames_in_threads"] == 0  # after warm nothing compiles
     assert steps["disk_warm_then_threads"]["disk_warm"]["ok"]

@@ -10,10 +10,12 @@ import torch.fx
 import torch.fx._symbolic_trace as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from compilewatch import fxpatch
+from compilewatch import fxpatch, torchcompat
+from compilewatch.errors import CompilewatchError
 from compilewatch.guard import CompileGuard, GuardError, support
 from compilewatch.watcher import Watcher
-from tests.race_cases import WAIT, Trial, leak_trial, overlap_trial, X, clean_race_state, step  # noqa: F401 (autouse fixture)
+from tests.race_cases import (FLAG, GLOBAL_FLAG, WAIT, Trial, leak_trial, overlap_trial, X,  # noqa: F401
+                              clean_race_state, step)  # (autouse fixture)
 
 TRIALS = 20
 _TL_OK, _TL_WHY = fxpatch.readers_patchable()
@@ -34,6 +36,14 @@ def test_support_describes_this_torch():
     assert s.torch_version == torch.__version__
     assert s.freeze and s.compiling_flag_global and s.thread_local_flag == _TL_OK
     assert s.dynamo_config_per_thread == (tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 12))
+    # what this torch fixed upstream and what the guard still has to cover, probed (not by version)
+    assert s.fx_flag == FLAG.kind
+    assert (torchcompat.FLAG_FIXED in s.fixed_upstream) == FLAG.per_thread
+    assert (torchcompat.FLAG_NOT_FIXED in s.not_fixed_upstream) == GLOBAL_FLAG
+    assert torchcompat.PATCH_NOT_FIXED in s.not_fixed_upstream  # every torch so far, 2.15 included
+    assert torchcompat.PATCHER_NOT_FIXED in s.not_fixed_upstream
+    if FLAG.per_thread:
+        assert "torch keeps the FX flag per thread itself" in s.thread_local_why
 
 
 @needs_thread_local
@@ -45,7 +55,8 @@ def test_thread_local_flag_stops_the_leak(guard, tracer):
     assert all(torch.equal(t.victim_result, X.sin() + 1) for t in trials)
     s = w.summary()
     assert s.ok, s.verdicts
-    assert s.counts.get("leak_prevented") == TRIALS  # the watcher saw the flag set, the guard kept it local
+    # a global flag: the watcher saw it set, the guard kept it local; a per-thread flag never reads True there
+    assert s.counts.get("leak_prevented") == (TRIALS if GLOBAL_FLAG else None)
 
 
 @needs_thread_local
@@ -62,9 +73,18 @@ def test_thread_local_module_calls_are_not_routed_through_a_foreign_tracer(guard
 def test_thread_local_overlapping_traces_leave_nothing_stuck(guard):
     with Watcher() as w:
         trials = [overlap_trial() for _ in range(TRIALS)]
-        assert not fxpatch.stuck_state().stuck and st._is_fx_tracing_flag is False
+        assert not fxpatch.stuck_state().stuck and torchcompat.fx_flag() is False
     assert [(t.setter_error, t.victim_error) for t in trials] == [(None, None)] * TRIALS
     assert w.summary().ok
+
+
+@needs_thread_local
+def test_torch_facts_are_the_same_with_the_guard_installed(guard):
+    """The probes see through compilewatch's own patches: the guard does not make torch look fixed."""
+    assert guard.thread_local and fxpatch.thread_local_enabled()
+    race = torchcompat.race_facts()
+    assert race.patcher_global and race.module_patch_on_class and race.fx_flag == FLAG.kind
+    assert torchcompat.PATCHER_NOT_FIXED in support().not_fixed_upstream
 
 
 @needs_thread_local
@@ -222,6 +242,23 @@ def test_close_restores_dynamo_and_fx():
         assert ef._callback_from_stance is not before[0] and fxpatch.thread_local_enabled()
     assert (ef._callback_from_stance, st._new_patcher, st.is_fx_symbolic_tracing.__code__) == before
     assert not fxpatch.thread_local_enabled()
+
+
+def test_guard_on_an_unrecognised_torch_installs_no_fx_patch(monkeypatch):
+    """thread_local=None: the guard runs without the thread-local mode; thread_local=True: it refuses,
+    leaving nothing installed (no dynamo hook, no Tracer.trace patch)."""
+    import torch._dynamo.eval_frame as ef
+
+    from compilewatch import tracehooks
+
+    monkeypatch.setattr(torchcompat, "fx_flag_layout", lambda: torchcompat.FlagLayout("unknown", "simulated layout"))
+    assert support().thread_local_flag is False and support().fx_flag == "unknown"
+    hook = ef._callback_from_stance
+    with CompileGuard() as g:
+        assert not g.thread_local and not fxpatch.thread_local_enabled() and not tracehooks.installed()
+    with pytest.raises(CompilewatchError, match="simulated layout"):
+        CompileGuard(thread_local=True).install()
+    assert ef._callback_from_stance is hook and not tracehooks.installed()
 
 
 def test_one_guard_at_a_time(guard):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compilewatch import fxpatch, patterns
+from compilewatch import fxpatch, patterns, torchcompat
 from compilewatch.watch_events import FAILURE, WatchSummary
 from compilewatch.watcher import Watcher
 
@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _TL_OK, _TL_WHY = fxpatch.readers_patchable()
 _TORCH = tuple(int(p) for p in torch.__version__.split(".")[:2])
 TORCH_2_13_PLUS = _TORCH >= (2, 13)
+FLAG_PER_THREAD = torchcompat.fx_flag_layout().per_thread  # torch 2.14+: another thread's trace no longer leaks
 NYI_ASSERT = _TORCH < (2, 14)  # the "NYI SymInt equality" recompile assert: 2.11, 2.13; gone in 2.14.1, 2.15.0
 
 
@@ -86,6 +87,9 @@ def test_recompile_assert_leads_and_is_not_called_a_race():
 
 def test_trace_held_open_beside_a_warm_call_advises_the_thread_local_fix_only():
     truth, s = watched("symbolic_trace_open_beside_warm_call")
+    if FLAG_PER_THREAD:  # fixed upstream: the warm call is not disturbed, and nothing is reported
+        assert truth["errors"] == {} and s.ok and s.failures == 0, s.verdicts
+        return
     assert list(truth["errors"]) == ["worker"] and "symbolically trace" in truth["errors"]["worker"][0]
     assert_honest(truth, s)
     first = s.findings[0]
@@ -106,7 +110,7 @@ def test_eager_module_call_through_a_foreign_tracer_carries_its_nameerror():
 
 def test_overlapping_traces_report_stuck_state():
     truth, s = watched("overlapping_make_fx_leave_state_stuck")
-    assert truth["stuck"], "the forced order must leave the flag stuck on this torch"
+    assert truth["stuck"], "the forced order must leave tracing state stuck on this torch"
     assert_honest(truth, s)
     assert not s.ok
     stuck = [f for f in s.findings if f.kind == "stuck_state"]
@@ -138,7 +142,9 @@ def test_warm_then_threads_has_no_finding_at_all():
 def test_compile_guard_protects_from_creation():
     truth, s = watched("guard_alone_keeps_trace_local")
     assert truth["errors"] == {}
-    assert s.ok and s.failures == 0 and s.counts.get("leak_prevented") == 1, s.verdicts
+    assert s.ok and s.failures == 0, s.verdicts
+    # the guard's thread-local flag stopped a leak; where torch keeps the flag per thread itself there is none to stop
+    assert s.counts.get("leak_prevented") == (None if FLAG_PER_THREAD else 1), s.counts
 
 
 def test_compilewatch_run_leads_with_the_compile_failure(tmp_path):

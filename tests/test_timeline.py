@@ -11,15 +11,26 @@ import torch
 from cli.main import app
 from compilewatch.watcher import Watcher
 from tests.helpers import invoke, invoke_json
-from tests.race_cases import leak_trial, X, clean_race_state, step  # noqa: F401 (autouse fixture)
+from tests.race_cases import GLOBAL_FLAG, leak_trial, X, clean_race_state, step  # noqa: F401 (autouse fixture)
 from tests.timeline_format import validate
+
+
+def _race():
+    """The victim's call that races on this torch: a compiled call where the FX flag is module-global
+    (a flag leak), else an eager module call (torch 2.14+ still patches nn.Module.__call__ on the class)."""
+    if GLOBAL_FLAG:
+        return (lambda: step(X)), "flag leak"
+    lin = torch.nn.Linear(4, 4)
+    return (lambda: lin(X)), "module call leak"
+
 
 def test_watcher_timeline_shows_the_race(tmp_path):
     path = tmp_path / "race.json"
     with Watcher(tmp_path / "r.jsonl", timeline=path) as w:
         with w.span("warm cpu", cat="warm", device="cpu"):
             torch.compile(lambda x: x * 5, backend="aot_eager")(X)
-        leak_trial(lambda: step(X))
+        call, marker = _race()
+        leak_trial(call)
     data = json.loads(path.read_text())
     assert validate(data) == []
     te = data["traceEvents"]
@@ -30,7 +41,7 @@ def test_watcher_timeline_shows_the_race(tmp_path):
     assert any(ph == "X" and n.startswith("dynamo compile") for ph, n in names)
     assert any(ph == "X" and n.startswith("Tracer ") and e_tid == threads["setter"]
                for ph, n, e_tid in ((e["ph"], e["name"], e.get("tid")) for e in te))
-    leak = next(e for e in te if e["ph"] == "i" and e["name"].startswith("flag leak"))
+    leak = next(e for e in te if e["ph"] == "i" and e["name"].startswith(marker))
     assert leak["tid"] == threads["victim"] and leak["args"]["setters"][0]["thread"] == "setter"
     flow = {e["ph"]: e for e in te if e["ph"] in ("s", "f")}
     assert flow["s"]["tid"] == threads["setter"] and flow["f"]["tid"] == threads["victim"]
@@ -41,7 +52,7 @@ def test_watcher_timeline_shows_the_race(tmp_path):
 def test_timeline_command_converts_a_report(tmp_path):
     report = tmp_path / "r.jsonl"
     with Watcher(report):
-        leak_trial(lambda: step(X))
+        leak_trial(_race()[0])
     out = tmp_path / "t.json"
     info = invoke_json(app, ["timeline", str(report), "-o", str(out)])
     assert info["problems"] == 1 and info["slices"] >= 2 and set(info["threads"].values()) >= {"setter", "victim"}

@@ -11,10 +11,12 @@ import pytest
 import torch
 import torch.fx._symbolic_trace as st
 
-from compilewatch import fxpatch, tracehooks
+from compilewatch import fxpatch, torchcompat, tracehooks
+from compilewatch.errors import CompilewatchError
 from compilewatch.watcher import Watcher
 from compilewatch.watch_events import KINDS, SCHEMA_VERSION, read_events, summarize
-from tests.race_cases import WAIT, leak_trial, overlap_trial, trace_window, X, clean_race_state, step  # noqa: F401 (autouse fixture)
+from tests.race_cases import (GLOBAL_FLAG, WAIT, leak_trial, needs_global_flag, needs_per_thread_flag,  # noqa: F401
+                              overlap_trial, trace_window, X, clean_race_state, step)  # (autouse fixture)
 
 NESTED = "Detected that you are using FX to symbolically trace a dynamo-optimized function"
 
@@ -23,6 +25,7 @@ def _kinds(w: Watcher, kind: str):
     return [e for e in w.events if e.kind == kind]
 
 
+@needs_global_flag
 @pytest.mark.parametrize("tracer", ["symbolic_trace", "make_fx"])
 def test_flag_leak_is_reproduced_and_names_setter_and_victim(tmp_path, tracer):
     with Watcher(tmp_path / "r.jsonl") as w:
@@ -41,6 +44,19 @@ def test_flag_leak_is_reproduced_and_names_setter_and_victim(tmp_path, tracer):
     assert not s.ok and s.setter_threads == ("setter",) and s.victim_threads == ("victim",)
 
 
+@needs_per_thread_flag
+@pytest.mark.parametrize("tracer", ["symbolic_trace", "make_fx"])
+def test_per_thread_flag_does_not_leak_and_nothing_is_reported(tracer):
+    """torch 2.14+ fixed the flag leak upstream: the victim's compiled call runs, the watcher stays quiet."""
+    with Watcher() as w:
+        trial = leak_trial(lambda: step(X), tracer)
+    assert trial.setter_error is None and trial.victim_error is None
+    assert torch.equal(trial.victim_result, X.sin() + 1)
+    assert w.events[0].detail["fx_flag"] == "thread_local" and w.events[0].detail["unwatched"] == []
+    s = w.summary()
+    assert s.ok and s.counts.get("flag_leak") is None and s.counts.get("trace") == 1, s.verdicts
+
+
 def test_module_call_during_foreign_trace_is_reported(tmp_path):
     lin = torch.nn.Linear(4, 4)
     with Watcher() as w:
@@ -56,12 +72,14 @@ def test_overlapping_traces_leave_stuck_state_which_is_reported_and_repaired():
         trial = overlap_trial()
     assert isinstance(trial.victim_error, AssertionError)  # CURRENT_PATCHER is None in finally block
     (ev,) = _kinds(w, "stuck_state")
-    assert ev.detail["flag"] and ev.detail["module_call_patched"] and ev.detail["repaired"]
+    # a per-thread flag (torch 2.14+) is restored by each thread; the class-level patch is still left behind
+    assert ev.detail["flag"] == GLOBAL_FLAG and ev.detail["module_call_patched"] and ev.detail["repaired"]
     assert {r["thread"] for r in ev.detail["recent_windows"]} == {"setter", "victim"}
     assert not fxpatch.stuck_state().stuck
     step(X)  # compiled calls work again after the repair
 
 
+@needs_global_flag
 def test_stuck_state_without_repair_breaks_later_calls_and_check_sees_it():
     with Watcher() as w:
         overlap_trial()
@@ -71,6 +89,20 @@ def test_stuck_state_without_repair_breaks_later_calls_and_check_sees_it():
             step(X)  # even single-threaded, every later compiled call fails
         w.repair()
         step(X)
+    assert [e.kind for e in w.events if e.kind in ("stuck_state", "repair")] == ["stuck_state", "repair"]
+
+
+def test_stuck_module_patch_breaks_later_module_calls_and_check_sees_it():
+    """On every torch so far (2.15 too) overlapping traces leave nn.Module.__call__ patched on the class:
+    later module calls, even single-threaded, run through a dead tracer."""
+    lin = torch.nn.Linear(4, 4)
+    with Watcher() as w:
+        overlap_trial()
+        assert w.check() and fxpatch.stuck_state().module_call_patched
+        with pytest.raises(NameError, match="not installed as a submodule"):
+            lin(X)
+        w.repair()
+        assert lin(X).shape == (4,)
     assert [e.kind for e in w.events if e.kind in ("stuck_state", "repair")] == ["stuck_state", "repair"]
 
 
@@ -130,6 +162,7 @@ def test_recompile_after_warm_carries_guard_reason():
     assert any("rank mismatch" in r or "size mismatch" in r for r in ev.detail["reasons"]), ev.detail
 
 
+@needs_global_flag
 def test_silent_eager_fallback_is_reported():
     def call():
         # dynamo config is per thread since torch 2.12: set it in the victim thread itself
@@ -145,8 +178,9 @@ def test_silent_eager_fallback_is_reported():
 
 def test_report_is_versioned_jsonl_with_an_end_summary(tmp_path):
     path = tmp_path / "watch.jsonl"
+    lin = torch.nn.Linear(4, 4)
     with Watcher(path) as w:
-        leak_trial(lambda: step(X))
+        leak_trial(lambda: lin(X))  # a module-call leak: the race every torch so far still has
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert all(d["schema_version"] == SCHEMA_VERSION and d["kind"] in KINDS for d in lines)
     assert [d["seq"] for d in lines] == list(range(1, len(lines) + 1))
@@ -175,6 +209,35 @@ def test_close_restores_every_patch():
     assert st._Patcher.__dict__["patch_method"] is patch_method
     assert torch.fx.Tracer.__dict__["trace"] is trace and not tracehooks.installed()
     assert "_compilewatch_fxflag" not in vars(st)
+
+
+def test_unrecognised_torch_installs_nothing_and_is_never_ok(monkeypatch):
+    """A torch whose FX layout torchcompat does not know (simulated): fxpatch patches nothing (not even
+    Tracer.trace), the watcher says what it could not watch and its summary is not ok."""
+    trace = torch.fx.Tracer.__dict__["trace"]
+    codes = (st.is_fx_symbolic_tracing.__code__, st.is_fx_tracing.__code__)
+    monkeypatch.setattr(torchcompat, "fx_flag_layout", lambda: torchcompat.FlagLayout("unknown", "simulated layout"))
+
+    class Obs:
+        def on_flag_read(self, read): ...
+
+        def on_foreign_module_call(self, call): ...
+
+    with pytest.raises(CompilewatchError, match="simulated layout"):
+        fxpatch.add_observer(Obs())
+    with pytest.raises(CompilewatchError, match="simulated layout"):
+        fxpatch.enable_thread_local()
+    assert torch.fx.Tracer.__dict__["trace"] is trace and not tracehooks.installed()
+    assert (st.is_fx_symbolic_tracing.__code__, st.is_fx_tracing.__code__) == codes
+    assert not fxpatch.thread_local_enabled()
+    with Watcher() as w:
+        gm = torch.fx.symbolic_trace(lambda a: a + 1)  # the program's own tracing still works
+        assert torch.equal(gm(X), X + 1)
+    start = w.events[0]
+    assert start.detail["fx_flag"] == "unknown" and "simulated layout" in start.detail["unwatched"][0]["why"]
+    s = w.summary()
+    assert not s.ok and s.problems == 0 and s.unwatched and "not watched" in s.verdicts[0]
+    assert torch.fx.Tracer.__dict__["trace"] is trace and not tracehooks.installed()
 
 
 def test_importing_compilewatch_does_not_import_torch():

@@ -7,7 +7,8 @@ Read from torch 2.13's source (`torch/_inductor/codecache.py`, `compile_fx.py`,
   `_fx_graph_cache_debug_lines`: one line per input of the cache key, written by
   `FxGraphCachePickler.debug_lines` as `"[<hash of value>] <name>: <value>"`. Two of them matter:
   - `system_info[hash]: <64 hex>` is `CacheBase.get_system()["hash"]`, the system key itself
-    (GPU name + CUDA version + triton key; the CPU-only hash when there is no GPU).
+    (GPU name + CUDA version + triton key; without a GPU a CPU-only hash, a constant on torch 2.13
+    and a hash of the triton version on 2.15 — read either way, never re-derived; checked on 2.15 CPU).
   - `[<h>] torch_version: ...`, where `<h>` is the pickler hash of `torch_key()` (torch's version plus
     a hash of its source files): the torch build that made the entry.
 - An AOTAutograd entry (a pickled `AOTAutogradResult`) carries the same lines for its forward and

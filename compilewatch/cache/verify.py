@@ -4,7 +4,7 @@ What is checked, and how (no GPU needed for any of it):
 
 | check | kind | severity |
 |---|---|---|
-| a zero-byte file outside `locks/` | `empty` | error |
+| a zero-byte file outside `locks/` (except the markers torch writes empty on purpose: `*.lock`, `*.so.load_ok`) | `empty` | error |
 | an fxgraph / aotautograd pickle without pickle framing (first byte 0x80, last byte `.`) | `truncated` | error |
 | a `.so` / `.cubin` whose ELF header is missing or whose section table lies past the file's end | `truncated` | error |
 | generated `.py` that does not compile; triton `.json` or `cache/<key>` JSON that does not parse | `truncated` | error |
@@ -50,6 +50,9 @@ STALE_TEMP_S = 3600
 _BINARY_EXTS = (".cubin", ".hsaco", ".spv", ".zebin")
 _ELF_MAGIC = b"\x7fELF"
 _FX_KEY = re.compile(r"^f[a-z0-9]{51}$")  # an FX-graph cache key (`f` + base32 sha256), as aotautograd stores it
+# zero-byte files torch writes on purpose: lock files, and (torch 2.14/2.15 cpu_vec_isa.py) `<isa probe>.so.load_ok`,
+# "this .so was dlopen'ed once", next to the probe's .so in the codegen cache
+_EMPTY_BY_DESIGN = (".lock", ".so.load_ok")
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +311,7 @@ def verify(path: str | os.PathLike[str] | None = None, *, deep: bool = True, fix
         sub, unit = layout.entry_of(f.rel)
         checked[sub] += 1
         if f.size == 0:
-            if sub != "locks" and not f.rel.endswith(".lock"):
+            if sub != "locks" and not f.rel.endswith(_EMPTY_BY_DESIGN):
                 ck.add("empty", f.rel, "zero-byte file")
             continue
         if sub in ("fxgraph", "aotautograd"):

@@ -2,8 +2,9 @@
 
     compilewatch probe docs/examples/race_target.py:run --threads 3
 
-worker-0 runs torch.fx.symbolic_trace in a loop (it holds the module-global FX flag while it
-traces); the other threads call an already-compiled function in a loop until worker-0 is done.
+worker-0 runs torch.fx.symbolic_trace in a loop (it holds the FX flag while it traces: module-global
+up to torch 2.13, so the others fail there; per thread from 2.14, so they pass); the other threads call
+an already-compiled function in a loop until worker-0 is done.
 """
 
 import threading

@@ -17,8 +17,6 @@ def record(errors: dict, thread: str, e: BaseException) -> None:
 
 
 def main() -> dict:
-    import torch.fx._symbolic_trace as st
-
     errors: dict = {}
     first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
 
@@ -56,13 +54,13 @@ def main() -> dict:
         t.start()
     for t in threads:
         t.join(WAIT)
-    stuck = bool(st._is_fx_tracing_flag)
+    from compilewatch import fxpatch
+
+    stuck = fxpatch.stuck_state().stuck  # the flag (where torch keeps it global) or the class-level Module patch
     try:  # a later compiled call in one thread shows what stuck state does
         torch.compile(lambda t: t + 1, backend="eager")(torch.ones(2))
     except Exception as e:  # noqa: BLE001
         record(errors, "MainThread", e)
-    from compilewatch import fxpatch
-
     fxpatch.repair_state()
     return {"errors": errors, "stuck": stuck}
 
