@@ -27,97 +27,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-WAIT = 30.0
-
-
-def _pair(setter, victim) -> tuple[BaseException | None, BaseException | None]:
-    errs: list[BaseException | None] = [None, None]
-
-    def run(i, fn):
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - the trial's outcome
-            errs[i] = e
-
-    ts = [threading.Thread(target=run, args=(0, setter)), threading.Thread(target=run, args=(1, victim))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(WAIT * 2)
-    return errs[0], errs[1]
-
-
-def held_trace(tracer: str, victim_call) -> tuple[BaseException | None, BaseException | None]:
-    import torch
-    import torch.fx
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    inside, release = threading.Event(), threading.Event()
-
-    def traced(a):
-        inside.set()
-        release.wait(WAIT)
-        return a * 2
-
-    def setter():
-        try:
-            if tracer == "make_fx":
-                make_fx(traced)(torch.ones(2))
-            else:
-                torch.fx.symbolic_trace(traced)
-        finally:
-            inside.set()
-
-    def victim():
-        inside.wait(WAIT)
-        try:
-            victim_call()
-        finally:
-            release.set()
-
-    return _pair(setter, victim)
+from tests.race_cases import WAIT, leak_trial, overlap_trial  # noqa: E402 - the tests' own trials, after sys.path
 
 
 def overlap() -> tuple[bool, dict[str, bool]]:
-    import torch.fx
+    """Two overlapping symbolic traces (tests/race_cases.overlap_trial): did either raise, what stayed stuck."""
+    from compilewatch import fxpatch
 
-    from compilewatch import fxpatch, torchcompat
-
-    a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
-    flag_in_thread: list[bool | None] = [None, None]
-
-    def fa(x):
-        a_in.set()
-        b_in.wait(WAIT)
-        return x + 1
-
-    def fb(x):
-        b_in.set()
-        a_done.wait(WAIT)
-        return x + 2
-
-    def setter():
-        try:
-            torch.fx.symbolic_trace(fa)
-        finally:
-            a_in.set()
-            a_done.set()
-            flag_in_thread[0] = torchcompat.fx_flag()
-
-    def victim():
-        a_in.wait(WAIT)
-        try:
-            torch.fx.symbolic_trace(fb)
-        finally:
-            b_in.set()
-            flag_in_thread[1] = torchcompat.fx_flag()
-
-    e1, e2 = _pair(setter, victim)
+    t = overlap_trial()
     st = fxpatch.stuck_state()
-    stuck = {"flag": st.flag or any(flag_in_thread), "module_call": st.module_call_patched,
+    stuck = {"flag": bool(st.flag or any(t.flags_after)), "module_call": st.module_call_patched,
              "patcher": st.patcher_left}
     fxpatch.repair_state()
-    return (e1 is not None or e2 is not None), stuck
+    return (t.setter_error is not None or t.victim_error is not None), stuck
 
 
 def compile_vs_calls(k: int) -> bool:
@@ -171,7 +93,7 @@ def main() -> None:
                                ("symbolic_trace_vs_eager_module", "symbolic_trace", lambda: lin(x))):
         errors: dict[str, int] = {}
         for _ in range(a.trials):
-            _, victim_err = held_trace(tracer, call)
+            victim_err = leak_trial(call, tracer).victim_error
             fxpatch.repair_state()
             if victim_err is not None:
                 key = f"{type(victim_err).__name__}: {str(victim_err)[:60]}"

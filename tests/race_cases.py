@@ -12,7 +12,7 @@ torch that keeps it per thread (2.14+), where `needs_per_thread_flag` tests chec
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pytest
@@ -38,6 +38,7 @@ class Trial:
     setter_error: BaseException | None = None
     victim_error: BaseException | None = None
     victim_result: Any = None
+    flags_after: list = field(default_factory=lambda: [None, None])  # each thread's own FX flag as its trace ended
 
 
 def _run(setter: Callable[[], None], victim: Callable[[], Any], trial: Trial) -> Trial:
@@ -112,12 +113,15 @@ def overlap_trial() -> Trial:
         a_done.wait(WAIT)
         return x + 2
 
+    trial = Trial()
+
     def setter():
         try:
             torch.fx.symbolic_trace(fa)
         finally:
             a_in.set()
             a_done.set()
+            trial.flags_after[0] = torchcompat.fx_flag()
 
     def victim():
         a_in.wait(WAIT)
@@ -125,8 +129,9 @@ def overlap_trial() -> Trial:
             torch.fx.symbolic_trace(fb)
         finally:
             b_in.set()
+            trial.flags_after[1] = torchcompat.fx_flag()
 
-    return _run(setter, victim, Trial())
+    return _run(setter, victim, trial)
 
 
 def _sin1(x):
