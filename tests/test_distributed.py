@@ -127,7 +127,11 @@ def test_a_failing_rank_fails_the_job_with_its_error_and_the_ranks_resume_from_r
     assert p.returncode != 0
     root_cause = p.stderr.split("Root Cause (first observed failure)")[-1]  # torchrun's summary
     assert "rank      : 1" in root_cause and "injected failure on rank 1 at step 2" in root_cause
-    assert "a collective failed because another rank stopped" in p.stderr  # rank 0 says it is not the cause
+    # rank 0 says it is not the cause when it notices the dead peer before torchrun stops it; on a loaded
+    # machine torchrun's SIGTERM can come first (seen in CI): then torchrun lists rank 0 as signalled, and the
+    # root cause above still names rank 1, which is what the user needs
+    assert ("a collective failed because another rank stopped" in p.stderr
+            or "Signal 15 (SIGTERM)" in p.stderr), p.stderr[-4000:]
     failed = json.loads((run / "ranks" / "rank-1" / "report.json").read_text())["rank"]
     assert failed["outcome"] == "failed" and failed["params_digest"] is None
     assert sorted(x.name for x in (run / "checkpoints").glob("step_*")) == ["step_000002"]
