@@ -19,11 +19,17 @@ class CompileWindow:
     trigger: str  # DYNAMO, LAZY_BACKWARD, ...
     thread_id: int
     thread_name: str
-    start: float
+    start: float  # time.time(): a timestamp, for event times and timelines
     end: float | None = None
     function: str | None = None  # "name (file:line)" of the frame dynamo compiles, when found
     error: str | None = None  # "Type: message" when the compile raised (torch runs the end callback in `finally`)
     _exc_at_start: object = field(default=None, repr=False)  # an exception already being handled at start
+    mono_start: float = field(default_factory=time.monotonic)  # durations and stalls (immune to clock changes)
+    mono_end: float | None = None
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.mono_end is None else self.mono_end - self.mono_start
 
     @property
     def is_recompile(self) -> bool:
@@ -83,7 +89,7 @@ class CompileRecorder:
         with self._lock:
             w, self._open = self._open, None
             if w is not None:
-                w.end = time.time()
+                w.end, w.mono_end = time.time(), time.monotonic()
                 # the end callback runs in install_callbacks' `finally`: an exception in flight is the
                 # compile's own failure (one that was already being handled at the start is not)
                 exc = sys.exc_info()[1]

@@ -35,7 +35,7 @@ class TraceWindow:
     thread_name: str
     tracer: str  # tracer class, e.g. "PythonKeyTracer"
     target: str  # what was traced: the module's class or the function's qualified name
-    start: float  # time.time()
+    start: float  # time.time(): a timestamp, for event times and timelines
     compiling: bool | None  # torch.compiler.is_compiling() on entry (a process global!)
     flag_before: bool | None  # the FX flag on entry, as this thread sees it (None: unknown layout)
     stack: tuple[Frame, ...]  # innermost last
@@ -43,10 +43,12 @@ class TraceWindow:
     flag_after: bool | None = None  # the value `finally` restored
     error: str | None = None
     outer_window: int | None = None  # enclosing open window in the same thread, if nested
+    mono_start: float = field(default_factory=time.monotonic)  # durations and stalls (immune to clock changes)
+    mono_end: float | None = None
 
     @property
     def duration(self) -> float | None:
-        return None if self.end is None else self.end - self.start
+        return None if self.mono_end is None else self.mono_end - self.mono_start
 
 
 class TraceListener(Protocol):
@@ -115,7 +117,7 @@ def _make_patched(original):
             window.error = f"{type(e).__name__}: {e}"
             raise
         finally:
-            window.end = time.time()
+            window.end, window.mono_end = time.time(), time.monotonic()
             window.flag_after = torchcompat.fx_flag()
             stack_ids.pop()
             with _lock:

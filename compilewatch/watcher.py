@@ -253,7 +253,7 @@ class Watcher:
     def span(self, name: str, cat: str = "span", **args: Any) -> Iterator[None]:
         """Record a named slice of this thread's time (a timeline shows it on the thread's track):
         e.g. `with w.span("warm cuda:1", cat="warm"):` or a worker's step / wait."""
-        start = time.time()
+        start, t0 = time.time(), time.monotonic()
         error = None
         try:
             yield
@@ -261,8 +261,8 @@ class Watcher:
             error = f"{type(e).__name__}: {e}"
             raise
         finally:
-            end = time.time()
-            self._emit("span", {"name": name, "cat": cat, "start": start, "end": end, "duration_s": end - start,
+            end, duration = time.time(), time.monotonic() - t0
+            self._emit("span", {"name": name, "cat": cat, "start": start, "end": end, "duration_s": duration,
                                 "error": error, **args})
 
     def check(self) -> bool:
@@ -456,11 +456,11 @@ class Watcher:
 
     def on_compile_end(self, w: CompileWindow) -> None:
         d = {"compile_id": w.compile_id, "trigger": w.trigger, "start": w.start, "end": w.end,
-             "duration_s": None if w.end is None else w.end - w.start, "recompile": w.is_recompile,
+             "duration_s": w.duration, "recompile": w.is_recompile,
              "function": w.function, "error": w.error}
         self._emit("compile", d)
         if w.error:
-            inner = [x.error for x in self._recent if x.error and x.thread_id == w.thread_id and x.start >= w.start]
+            inner = [x.error for x in self._recent if x.error and x.thread_id == w.thread_id and x.mono_start >= w.mono_start]
             self._emit("compile_failed", {"compile_id": w.compile_id, "trigger": w.trigger, "function": w.function,
                                           "error": w.error, "trace_errors": inner[-3:],
                                           "stack": _frames([f for f in stacks.current_stack(skip=2)
@@ -508,24 +508,24 @@ class Watcher:
     def _tick(self) -> None:
         if "torch._dynamo" in sys.modules:
             self._compiles.ensure_installed()  # a user's torch._dynamo.reset() clears compile callbacks
-        now = time.time()
-        open_items: list[tuple[tuple, str, float, int, str]] = []  # key, what, start, thread id, thread name
+        now = time.monotonic()  # open-for times: a wall-clock change must not fake (or hide) a stall
+        open_items: list[tuple[tuple, str, float, float, int, str]] = []  # key, what, since, mono start, thread
         cw = self._compiles.open_window()
         if cw is not None:
             open_items.append((("compile", cw.compile_id, cw.start), f"dynamo compile {cw.compile_id}", cw.start,
-                               cw.thread_id, cw.thread_name))
+                               cw.mono_start, cw.thread_id, cw.thread_name))
         for w in tracehooks.active_windows():
             if w.outer_window is None:
-                open_items.append((("trace", w.window_id), f"{w.tracer} tracing {w.target}", w.start, w.thread_id,
-                                   w.thread_name))
-        for key, what, start, tid, tname in open_items:
-            if now - start < self.stall_after or key in self._stalled:
+                open_items.append((("trace", w.window_id), f"{w.tracer} tracing {w.target}", w.start, w.mono_start,
+                                   w.thread_id, w.thread_name))
+        for key, what, since, mono_start, tid, tname in open_items:
+            if now - mono_start < self.stall_after or key in self._stalled:
                 continue
             self._stalled.add(key)
             all_stacks = stacks.all_thread_stacks()
             in_compile = [name.rsplit(" (", 1)[0] for name, frames in all_stacks.items() if _in_compile(frames)]
             thread = next((t for t in threading.enumerate() if t.ident == tid), None)
-            self._emit("stall", {"what": what, "since": start, "open_for_s": now - start,
+            self._emit("stall", {"what": what, "since": since, "open_for_s": now - mono_start,
                                  "stall_after_s": self.stall_after, "threads_in_compile": in_compile,
                                  "stacks": {k: [str(f) for f in v] for k, v in all_stacks.items()}},
                        thread=thread or _NamedThread(tname, tid, _thread_key(tid)[1]))

@@ -151,6 +151,30 @@ def test_dynamo_compile_stall_names_the_compiling_thread():
     assert "compiler" in ev.detail["threads_in_compile"] and "MainThread" not in ev.detail["threads_in_compile"]
 
 
+def test_stalls_and_durations_use_the_monotonic_clock():
+    """A wall-clock step neither fakes a stall nor hides one: open-for times and durations are
+    monotonic; `since`/`start` stay wall-clock timestamps."""
+    inside, release = threading.Event(), threading.Event()
+    w = Watcher(stall_after=60)  # not installed: the test drives the watchdog's tick itself
+    with tracehooks.TraceRecorder():
+        t = threading.Thread(target=trace_window("symbolic_trace", inside, release), name="slow-tracer")
+        t.start()
+        try:
+            assert inside.wait(WAIT)
+            (win,) = [x for x in tracehooks.active_windows() if x.outer_window is None]
+            win.start -= 3600  # the wall clock stepped an hour forward since the trace began
+            w._tick()
+            assert _kinds(w, "stall") == []
+            win.mono_start -= 3600  # an hour really passed
+            w._tick()
+        finally:
+            release.set()
+            t.join(WAIT)
+    (ev,) = _kinds(w, "stall")
+    assert ev.thread == "slow-tracer" and ev.detail["since"] == win.start and ev.detail["open_for_s"] >= 3600
+    assert win.duration >= 3600 and win.end - win.start >= 3600  # both clocks moved by the same hour here
+
+
 def test_recompile_after_warm_carries_guard_reason():
     fn = torch.compile(lambda x: x * 2, backend="eager")
     with Watcher() as w:
