@@ -20,7 +20,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 from compilewatch import torchcompat
 from compilewatch.stacks import Frame, current_stack
@@ -57,7 +57,8 @@ class TraceListener(Protocol):
     def on_trace_exit(self, window: TraceWindow) -> None: ...
 
 
-_lock = threading.RLock()
+T = TypeVar("T")
+_lock = threading.RLock()  # also held while a window registers, before the trace sets any state
 _listeners: list[TraceListener] = []
 _original: Any = None
 _active: dict[int, TraceWindow] = {}
@@ -163,6 +164,17 @@ def installed() -> bool:
 def thread_is_tracing() -> bool:
     """True when the calling thread is inside `Tracer.trace` (needs a subscribed listener)."""
     return bool(getattr(_local, "open", None))
+
+
+def when_idle(fn: Callable[[], T]) -> tuple[bool, T | None]:
+    """Call `fn` only if no trace window is open, atomically with respect to trace entry: a
+    `Tracer.trace` that starts meanwhile waits (before it sets any tracing state) until `fn`
+    returns. (False, None) without calling `fn` when a window is open. Keep `fn` short and free of
+    other instruments' locks."""
+    with _lock:
+        if _active:
+            return False, None
+        return True, fn()
 
 
 def active_windows() -> list[TraceWindow]:

@@ -475,22 +475,29 @@ class Watcher:
 
     # --- checks ---------------------------------------------------------------------------------
     def _check_stuck(self, seen_at: str) -> bool:
-        if not self._fx_observed or fxpatch.thread_local_enabled() or tracehooks.active_windows():
+        if not self._fx_observed or fxpatch.thread_local_enabled():
             return False
-        state = fxpatch.stuck_state()
+
+        def check_and_repair() -> tuple[fxpatch.StuckState, bool]:
+            # under tracehooks' lock: no trace can start between the check and the repair
+            state = fxpatch.stuck_state()
+            if state.stuck and self.repair_stuck:
+                fxpatch.repair_state()
+                return state, True
+            return state, False
+
+        idle, checked = tracehooks.when_idle(check_and_repair)
+        if not idle or checked is None:
+            return False
+        state, repaired = checked
         if not state.stuck:
             self._stuck_reported = False
             return False
-        if self._stuck_reported:
+        if self._stuck_reported and not repaired:
             return True
-        self._stuck_reported = True
+        self._stuck_reported = not repaired
         recent = [_window_json(w) | {"end": w.end, "flag_before": w.flag_before, "flag_after": w.flag_after,
                                      "error": w.error} for w in list(self._recent)[-4:]]
-        repaired = False
-        if self.repair_stuck:
-            fxpatch.repair_state()
-            repaired = True
-            self._stuck_reported = False
         self._emit("stuck_state", {"flag": state.flag, "module_call_patched": state.module_call_patched,
                                    "module_getattr_patched": state.module_getattr_patched,
                                    "patcher_left": state.patcher_left, "seen_at": seen_at,

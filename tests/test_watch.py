@@ -92,6 +92,67 @@ def test_stuck_state_without_repair_breaks_later_calls_and_check_sees_it():
     assert [e.kind for e in w.events if e.kind in ("stuck_state", "repair")] == ["stuck_state", "repair"]
 
 
+class _SpyLock:
+    """tracehooks' lock, telling when the thread named `who` has to wait for it."""
+
+    def __init__(self, inner, who: str, waiting: threading.Event) -> None:
+        self.inner, self.who, self.waiting = inner, who, waiting
+
+    def __enter__(self):
+        if not self.inner.acquire(blocking=False):
+            if threading.current_thread().name == self.who:
+                self.waiting.set()
+            self.inner.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.inner.release()
+
+
+@needs_global_flag
+def test_repair_is_atomic_with_trace_entry(monkeypatch):
+    """Check-then-repair cannot reset the state of a trace that starts in between: a trace that
+    starts while the watcher repairs waits, and sees its own flag set once inside."""
+    parked, release, repaired = threading.Event(), threading.Event(), threading.Event()
+    progress = threading.Event()  # the tracer is waiting for tracehooks' lock, or is inside its trace
+    inside, seen = [], []
+    real_repair = fxpatch.repair_state
+
+    def slow_repair():
+        parked.set()
+        release.wait(WAIT)
+        try:
+            return real_repair()
+        finally:
+            repaired.set()
+
+    def traced(a):
+        inside.append(True)
+        progress.set()
+        repaired.wait(WAIT)  # without the fix the repair runs now, in the middle of this trace
+        seen.append(st.is_fx_tracing())
+        return a * 2
+
+    with Watcher(repair=True) as w:
+        monkeypatch.setattr(fxpatch, "repair_state", slow_repair)
+        monkeypatch.setattr(tracehooks, "_lock", _SpyLock(tracehooks._lock, "tracer", progress))
+        torchcompat.set_fx_flag(True)  # stuck: no trace open
+        checker = threading.Thread(target=w.check, name="checker")
+        checker.start()
+        assert parked.wait(WAIT)  # the checker found it stuck and is about to repair
+        tracer = threading.Thread(target=lambda: torch.fx.symbolic_trace(traced), name="tracer")
+        tracer.start()
+        assert progress.wait(WAIT)
+        assert inside == []  # the trace waits for the repair instead of starting under it
+        release.set()
+        checker.join(WAIT)
+        tracer.join(WAIT)
+        monkeypatch.undo()
+    assert seen == [True] and not fxpatch.stuck_state().stuck
+    (ev,) = _kinds(w, "stuck_state")
+    assert ev.detail["flag"] and ev.detail["repaired"]
+
+
 def test_stuck_module_patch_breaks_later_module_calls_and_check_sees_it():
     """On every torch so far (2.15 too) overlapping traces leave nn.Module.__call__ patched on the class:
     later module calls, even single-threaded, run through a dead tracer."""
