@@ -103,8 +103,10 @@ class CompileRecorder:
         for listener in list(self.listeners):
             try:
                 getattr(listener, method)(w)
-            except Exception:  # noqa: BLE001 - an instrument never breaks a compile
-                pass
+            except Exception as e:  # noqa: BLE001 - an instrument never breaks a compile
+                from compilewatch import tracehooks
+
+                tracehooks.note_listener_error(f"{type(listener).__name__}.{method}", e)
 
     def open_window(self) -> CompileWindow | None:
         with self._lock:

@@ -99,7 +99,7 @@ class _Readers:
                 try:
                     obs.on_flag_read(read)
                 except Exception as e:  # noqa: BLE001 - an instrument never breaks the program
-                    tracehooks.listener_errors.append(f"{type(obs).__name__}.on_flag_read: {e!r}")
+                    tracehooks.note_listener_error(f"{type(obs).__name__}.on_flag_read", e)
         return effective
 
 
@@ -185,7 +185,7 @@ def _observed_call(new_fn: Callable[..., Any], owner: int) -> Callable[..., Any]
             try:
                 obs.on_foreign_module_call(call)
             except Exception as e:  # noqa: BLE001
-                tracehooks.listener_errors.append(f"{type(obs).__name__}.on_foreign_module_call: {e!r}")
+                tracehooks.note_listener_error(f"{type(obs).__name__}.on_foreign_module_call", e)
 
     def module_call_wrapper(mod, *args, **kwargs):
         if threading.get_ident() == owner or not _observers:

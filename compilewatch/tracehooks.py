@@ -10,7 +10,8 @@ recorded once.
 
 Listeners subscribe; the patch is installed while at least one listener is subscribed and the
 original function is put back when the last one leaves. A listener that raises never breaks the
-user's trace: its error is kept in `listener_errors`.
+user's trace: its error is recorded (`note_listener_error`) and a watcher reports what it recorded
+(`listener_errors_since`) as an `instrument_error` event, so instrument failures do not vanish.
 """
 
 from __future__ import annotations
@@ -64,7 +65,10 @@ _original: Any = None
 _active: dict[int, TraceWindow] = {}
 _ids = itertools.count(1)
 _local = threading.local()
-listener_errors: list[str] = []
+_errors_lock = threading.Lock()
+_errors: list[str] = []  # the first _MAX_ERRORS texts; _error_count counts them all
+_error_count = 0
+_MAX_ERRORS = 100
 
 
 def _target_name(root: Any) -> str:
@@ -83,7 +87,28 @@ def _notify(method: str, window: TraceWindow) -> None:
         try:
             getattr(listener, method)(window)
         except Exception as e:  # noqa: BLE001 - instruments must never break the traced program
-            listener_errors.append(f"{type(listener).__name__}.{method}: {type(e).__name__}: {e}")
+            note_listener_error(f"{type(listener).__name__}.{method}", e)
+
+
+def note_listener_error(where: str, e: BaseException) -> None:
+    """Record that an instrument's listener (or watchdog, hook) raised; the program went on."""
+    global _error_count
+    with _errors_lock:
+        _error_count += 1
+        if len(_errors) < _MAX_ERRORS:
+            _errors.append(f"{where}: {type(e).__name__}: {e}"[:2000])
+
+
+def listener_error_mark() -> int:
+    """How many listener errors were recorded so far (pass it to `listener_errors_since`)."""
+    with _errors_lock:
+        return _error_count
+
+
+def listener_errors_since(mark: int) -> tuple[int, str | None]:
+    """(how many listener errors were recorded after `mark`, the first one's text if it was kept)."""
+    with _errors_lock:
+        return _error_count - mark, (_errors[mark] if mark < len(_errors) else None)
 
 
 def _make_patched(original):

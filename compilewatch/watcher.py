@@ -151,6 +151,7 @@ class Watcher:
         self.repeat_total = 0  # detections that repeated a first event (counted, not re-reported)
         self._fx_observed = False  # fxpatch installed (flag reads, module calls, stuck state watched)
         self._flag_per_thread = False
+        self._errors_mark = 0  # tracehooks' listener-error count when installed
 
     # --- lifecycle ---------------------------------------------------------------------------
     def install(self) -> "Watcher":
@@ -160,6 +161,7 @@ class Watcher:
 
         from compilewatch.errors import CompilewatchError
 
+        self._errors_mark = tracehooks.listener_error_mark()
         unwatched = []
         try:  # all or nothing: a failed install leaves nothing patched
             fxpatch.add_observer(self)
@@ -215,6 +217,9 @@ class Watcher:
             if threading.excepthook == self._on_thread_exception:
                 threading.excepthook = self._prev_excepthook
             self._emit_repeats()
+            n, first = tracehooks.listener_errors_since(self._errors_mark)
+            if n:  # compilewatch's own listeners failed: what it watched may be incomplete
+                self._emit("instrument_error", {"count": n, "first": first})
         summary = self.summary()
         self._emit("end", {"summary": summary, "repeats": self.repeat_total})
         self._log.close()
@@ -287,7 +292,7 @@ class Watcher:
             try:
                 self.on_event(ev)
             except Exception as e:  # noqa: BLE001
-                tracehooks.listener_errors.append(f"Watcher.on_event: {e!r}")
+                tracehooks.note_listener_error("Watcher.on_event", e)
         return ev
 
     def _first(self, key: tuple) -> bool:
@@ -342,7 +347,7 @@ class Watcher:
                                                                     args.exc_traceback))[-8000:],
                     "stack": _frames(frames)}, thread=args.thread or _NamedThread("?", 0))
         except Exception as e:  # noqa: BLE001 - the watcher never breaks the program
-            tracehooks.listener_errors.append(f"Watcher thread excepthook: {e!r}")
+            tracehooks.note_listener_error("Watcher thread excepthook", e)
         self._prev_excepthook(args)
 
     @staticmethod
@@ -510,7 +515,7 @@ class Watcher:
             try:
                 self._tick()
             except Exception as e:  # noqa: BLE001 - the watchdog must survive anything
-                tracehooks.listener_errors.append(f"Watcher watchdog: {e!r}")
+                tracehooks.note_listener_error("Watcher watchdog", e)
 
     def _tick(self) -> None:
         if "torch._dynamo" in sys.modules:

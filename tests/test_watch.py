@@ -367,3 +367,45 @@ def test_live_output_prints_each_finding_once(monkeypatch):
     live(WatchEvent("trace", 6.0, 1, "tracer", 9, 6, {}))  # info: never printed
     lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
     assert len(lines) == 1 and "failure: flag leak" in lines[0]
+
+
+def test_a_failing_listener_is_reported_as_an_instrument_error():
+    """Listener failures (trace hooks, compile callbacks) never break the program and never vanish:
+    the watcher's summary counts them and shows the first."""
+    from compilewatch.compile_events import CompileRecorder
+
+    class Broken:
+        def on_trace_enter(self, window):
+            raise ValueError("enter broke")
+
+        def on_trace_exit(self, window):
+            pass
+
+        def on_compile_start(self, window):
+            raise KeyError("compile broke")
+
+        def on_compile_end(self, window):
+            pass
+
+    broken = Broken()
+    with Watcher() as w:
+        tracehooks.subscribe(broken)
+        try:
+            gm = torch.fx.symbolic_trace(lambda a: a + 1)
+        finally:
+            tracehooks.unsubscribe(broken)
+        rec = CompileRecorder(listeners=[broken])
+        rec._start()  # what torch's compile-start callback calls
+        rec._end()
+    assert torch.equal(gm(X), X + 1)
+    (ev,) = _kinds(w, "instrument_error")
+    assert ev.detail == {"count": 2, "first": "Broken.on_trace_enter: ValueError: enter broke"}
+    s = w.summary()
+    assert s.ok and len(s.instrument_errors) == 1 and s.instrument_errors[0] in s.verdicts
+    assert "2 failure(s)" in s.instrument_errors[0] and "enter broke" in s.instrument_errors[0]
+
+
+def test_no_instrument_error_event_when_nothing_failed():
+    with Watcher() as w:
+        torch.fx.symbolic_trace(lambda a: a + 1)
+    assert _kinds(w, "instrument_error") == [] and w.summary().instrument_errors == ()
