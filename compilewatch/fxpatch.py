@@ -299,8 +299,8 @@ def _uninstall_base_if_unused() -> None:
 def add_observer(observer: FlagObserver) -> None:
     """Hear flag reads that find the flag set and cross-thread module calls (the watcher). Raises
     CompilewatchError, having installed nothing, when this torch's layout is not recognised."""
-    tracehooks.subscribe(_noop)  # thread_is_tracing() needs tracehooks' patch installed
-    with _lock:
+    with _lock:  # subscribed under the lock: a concurrent last remove_observer cannot unsubscribe it meanwhile
+        tracehooks.subscribe(_noop)  # thread_is_tracing() needs tracehooks' patch installed
         try:
             _install_base()
         except Exception:
@@ -342,8 +342,8 @@ def enable_thread_local() -> None:
     import torch
     import torch.fx._symbolic_trace as st
 
-    tracehooks.subscribe(_noop)
     with _lock:
+        tracehooks.subscribe(_noop)
         try:
             _install_base()
         except Exception:

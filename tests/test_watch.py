@@ -93,7 +93,7 @@ def test_stuck_state_without_repair_breaks_later_calls_and_check_sees_it():
 
 
 class _SpyLock:
-    """tracehooks' lock, telling when the thread named `who` has to wait for it."""
+    """A module's lock, telling when the thread named `who` has to wait for it."""
 
     def __init__(self, inner, who: str, waiting: threading.Event) -> None:
         self.inner, self.who, self.waiting = inner, who, waiting
@@ -409,3 +409,67 @@ def test_no_instrument_error_event_when_nothing_failed():
     with Watcher() as w:
         torch.fx.symbolic_trace(lambda a: a + 1)
     assert _kinds(w, "instrument_error") == [] and w.summary().instrument_errors == ()
+
+
+@needs_global_flag
+def test_thread_local_refused_while_a_trace_runs_leaves_nothing_subscribed():
+    """fxpatch's error path: enable_thread_local() refused (a trace is open) unsubscribes what it
+    subscribed (its no-op listener and the flag keeper) and unpatches the readers."""
+    inside, release = threading.Event(), threading.Event()
+    codes = (st.is_fx_symbolic_tracing.__code__, st.is_fx_tracing.__code__)
+    trace = torch.fx.Tracer.__dict__["trace"]
+    with tracehooks.TraceRecorder() as rec:
+        t = threading.Thread(target=trace_window("symbolic_trace", inside, release), name="tracer")
+        t.start()
+        try:
+            assert inside.wait(WAIT)
+            with pytest.raises(CompilewatchError, match="while a trace is running"):
+                fxpatch.enable_thread_local()
+        finally:
+            release.set()
+            t.join(WAIT)
+        assert tracehooks._listeners == [rec]
+    assert not tracehooks.installed() and torch.fx.Tracer.__dict__["trace"] is trace
+    assert (st.is_fx_symbolic_tracing.__code__, st.is_fx_tracing.__code__) == codes
+    assert not fxpatch.thread_local_enabled()
+
+
+def test_adding_an_observer_while_the_last_one_leaves_keeps_trace_hooks(monkeypatch):
+    """add_observer subscribes its trace listener under fxpatch's lock: a concurrent remove_observer
+    of the last observer cannot unsubscribe it between the subscribe and the registration."""
+
+    class Obs:
+        def on_flag_read(self, read): ...
+
+        def on_foreign_module_call(self, call): ...
+
+    first, second = Obs(), Obs()
+    parked, release, remover_waits = threading.Event(), threading.Event(), threading.Event()
+    real_subscribe = tracehooks.subscribe
+
+    def slow_subscribe(listener):
+        real_subscribe(listener)
+        if threading.current_thread().name == "adder":
+            parked.set()
+            release.wait(WAIT)
+
+    fxpatch.add_observer(first)
+    try:
+        monkeypatch.setattr(tracehooks, "subscribe", slow_subscribe)
+        monkeypatch.setattr(fxpatch, "_lock", _SpyLock(fxpatch._lock, "remover", remover_waits))
+        adder = threading.Thread(target=fxpatch.add_observer, args=(second,), name="adder")
+        adder.start()
+        assert parked.wait(WAIT)
+        remover = threading.Thread(target=lambda: (fxpatch.remove_observer(first), remover_waits.set()),
+                                   name="remover")
+        remover.start()
+        assert remover_waits.wait(WAIT)  # it waits (fixed) or it has already finished (the race)
+        release.set()
+        adder.join(WAIT)
+        remover.join(WAIT)
+        monkeypatch.undo()
+        assert fxpatch._observers == [second] and fxpatch._noop in tracehooks._listeners and tracehooks.installed()
+    finally:
+        fxpatch.remove_observer(first)
+        fxpatch.remove_observer(second)
+    assert not tracehooks.installed()
