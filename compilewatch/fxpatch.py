@@ -339,7 +339,6 @@ def enable_thread_local() -> None:
     """Make the FX flag and the class-level Module patch per thread (refcounted). Raises
     CompilewatchError when the installed torch has a layout this module does not know."""
     global _thread_local_users
-    import torch
     import torch.fx._symbolic_trace as st
 
     with _lock:
@@ -352,7 +351,18 @@ def enable_thread_local() -> None:
         if not _per_thread_flag():  # a global flag: keep it "some thread traces" after each trace
             tracehooks.subscribe(_keeper)
         if _thread_local_users == 0:
-            if tracehooks.active_windows():
+
+            def switch() -> None:  # under tracehooks' lock: no trace starts while the state is reset and swapped
+                global _thread_local_users
+                repair_state()  # nn.Module.__call__ / __getattr__ are torch's own again
+                _saved["new_patcher"] = st.__dict__["_new_patcher"]
+                _saved["maybe_revert"] = st.__dict__["_maybe_revert_all_patches"]
+                st._new_patcher = _tl_new_patcher
+                _tl_new_patcher.__compilewatch_original__ = _saved["new_patcher"]  # torchcompat probes through it
+                st._maybe_revert_all_patches = _tl_maybe_revert_all_patches
+                _thread_local_users = 1
+
+            if not tracehooks.when_idle(switch)[0]:
                 from compilewatch.errors import CompilewatchError
 
                 tracehooks.unsubscribe(_keeper)
@@ -360,14 +370,8 @@ def enable_thread_local() -> None:
                 _unsubscribe_if_unused()
                 raise CompilewatchError("cannot switch the FX flag to thread-local while a trace is running",
                                         hint="enable it before threads start tracing or compiling")
-            repair_state()
-            _saved["new_patcher"] = st.__dict__["_new_patcher"]
-            _saved["maybe_revert"] = st.__dict__["_maybe_revert_all_patches"]
-            st._new_patcher = _tl_new_patcher
-            _tl_new_patcher.__compilewatch_original__ = _saved["new_patcher"]  # torchcompat probes through it
-            st._maybe_revert_all_patches = _tl_maybe_revert_all_patches
-            assert torch.nn.Module.__dict__["__call__"] is _saved["orig_module_call"]
-        _thread_local_users += 1
+        else:
+            _thread_local_users += 1
 
 
 def disable_thread_local() -> None:

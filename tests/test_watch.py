@@ -473,3 +473,44 @@ def test_adding_an_observer_while_the_last_one_leaves_keeps_trace_hooks(monkeypa
         fxpatch.remove_observer(first)
         fxpatch.remove_observer(second)
     assert not tracehooks.installed()
+
+
+@pytest.mark.skipif(not fxpatch.readers_patchable()[0], reason="thread-local FX state unsupported on this torch")
+def test_switching_to_thread_local_is_atomic_with_trace_entry(monkeypatch):
+    """enable_thread_local() resets and swaps the tracing state under tracehooks' lock: a trace that
+    starts meanwhile waits for the switch (it used to be able to start between check and switch)."""
+    parked, release, progress = threading.Event(), threading.Event(), threading.Event()
+    inside = []
+    real_repair = fxpatch.repair_state
+
+    def slow_repair():
+        if threading.current_thread().name == "enabler":
+            parked.set()
+            release.wait(WAIT)
+        return real_repair()
+
+    def traced(a):
+        inside.append(fxpatch.thread_local_enabled())
+        progress.set()
+        return a * 2
+
+    monkeypatch.setattr(fxpatch, "repair_state", slow_repair)
+    monkeypatch.setattr(tracehooks, "_lock", _SpyLock(tracehooks._lock, "tracer", progress))
+    enabler = threading.Thread(target=fxpatch.enable_thread_local, name="enabler")
+    enabler.start()
+    try:
+        assert parked.wait(WAIT)
+        tracer = threading.Thread(target=lambda: torch.fx.symbolic_trace(traced), name="tracer")
+        tracer.start()
+        assert progress.wait(WAIT)
+        assert inside == []  # waiting for the switch, not tracing beside it
+    finally:
+        release.set()
+        enabler.join(WAIT)
+    tracer.join(WAIT)
+    monkeypatch.undo()
+    try:
+        assert inside == [True] and fxpatch.thread_local_enabled()
+    finally:
+        fxpatch.disable_thread_local()
+    assert not fxpatch.thread_local_enabled() and not tracehooks.installed()
