@@ -50,9 +50,9 @@ def _compiled_function(frame) -> str | None:
         if frame.f_code.co_name == "_compile" and frame.f_code.co_filename.endswith("convert_frame.py"):
             code = frame.f_locals.get("code")
             if code is not None and hasattr(code, "co_filename"):
-                from compilewatch.stacks import _short
+                from compilewatch.stacks import short_path
 
-                return f"{code.co_name} ({_short(code.co_filename)}:{code.co_firstlineno})"
+                return f"{code.co_name} ({short_path(code.co_filename)}:{code.co_firstlineno})"
             return None
         frame, depth = frame.f_back, depth + 1
     return None

@@ -433,7 +433,7 @@ class CompileGuard:
         from compilewatch import stacks
 
         code = frame.f_code
-        where = f"{stacks._short(code.co_filename)}:{code.co_firstlineno}"
+        where = f"{stacks.short_path(code.co_filename)}:{code.co_firstlineno}"
         thread = threading.current_thread().name
         reasons, had_entries = _miss_reasons(cb, frame)
         if reasons:

@@ -111,7 +111,7 @@ def _compiled_call_name(frame: Any) -> str | None:
     key = (code, name)
     text = _call_names.get(key)
     if text is None:  # paths are shortened once per function: a failing loop repeats this per call
-        text = _call_names[key] = f"{name} ({stacks._short(code.co_filename)}:{code.co_firstlineno})"
+        text = _call_names[key] = f"{name} ({stacks.short_path(code.co_filename)}:{code.co_firstlineno})"
     return text
 
 
