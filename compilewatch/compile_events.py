@@ -19,11 +19,17 @@ class CompileWindow:
     trigger: str  # DYNAMO, LAZY_BACKWARD, ...
     thread_id: int
     thread_name: str
-    start: float
+    start: float  # time.time(): a timestamp, for event times and timelines
     end: float | None = None
     function: str | None = None  # "name (file:line)" of the frame dynamo compiles, when found
     error: str | None = None  # "Type: message" when the compile raised (torch runs the end callback in `finally`)
     _exc_at_start: object = field(default=None, repr=False)  # an exception already being handled at start
+    mono_start: float = field(default_factory=time.monotonic)  # durations and stalls (immune to clock changes)
+    mono_end: float | None = None
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.mono_end is None else self.mono_end - self.mono_start
 
     @property
     def is_recompile(self) -> bool:
@@ -44,9 +50,9 @@ def _compiled_function(frame) -> str | None:
         if frame.f_code.co_name == "_compile" and frame.f_code.co_filename.endswith("convert_frame.py"):
             code = frame.f_locals.get("code")
             if code is not None and hasattr(code, "co_filename"):
-                from compilewatch.stacks import _short
+                from compilewatch.stacks import short_path
 
-                return f"{code.co_name} ({_short(code.co_filename)}:{code.co_firstlineno})"
+                return f"{code.co_name} ({short_path(code.co_filename)}:{code.co_firstlineno})"
             return None
         frame, depth = frame.f_back, depth + 1
     return None
@@ -83,7 +89,7 @@ class CompileRecorder:
         with self._lock:
             w, self._open = self._open, None
             if w is not None:
-                w.end = time.time()
+                w.end, w.mono_end = time.time(), time.monotonic()
                 # the end callback runs in install_callbacks' `finally`: an exception in flight is the
                 # compile's own failure (one that was already being handled at the start is not)
                 exc = sys.exc_info()[1]
@@ -97,8 +103,10 @@ class CompileRecorder:
         for listener in list(self.listeners):
             try:
                 getattr(listener, method)(w)
-            except Exception:  # noqa: BLE001 - an instrument never breaks a compile
-                pass
+            except Exception as e:  # noqa: BLE001 - an instrument never breaks a compile
+                from compilewatch import tracehooks
+
+                tracehooks.note_listener_error(f"{type(listener).__name__}.{method}", e)
 
     def open_window(self) -> CompileWindow | None:
         with self._lock:

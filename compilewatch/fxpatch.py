@@ -99,7 +99,7 @@ class _Readers:
                 try:
                     obs.on_flag_read(read)
                 except Exception as e:  # noqa: BLE001 - an instrument never breaks the program
-                    tracehooks.listener_errors.append(f"{type(obs).__name__}.on_flag_read: {e!r}")
+                    tracehooks.note_listener_error(f"{type(obs).__name__}.on_flag_read", e)
         return effective
 
 
@@ -185,7 +185,7 @@ def _observed_call(new_fn: Callable[..., Any], owner: int) -> Callable[..., Any]
             try:
                 obs.on_foreign_module_call(call)
             except Exception as e:  # noqa: BLE001
-                tracehooks.listener_errors.append(f"{type(obs).__name__}.on_foreign_module_call: {e!r}")
+                tracehooks.note_listener_error(f"{type(obs).__name__}.on_foreign_module_call", e)
 
     def module_call_wrapper(mod, *args, **kwargs):
         if threading.get_ident() == owner or not _observers:
@@ -299,8 +299,8 @@ def _uninstall_base_if_unused() -> None:
 def add_observer(observer: FlagObserver) -> None:
     """Hear flag reads that find the flag set and cross-thread module calls (the watcher). Raises
     CompilewatchError, having installed nothing, when this torch's layout is not recognised."""
-    tracehooks.subscribe(_noop)  # thread_is_tracing() needs tracehooks' patch installed
-    with _lock:
+    with _lock:  # subscribed under the lock: a concurrent last remove_observer cannot unsubscribe it meanwhile
+        tracehooks.subscribe(_noop)  # thread_is_tracing() needs tracehooks' patch installed
         try:
             _install_base()
         except Exception:
@@ -339,11 +339,10 @@ def enable_thread_local() -> None:
     """Make the FX flag and the class-level Module patch per thread (refcounted). Raises
     CompilewatchError when the installed torch has a layout this module does not know."""
     global _thread_local_users
-    import torch
     import torch.fx._symbolic_trace as st
 
-    tracehooks.subscribe(_noop)
     with _lock:
+        tracehooks.subscribe(_noop)
         try:
             _install_base()
         except Exception:
@@ -352,7 +351,18 @@ def enable_thread_local() -> None:
         if not _per_thread_flag():  # a global flag: keep it "some thread traces" after each trace
             tracehooks.subscribe(_keeper)
         if _thread_local_users == 0:
-            if tracehooks.active_windows():
+
+            def switch() -> None:  # under tracehooks' lock: no trace starts while the state is reset and swapped
+                global _thread_local_users
+                repair_state()  # nn.Module.__call__ / __getattr__ are torch's own again
+                _saved["new_patcher"] = st.__dict__["_new_patcher"]
+                _saved["maybe_revert"] = st.__dict__["_maybe_revert_all_patches"]
+                st._new_patcher = _tl_new_patcher
+                _tl_new_patcher.__compilewatch_original__ = _saved["new_patcher"]  # torchcompat probes through it
+                st._maybe_revert_all_patches = _tl_maybe_revert_all_patches
+                _thread_local_users = 1
+
+            if not tracehooks.when_idle(switch)[0]:
                 from compilewatch.errors import CompilewatchError
 
                 tracehooks.unsubscribe(_keeper)
@@ -360,14 +370,8 @@ def enable_thread_local() -> None:
                 _unsubscribe_if_unused()
                 raise CompilewatchError("cannot switch the FX flag to thread-local while a trace is running",
                                         hint="enable it before threads start tracing or compiling")
-            repair_state()
-            _saved["new_patcher"] = st.__dict__["_new_patcher"]
-            _saved["maybe_revert"] = st.__dict__["_maybe_revert_all_patches"]
-            st._new_patcher = _tl_new_patcher
-            _tl_new_patcher.__compilewatch_original__ = _saved["new_patcher"]  # torchcompat probes through it
-            st._maybe_revert_all_patches = _tl_maybe_revert_all_patches
-            assert torch.nn.Module.__dict__["__call__"] is _saved["orig_module_call"]
-        _thread_local_users += 1
+        else:
+            _thread_local_users += 1
 
 
 def disable_thread_local() -> None:

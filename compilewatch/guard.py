@@ -186,6 +186,8 @@ class _RWLock:
 
 _hook_lock = threading.Lock()
 _active: "CompileGuard | None" = None
+# torch's own `_callback_from_stance`, kept once captured and never cleared: a thread that read the hook
+# just before `close()` put torch's function back (a stuck daemon thread) still calls through it safely
 _orig_from_stance: Any = None
 _wrapped: dict[int, tuple[Any, Any]] = {}  # id(dynamo callback) -> (callback, guarded callback)
 
@@ -268,7 +270,7 @@ class CompileGuard:
             if _active is not None:
                 raise BadInput("another CompileGuard is already installed in this process",
                                hint="close() it first, or reuse it")
-            if _orig_from_stance is None:
+            if ef._callback_from_stance is not _guarded_from_stance:
                 _orig_from_stance = ef._callback_from_stance
                 ef._callback_from_stance = _guarded_from_stance
             _active = self
@@ -287,7 +289,8 @@ class CompileGuard:
         return self
 
     def close(self) -> None:
-        global _active, _orig_from_stance
+        """Safe while other threads are inside the hook: they fall through to torch's function."""
+        global _active
         import torch._dynamo.eval_frame as ef
 
         if self.serialize:
@@ -298,9 +301,8 @@ class CompileGuard:
         with _hook_lock:
             if _active is self:
                 _active = None
-                if _orig_from_stance is not None:
+                if ef._callback_from_stance is _guarded_from_stance:
                     ef._callback_from_stance = _orig_from_stance
-                    _orig_from_stance = None
                 _wrapped.clear()
         self._installed = False
         self._frozen = False
@@ -431,7 +433,7 @@ class CompileGuard:
         from compilewatch import stacks
 
         code = frame.f_code
-        where = f"{stacks._short(code.co_filename)}:{code.co_firstlineno}"
+        where = f"{stacks.short_path(code.co_filename)}:{code.co_firstlineno}"
         thread = threading.current_thread().name
         reasons, had_entries = _miss_reasons(cb, frame)
         if reasons:

@@ -68,7 +68,7 @@ class CompileEntry:
     @staticmethod
     def from_window(w: CompileWindow) -> "CompileEntry":
         return CompileEntry(w.thread_name, w.compile_id, w.trigger, w.is_recompile,
-                            None if w.end is None else w.end - w.start, w.function, w.error)
+                            w.duration, w.function, w.error)
 
 
 @dataclass(frozen=True, slots=True)

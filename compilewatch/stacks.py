@@ -33,7 +33,7 @@ class Frame:
         return f"{self.file}:{self.line} in {self.function}" + (f": {self.code}" if self.code else "")
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
     """Shorten site-packages paths to `torch/fx/...`; keep user paths relative to cwd when inside it."""
     for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
         i = path.rfind(marker)
@@ -64,7 +64,7 @@ def frames_from(frame: FrameType | None, limit: int = 60) -> list[Frame]:
     for fs in traceback.extract_stack(frame, limit=limit):
         if _own(os.path.realpath(fs.filename)):
             continue
-        out.append(Frame(_short(fs.filename), fs.lineno or 0, fs.name, (fs.line or "").strip() or None))
+        out.append(Frame(short_path(fs.filename), fs.lineno or 0, fs.name, (fs.line or "").strip() or None))
     return out
 
 

@@ -10,7 +10,8 @@ recorded once.
 
 Listeners subscribe; the patch is installed while at least one listener is subscribed and the
 original function is put back when the last one leaves. A listener that raises never breaks the
-user's trace: its error is kept in `listener_errors`.
+user's trace: its error is recorded (`note_listener_error`) and a watcher reports what it recorded
+(`listener_errors_since`) as an `instrument_error` event, so instrument failures do not vanish.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 from compilewatch import torchcompat
 from compilewatch.stacks import Frame, current_stack
@@ -35,7 +36,7 @@ class TraceWindow:
     thread_name: str
     tracer: str  # tracer class, e.g. "PythonKeyTracer"
     target: str  # what was traced: the module's class or the function's qualified name
-    start: float  # time.time()
+    start: float  # time.time(): a timestamp, for event times and timelines
     compiling: bool | None  # torch.compiler.is_compiling() on entry (a process global!)
     flag_before: bool | None  # the FX flag on entry, as this thread sees it (None: unknown layout)
     stack: tuple[Frame, ...]  # innermost last
@@ -43,10 +44,12 @@ class TraceWindow:
     flag_after: bool | None = None  # the value `finally` restored
     error: str | None = None
     outer_window: int | None = None  # enclosing open window in the same thread, if nested
+    mono_start: float = field(default_factory=time.monotonic)  # durations and stalls (immune to clock changes)
+    mono_end: float | None = None
 
     @property
     def duration(self) -> float | None:
-        return None if self.end is None else self.end - self.start
+        return None if self.mono_end is None else self.mono_end - self.mono_start
 
 
 class TraceListener(Protocol):
@@ -55,13 +58,17 @@ class TraceListener(Protocol):
     def on_trace_exit(self, window: TraceWindow) -> None: ...
 
 
-_lock = threading.RLock()
+T = TypeVar("T")
+_lock = threading.RLock()  # also held while a window registers, before the trace sets any state
 _listeners: list[TraceListener] = []
 _original: Any = None
 _active: dict[int, TraceWindow] = {}
 _ids = itertools.count(1)
 _local = threading.local()
-listener_errors: list[str] = []
+_errors_lock = threading.Lock()
+_errors: list[str] = []  # the first _MAX_ERRORS texts; _error_count counts them all
+_error_count = 0
+_MAX_ERRORS = 100
 
 
 def _target_name(root: Any) -> str:
@@ -80,7 +87,28 @@ def _notify(method: str, window: TraceWindow) -> None:
         try:
             getattr(listener, method)(window)
         except Exception as e:  # noqa: BLE001 - instruments must never break the traced program
-            listener_errors.append(f"{type(listener).__name__}.{method}: {type(e).__name__}: {e}")
+            note_listener_error(f"{type(listener).__name__}.{method}", e)
+
+
+def note_listener_error(where: str, e: BaseException) -> None:
+    """Record that an instrument's listener (or watchdog, hook) raised; the program went on."""
+    global _error_count
+    with _errors_lock:
+        _error_count += 1
+        if len(_errors) < _MAX_ERRORS:
+            _errors.append(f"{where}: {type(e).__name__}: {e}"[:2000])
+
+
+def listener_error_mark() -> int:
+    """How many listener errors were recorded so far (pass it to `listener_errors_since`)."""
+    with _errors_lock:
+        return _error_count
+
+
+def listener_errors_since(mark: int) -> tuple[int, str | None]:
+    """(how many listener errors were recorded after `mark`, the first one's text if it was kept)."""
+    with _errors_lock:
+        return _error_count - mark, (_errors[mark] if mark < len(_errors) else None)
 
 
 def _make_patched(original):
@@ -115,7 +143,7 @@ def _make_patched(original):
             window.error = f"{type(e).__name__}: {e}"
             raise
         finally:
-            window.end = time.time()
+            window.end, window.mono_end = time.time(), time.monotonic()
             window.flag_after = torchcompat.fx_flag()
             stack_ids.pop()
             with _lock:
@@ -161,6 +189,17 @@ def installed() -> bool:
 def thread_is_tracing() -> bool:
     """True when the calling thread is inside `Tracer.trace` (needs a subscribed listener)."""
     return bool(getattr(_local, "open", None))
+
+
+def when_idle(fn: Callable[[], T]) -> tuple[bool, T | None]:
+    """Call `fn` only if no trace window is open, atomically with respect to trace entry: a
+    `Tracer.trace` that starts meanwhile waits (before it sets any tracing state) until `fn`
+    returns. (False, None) without calling `fn` when a window is open. Keep `fn` short and free of
+    other instruments' locks."""
+    with _lock:
+        if _active:
+            return False, None
+        return True, fn()
 
 
 def active_windows() -> list[TraceWindow]:

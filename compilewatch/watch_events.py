@@ -28,7 +28,9 @@ SCHEMA_VERSION = 1
 PROBLEM_KINDS = ("compile_failed", "trace_failed", "thread_error", "flag_leak", "module_call_leak", "eager_fallback",
                  "stuck_state", "stall", "recompile_after_warm", "guard_blocked")
 # kinds that describe what happened (`repeat`: how often a finding recurred after its first event)
-INFO_KINDS = ("start", "trace", "compile", "span", "warm", "leak_prevented", "repair", "repeat", "end")
+# (`instrument_error`: compilewatch's own listeners raised; the program went on, the watch may be incomplete)
+INFO_KINDS = ("start", "trace", "compile", "span", "warm", "leak_prevented", "repair", "repeat", "instrument_error",
+              "end")
 KINDS = PROBLEM_KINDS + INFO_KINDS
 FAILURE, RISK = "failure", "risk"
 _COMMON = ("schema_version", "seq", "kind", "time", "pid", "thread", "thread_id", "thread_start")
@@ -243,6 +245,7 @@ class WatchSummary:
     advice: tuple[str, ...]  # the fixes, same order, deduplicated
     first_problems: tuple[dict[str, Any], ...]  # the first event of each of the first findings, in full
     unwatched: tuple[str, ...] = ()  # what a watcher could not install on its torch (never "ok" for that)
+    instrument_errors: tuple[str, ...] = ()  # compilewatch's own listeners raised (count and first error)
 
 
 def headline(text: str | None) -> str:
@@ -439,8 +442,12 @@ def summarize(events: Iterable[WatchEvent]) -> WatchSummary:
     unwatched = tuple(dict.fromkeys(
         f"not watched (pid {e.pid}, torch {e.detail.get('torch')}): {u.get('what')}: {u.get('why')}"
         for e in events if e.kind == "start" for u in e.detail.get("unwatched") or ()))
+    instrument_errors = tuple(
+        f"instrument error (pid {e.pid}): {e.detail.get('count')} failure(s) in compilewatch's own listeners, "
+        f"first: {e.detail.get('first')}; this watch may be incomplete"
+        for e in events if e.kind == "instrument_error")
     # what failed, then what could not be watched (never "ok" for that), then risks
-    verdicts = [f.text for f in shown if f.severity == FAILURE] + list(unwatched)
+    verdicts = [f.text for f in shown if f.severity == FAILURE] + list(unwatched) + list(instrument_errors)
     verdicts += [f.text for f in shown if f.severity != FAILURE]
     if not problems and not unwatched:
         verdicts.append(f"no cross-thread problem seen ({counts.get('trace', 0)} trace window(s), "
@@ -454,4 +461,5 @@ def summarize(events: Iterable[WatchEvent]) -> WatchSummary:
         stalled_threads=tuple(stalled), pids=tuple(sorted({e.pid for e in events})),
         findings=tuple(findings[:_MAX_FINDINGS]), verdicts=tuple(verdicts), advice=advice,
         first_problems=tuple(f.first for f in findings[:10]), unwatched=unwatched,
+        instrument_errors=instrument_errors,
     )

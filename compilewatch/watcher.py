@@ -111,7 +111,7 @@ def _compiled_call_name(frame: Any) -> str | None:
     key = (code, name)
     text = _call_names.get(key)
     if text is None:  # paths are shortened once per function: a failing loop repeats this per call
-        text = _call_names[key] = f"{name} ({stacks._short(code.co_filename)}:{code.co_firstlineno})"
+        text = _call_names[key] = f"{name} ({stacks.short_path(code.co_filename)}:{code.co_firstlineno})"
     return text
 
 
@@ -151,6 +151,7 @@ class Watcher:
         self.repeat_total = 0  # detections that repeated a first event (counted, not re-reported)
         self._fx_observed = False  # fxpatch installed (flag reads, module calls, stuck state watched)
         self._flag_per_thread = False
+        self._errors_mark = 0  # tracehooks' listener-error count when installed
 
     # --- lifecycle ---------------------------------------------------------------------------
     def install(self) -> "Watcher":
@@ -160,6 +161,7 @@ class Watcher:
 
         from compilewatch.errors import CompilewatchError
 
+        self._errors_mark = tracehooks.listener_error_mark()
         unwatched = []
         try:  # all or nothing: a failed install leaves nothing patched
             fxpatch.add_observer(self)
@@ -215,6 +217,9 @@ class Watcher:
             if threading.excepthook == self._on_thread_exception:
                 threading.excepthook = self._prev_excepthook
             self._emit_repeats()
+            n, first = tracehooks.listener_errors_since(self._errors_mark)
+            if n:  # compilewatch's own listeners failed: what it watched may be incomplete
+                self._emit("instrument_error", {"count": n, "first": first})
         summary = self.summary()
         self._emit("end", {"summary": summary, "repeats": self.repeat_total})
         self._log.close()
@@ -253,7 +258,7 @@ class Watcher:
     def span(self, name: str, cat: str = "span", **args: Any) -> Iterator[None]:
         """Record a named slice of this thread's time (a timeline shows it on the thread's track):
         e.g. `with w.span("warm cuda:1", cat="warm"):` or a worker's step / wait."""
-        start = time.time()
+        start, t0 = time.time(), time.monotonic()
         error = None
         try:
             yield
@@ -261,8 +266,8 @@ class Watcher:
             error = f"{type(e).__name__}: {e}"
             raise
         finally:
-            end = time.time()
-            self._emit("span", {"name": name, "cat": cat, "start": start, "end": end, "duration_s": end - start,
+            end, duration = time.time(), time.monotonic() - t0
+            self._emit("span", {"name": name, "cat": cat, "start": start, "end": end, "duration_s": duration,
                                 "error": error, **args})
 
     def check(self) -> bool:
@@ -287,7 +292,7 @@ class Watcher:
             try:
                 self.on_event(ev)
             except Exception as e:  # noqa: BLE001
-                tracehooks.listener_errors.append(f"Watcher.on_event: {e!r}")
+                tracehooks.note_listener_error("Watcher.on_event", e)
         return ev
 
     def _first(self, key: tuple) -> bool:
@@ -342,7 +347,7 @@ class Watcher:
                                                                     args.exc_traceback))[-8000:],
                     "stack": _frames(frames)}, thread=args.thread or _NamedThread("?", 0))
         except Exception as e:  # noqa: BLE001 - the watcher never breaks the program
-            tracehooks.listener_errors.append(f"Watcher thread excepthook: {e!r}")
+            tracehooks.note_listener_error("Watcher thread excepthook", e)
         self._prev_excepthook(args)
 
     @staticmethod
@@ -456,11 +461,11 @@ class Watcher:
 
     def on_compile_end(self, w: CompileWindow) -> None:
         d = {"compile_id": w.compile_id, "trigger": w.trigger, "start": w.start, "end": w.end,
-             "duration_s": None if w.end is None else w.end - w.start, "recompile": w.is_recompile,
+             "duration_s": w.duration, "recompile": w.is_recompile,
              "function": w.function, "error": w.error}
         self._emit("compile", d)
         if w.error:
-            inner = [x.error for x in self._recent if x.error and x.thread_id == w.thread_id and x.start >= w.start]
+            inner = [x.error for x in self._recent if x.error and x.thread_id == w.thread_id and x.mono_start >= w.mono_start]
             self._emit("compile_failed", {"compile_id": w.compile_id, "trigger": w.trigger, "function": w.function,
                                           "error": w.error, "trace_errors": inner[-3:],
                                           "stack": _frames([f for f in stacks.current_stack(skip=2)
@@ -475,22 +480,29 @@ class Watcher:
 
     # --- checks ---------------------------------------------------------------------------------
     def _check_stuck(self, seen_at: str) -> bool:
-        if not self._fx_observed or fxpatch.thread_local_enabled() or tracehooks.active_windows():
+        if not self._fx_observed or fxpatch.thread_local_enabled():
             return False
-        state = fxpatch.stuck_state()
+
+        def check_and_repair() -> tuple[fxpatch.StuckState, bool]:
+            # under tracehooks' lock: no trace can start between the check and the repair
+            state = fxpatch.stuck_state()
+            if state.stuck and self.repair_stuck:
+                fxpatch.repair_state()
+                return state, True
+            return state, False
+
+        idle, checked = tracehooks.when_idle(check_and_repair)
+        if not idle or checked is None:
+            return False
+        state, repaired = checked
         if not state.stuck:
             self._stuck_reported = False
             return False
-        if self._stuck_reported:
+        if self._stuck_reported and not repaired:
             return True
-        self._stuck_reported = True
+        self._stuck_reported = not repaired
         recent = [_window_json(w) | {"end": w.end, "flag_before": w.flag_before, "flag_after": w.flag_after,
                                      "error": w.error} for w in list(self._recent)[-4:]]
-        repaired = False
-        if self.repair_stuck:
-            fxpatch.repair_state()
-            repaired = True
-            self._stuck_reported = False
         self._emit("stuck_state", {"flag": state.flag, "module_call_patched": state.module_call_patched,
                                    "module_getattr_patched": state.module_getattr_patched,
                                    "patcher_left": state.patcher_left, "seen_at": seen_at,
@@ -503,29 +515,29 @@ class Watcher:
             try:
                 self._tick()
             except Exception as e:  # noqa: BLE001 - the watchdog must survive anything
-                tracehooks.listener_errors.append(f"Watcher watchdog: {e!r}")
+                tracehooks.note_listener_error("Watcher watchdog", e)
 
     def _tick(self) -> None:
         if "torch._dynamo" in sys.modules:
             self._compiles.ensure_installed()  # a user's torch._dynamo.reset() clears compile callbacks
-        now = time.time()
-        open_items: list[tuple[tuple, str, float, int, str]] = []  # key, what, start, thread id, thread name
+        now = time.monotonic()  # open-for times: a wall-clock change must not fake (or hide) a stall
+        open_items: list[tuple[tuple, str, float, float, int, str]] = []  # key, what, since, mono start, thread
         cw = self._compiles.open_window()
         if cw is not None:
             open_items.append((("compile", cw.compile_id, cw.start), f"dynamo compile {cw.compile_id}", cw.start,
-                               cw.thread_id, cw.thread_name))
+                               cw.mono_start, cw.thread_id, cw.thread_name))
         for w in tracehooks.active_windows():
             if w.outer_window is None:
-                open_items.append((("trace", w.window_id), f"{w.tracer} tracing {w.target}", w.start, w.thread_id,
-                                   w.thread_name))
-        for key, what, start, tid, tname in open_items:
-            if now - start < self.stall_after or key in self._stalled:
+                open_items.append((("trace", w.window_id), f"{w.tracer} tracing {w.target}", w.start, w.mono_start,
+                                   w.thread_id, w.thread_name))
+        for key, what, since, mono_start, tid, tname in open_items:
+            if now - mono_start < self.stall_after or key in self._stalled:
                 continue
             self._stalled.add(key)
             all_stacks = stacks.all_thread_stacks()
             in_compile = [name.rsplit(" (", 1)[0] for name, frames in all_stacks.items() if _in_compile(frames)]
             thread = next((t for t in threading.enumerate() if t.ident == tid), None)
-            self._emit("stall", {"what": what, "since": start, "open_for_s": now - start,
+            self._emit("stall", {"what": what, "since": since, "open_for_s": now - mono_start,
                                  "stall_after_s": self.stall_after, "threads_in_compile": in_compile,
                                  "stacks": {k: [str(f) for f in v] for k, v in all_stacks.items()}},
                        thread=thread or _NamedThread(tname, tid, _thread_key(tid)[1]))

@@ -568,8 +568,7 @@ def _verdicts(r: EngineReport, cfg: EngineConfig) -> list[str]:
     out: list[str] = []
     R, W = len(r.drafter_devices), len(r.target_devices)
     if r.outcome == "prewarm_failed":
-        assert r.prewarm is not None
-        out += list(r.prewarm.verdicts)
+        out += list(r.prewarm.verdicts) if r.prewarm is not None else ["prewarm failed (no prewarm report)."]
         out.append("no worker thread was started: fix the step on the failing device first.")
         return out
     if r.prewarm is not None:

@@ -123,9 +123,8 @@ def block_mask_eager(mask_mod: Callable, batch: int, q_len: int, kv_len: int, de
         tiles = m.reshape(batch, 1, (q1 - q0) // FLEX_BLOCK, FLEX_BLOCK, kvb, FLEX_BLOCK)
         anys.append(tiles.any(5).any(3))  # (B, 1, rows/128, KVb)
         alls.append(tiles.all(5).all(3))
-    any_v, all_v = torch.cat(anys, 2), torch.cat(alls, 2)
+    any_v, all_v = torch.cat(anys, 2), torch.cat(alls, 2)  # (B, 1, qb, KVb): the bands cover every query tile
     partial, full = _ordered(any_v & ~all_v), _ordered(all_v)
-    assert any_v.shape[2] == qb
     return BlockMask.from_kv_blocks(partial[0], partial[1], full[0], full[1], BLOCK_SIZE=FLEX_BLOCK,
                                     mask_mod=mask_mod, seq_lengths=(q_len, kv_len))
 

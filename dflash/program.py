@@ -223,7 +223,6 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
     `group`: a dflash.distributed.ProcessGroup when this process is one rank of several (see above)."""
     from compilewatch.fsutil import atomic_write_text
     from dflash.config import to_toml
-    from dflash.metrics import MetricsWriter
 
     cfg = trainer.cfg
     rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
@@ -234,8 +233,7 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
     own.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         atomic_write_text(trainer.run_dir / "config.toml", to_toml(cfg))
-    writer = trainer._writer = MetricsWriter(trainer.run_dir if rank == 0 else own, tensorboard=cfg.metrics.tensorboard,
-                                             after_step=trainer.step)
+    writer = trainer.open_metrics(trainer.run_dir if rank == 0 else own)
     start = {"step": trainer.step, "total_steps": total, "backend": trainer.backend, "device": str(trainer.device),
              "data": trainer.dataset.stats, "run_dir": str(trainer.run_dir), "target_devices": list(target_devices),
              "drafter_devices": list(drafter_devices)}

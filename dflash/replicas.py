@@ -69,13 +69,14 @@ def average_gradients(models: Sequence[nn.Module], *, divide_by: float | None = 
     for j in used:
         groups.setdefault(params[0][j].dtype, []).append(j)
     total_elems = 0
+    def flat(ps: Sequence[torch.Tensor], idx: list[int]) -> torch.Tensor:  # (sum of numels,) on `dev`
+        return torch.cat([(ps[j].grad if ps[j].grad is not None else torch.zeros_like(ps[j])).reshape(-1)
+                          for j in idx]).to(dev)
+
     for dtype, idx in groups.items():
-        total: torch.Tensor | None = None
-        for ps in params:
-            flat = torch.cat([(ps[j].grad if ps[j].grad is not None else torch.zeros_like(ps[j])).reshape(-1)
-                              for j in idx]).to(dev)
-            total = flat if total is None else total.add_(flat)
-        assert total is not None
+        total = flat(params[0], idx)
+        for ps in params[1:]:
+            total.add_(flat(ps, idx))
         if reduce is not None:
             reduce(total)
         total.div_(divide_by)

@@ -434,7 +434,7 @@ class Trainer:
         t0 = time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.run_dir / "config.toml", to_toml(self.cfg))
-        self._writer = MetricsWriter(self.run_dir, tensorboard=self.cfg.metrics.tensorboard, after_step=self.step)
+        self.open_metrics()
         if self._writer.truncated:
             self.notes.append(f"metrics.jsonl: dropped {self._writer.truncated} rows past step {self.step} "
                               "(the killed segment's; this run writes them again)")
@@ -472,6 +472,15 @@ class Trainer:
                                 progress=lambda d, n: self.on_event("eval", {"done": d, "total": n}))
         finally:
             self.drafter.train()
+
+    def open_metrics(self, directory: Path | None = None) -> MetricsWriter:
+        """Open the metrics log (`metrics.jsonl` in `directory`, default the run dir; rows past the
+        current step are dropped) as this trainer's: steps and events go there; `close()` closes it."""
+        if self._writer is not None:
+            self._writer.close()
+        self._writer = MetricsWriter(self.run_dir if directory is None else directory,
+                                     tensorboard=self.cfg.metrics.tensorboard, after_step=self.step)
+        return self._writer
 
     def close(self) -> None:
         if self._writer is not None:

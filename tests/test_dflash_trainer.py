@@ -281,3 +281,18 @@ def test_multi_turn_think_data_on_a_target_with_qwen3s_real_template_drops_nothi
         assert t.train().steps == 1
     finally:
         t.close()
+
+
+def test_open_metrics_is_the_trainers_log_in_the_directory_asked(tmp_path, chat_file):
+    """The engine path (dflash/program.py) opens a rank's metrics log through this public method."""
+    t = Trainer.from_config(small_config(tmp_path / "run", chat_file))
+    try:
+        first = t.open_metrics(tmp_path / "rank1")
+        assert first.path == tmp_path / "rank1" / "metrics.jsonl"
+        second = t.open_metrics()  # replaces (and closes) the first
+        assert first._fh.closed and second.path == t.run_dir / "metrics.jsonl"
+        second.write_event("start", {"step": 0})
+    finally:
+        t.close()
+    assert second._fh.closed
+    assert [json.loads(line)["event"] for line in second.path.read_text().splitlines()] == ["start"]

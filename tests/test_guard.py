@@ -266,3 +266,43 @@ def test_one_guard_at_a_time(guard):
 
     with pytest.raises(BadInput, match="already installed"):
         CompileGuard().install()
+
+
+def test_close_while_a_thread_is_inside_the_hook(monkeypatch):
+    """The engine closes the guard while stuck daemon threads live: a thread that read dynamo's hook
+    before close() (and one parked inside it) still gets torch's own callback afterwards, no TypeError."""
+    import torch._dynamo.eval_frame as ef
+
+    entered, release = threading.Event(), threading.Event()
+
+    def torch_from_stance(callback):  # stands in for torch's function; parks the first caller
+        if threading.current_thread().name == "parked":
+            entered.set()
+            release.wait()
+        return callback
+
+    monkeypatch.setattr(ef, "_callback_from_stance", torch_from_stance)
+    g = CompileGuard(thread_local=False)
+    hook = ef._callback_from_stance  # what dynamo reads at call time: the guard's wrapper
+    assert hook is not torch_from_stance
+    results, errors = [], []
+
+    def call():
+        try:
+            results.append(hook(False))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    parked = threading.Thread(target=call, name="parked", daemon=True)
+    parked.start()
+    assert entered.wait(60)
+    g.close()  # while `parked` is inside the hook
+    assert ef._callback_from_stance is torch_from_stance
+    late = threading.Thread(target=call, name="late")  # read the hook before close(), calls it after
+    late.start()
+    late.join()
+    release.set()
+    parked.join()
+    assert errors == [] and results == [False, False]
+    with CompileGuard(thread_local=False):  # a later guard installs over torch's function again
+        assert ef._callback_from_stance is hook

@@ -92,6 +92,67 @@ def test_stuck_state_without_repair_breaks_later_calls_and_check_sees_it():
     assert [e.kind for e in w.events if e.kind in ("stuck_state", "repair")] == ["stuck_state", "repair"]
 
 
+class _SpyLock:
+    """A module's lock, telling when the thread named `who` has to wait for it."""
+
+    def __init__(self, inner, who: str, waiting: threading.Event) -> None:
+        self.inner, self.who, self.waiting = inner, who, waiting
+
+    def __enter__(self):
+        if not self.inner.acquire(blocking=False):
+            if threading.current_thread().name == self.who:
+                self.waiting.set()
+            self.inner.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.inner.release()
+
+
+@needs_global_flag
+def test_repair_is_atomic_with_trace_entry(monkeypatch):
+    """Check-then-repair cannot reset the state of a trace that starts in between: a trace that
+    starts while the watcher repairs waits, and sees its own flag set once inside."""
+    parked, release, repaired = threading.Event(), threading.Event(), threading.Event()
+    progress = threading.Event()  # the tracer is waiting for tracehooks' lock, or is inside its trace
+    inside, seen = [], []
+    real_repair = fxpatch.repair_state
+
+    def slow_repair():
+        parked.set()
+        release.wait(WAIT)
+        try:
+            return real_repair()
+        finally:
+            repaired.set()
+
+    def traced(a):
+        inside.append(True)
+        progress.set()
+        repaired.wait(WAIT)  # without the fix the repair runs now, in the middle of this trace
+        seen.append(st.is_fx_tracing())
+        return a * 2
+
+    with Watcher(repair=True) as w:
+        monkeypatch.setattr(fxpatch, "repair_state", slow_repair)
+        monkeypatch.setattr(tracehooks, "_lock", _SpyLock(tracehooks._lock, "tracer", progress))
+        torchcompat.set_fx_flag(True)  # stuck: no trace open
+        checker = threading.Thread(target=w.check, name="checker")
+        checker.start()
+        assert parked.wait(WAIT)  # the checker found it stuck and is about to repair
+        tracer = threading.Thread(target=lambda: torch.fx.symbolic_trace(traced), name="tracer")
+        tracer.start()
+        assert progress.wait(WAIT)
+        assert inside == []  # the trace waits for the repair instead of starting under it
+        release.set()
+        checker.join(WAIT)
+        tracer.join(WAIT)
+        monkeypatch.undo()
+    assert seen == [True] and not fxpatch.stuck_state().stuck
+    (ev,) = _kinds(w, "stuck_state")
+    assert ev.detail["flag"] and ev.detail["repaired"]
+
+
 def test_stuck_module_patch_breaks_later_module_calls_and_check_sees_it():
     """On every torch so far (2.15 too) overlapping traces leave nn.Module.__call__ patched on the class:
     later module calls, even single-threaded, run through a dead tracer."""
@@ -149,6 +210,30 @@ def test_dynamo_compile_stall_names_the_compiling_thread():
     ev = _kinds(w, "stall")[0]
     assert ev.detail["what"].startswith("dynamo compile") and ev.thread == "compiler"
     assert "compiler" in ev.detail["threads_in_compile"] and "MainThread" not in ev.detail["threads_in_compile"]
+
+
+def test_stalls_and_durations_use_the_monotonic_clock():
+    """A wall-clock step neither fakes a stall nor hides one: open-for times and durations are
+    monotonic; `since`/`start` stay wall-clock timestamps."""
+    inside, release = threading.Event(), threading.Event()
+    w = Watcher(stall_after=60)  # not installed: the test drives the watchdog's tick itself
+    with tracehooks.TraceRecorder():
+        t = threading.Thread(target=trace_window("symbolic_trace", inside, release), name="slow-tracer")
+        t.start()
+        try:
+            assert inside.wait(WAIT)
+            (win,) = [x for x in tracehooks.active_windows() if x.outer_window is None]
+            win.start -= 3600  # the wall clock stepped an hour forward since the trace began
+            w._tick()
+            assert _kinds(w, "stall") == []
+            win.mono_start -= 3600  # an hour really passed
+            w._tick()
+        finally:
+            release.set()
+            t.join(WAIT)
+    (ev,) = _kinds(w, "stall")
+    assert ev.thread == "slow-tracer" and ev.detail["since"] == win.start and ev.detail["open_for_s"] >= 3600
+    assert win.duration >= 3600 and win.end - win.start >= 3600  # both clocks moved by the same hour here
 
 
 def test_recompile_after_warm_carries_guard_reason():
@@ -282,3 +367,150 @@ def test_live_output_prints_each_finding_once(monkeypatch):
     live(WatchEvent("trace", 6.0, 1, "tracer", 9, 6, {}))  # info: never printed
     lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
     assert len(lines) == 1 and "failure: flag leak" in lines[0]
+
+
+def test_a_failing_listener_is_reported_as_an_instrument_error():
+    """Listener failures (trace hooks, compile callbacks) never break the program and never vanish:
+    the watcher's summary counts them and shows the first."""
+    from compilewatch.compile_events import CompileRecorder
+
+    class Broken:
+        def on_trace_enter(self, window):
+            raise ValueError("enter broke")
+
+        def on_trace_exit(self, window):
+            pass
+
+        def on_compile_start(self, window):
+            raise KeyError("compile broke")
+
+        def on_compile_end(self, window):
+            pass
+
+    broken = Broken()
+    with Watcher() as w:
+        tracehooks.subscribe(broken)
+        try:
+            gm = torch.fx.symbolic_trace(lambda a: a + 1)
+        finally:
+            tracehooks.unsubscribe(broken)
+        rec = CompileRecorder(listeners=[broken])
+        rec._start()  # what torch's compile-start callback calls
+        rec._end()
+    assert torch.equal(gm(X), X + 1)
+    (ev,) = _kinds(w, "instrument_error")
+    assert ev.detail == {"count": 2, "first": "Broken.on_trace_enter: ValueError: enter broke"}
+    s = w.summary()
+    assert s.ok and len(s.instrument_errors) == 1 and s.instrument_errors[0] in s.verdicts
+    assert "2 failure(s)" in s.instrument_errors[0] and "enter broke" in s.instrument_errors[0]
+
+
+def test_no_instrument_error_event_when_nothing_failed():
+    with Watcher() as w:
+        torch.fx.symbolic_trace(lambda a: a + 1)
+    assert _kinds(w, "instrument_error") == [] and w.summary().instrument_errors == ()
+
+
+@pytest.mark.skipif(not fxpatch.readers_patchable()[0], reason="thread-local FX state unsupported on this torch")
+def test_thread_local_refused_while_a_trace_runs_leaves_nothing_subscribed():
+    """fxpatch's error path: enable_thread_local() refused (a trace is open) unsubscribes what it
+    subscribed (its no-op listener and the flag keeper) and unpatches the readers."""
+    inside, release = threading.Event(), threading.Event()
+    codes = (st.is_fx_symbolic_tracing.__code__, st.is_fx_tracing.__code__)
+    trace = torch.fx.Tracer.__dict__["trace"]
+    with tracehooks.TraceRecorder() as rec:
+        t = threading.Thread(target=trace_window("symbolic_trace", inside, release), name="tracer")
+        t.start()
+        try:
+            assert inside.wait(WAIT)
+            with pytest.raises(CompilewatchError, match="while a trace is running"):
+                fxpatch.enable_thread_local()
+        finally:
+            release.set()
+            t.join(WAIT)
+        assert tracehooks._listeners == [rec]
+    assert not tracehooks.installed() and torch.fx.Tracer.__dict__["trace"] is trace
+    assert (st.is_fx_symbolic_tracing.__code__, st.is_fx_tracing.__code__) == codes
+    assert not fxpatch.thread_local_enabled()
+
+
+def test_adding_an_observer_while_the_last_one_leaves_keeps_trace_hooks(monkeypatch):
+    """add_observer subscribes its trace listener under fxpatch's lock: a concurrent remove_observer
+    of the last observer cannot unsubscribe it between the subscribe and the registration."""
+
+    class Obs:
+        def on_flag_read(self, read): ...
+
+        def on_foreign_module_call(self, call): ...
+
+    first, second = Obs(), Obs()
+    parked, release, remover_waits = threading.Event(), threading.Event(), threading.Event()
+    real_subscribe = tracehooks.subscribe
+
+    def slow_subscribe(listener):
+        real_subscribe(listener)
+        if threading.current_thread().name == "adder":
+            parked.set()
+            release.wait(WAIT)
+
+    fxpatch.add_observer(first)
+    try:
+        monkeypatch.setattr(tracehooks, "subscribe", slow_subscribe)
+        monkeypatch.setattr(fxpatch, "_lock", _SpyLock(fxpatch._lock, "remover", remover_waits))
+        adder = threading.Thread(target=fxpatch.add_observer, args=(second,), name="adder")
+        adder.start()
+        assert parked.wait(WAIT)
+        remover = threading.Thread(target=lambda: (fxpatch.remove_observer(first), remover_waits.set()),
+                                   name="remover")
+        remover.start()
+        assert remover_waits.wait(WAIT)  # it waits (fixed) or it has already finished (the race)
+        release.set()
+        adder.join(WAIT)
+        remover.join(WAIT)
+        monkeypatch.undo()
+        assert fxpatch._observers == [second] and fxpatch._noop in tracehooks._listeners and tracehooks.installed()
+    finally:
+        fxpatch.remove_observer(first)
+        fxpatch.remove_observer(second)
+    assert not tracehooks.installed()
+
+
+@pytest.mark.skipif(not fxpatch.readers_patchable()[0], reason="thread-local FX state unsupported on this torch")
+def test_switching_to_thread_local_is_atomic_with_trace_entry(monkeypatch):
+    """enable_thread_local() resets and swaps the tracing state under tracehooks' lock: a trace that
+    starts meanwhile waits for the switch (it used to be able to start between check and switch)."""
+    parked, release, progress = threading.Event(), threading.Event(), threading.Event()
+    inside = []
+    real_repair = fxpatch.repair_state
+
+    def slow_repair():
+        if threading.current_thread().name == "enabler":
+            parked.set()
+            release.wait(WAIT)
+        return real_repair()
+
+    def traced(a):
+        inside.append(fxpatch.thread_local_enabled())
+        progress.set()
+        return a * 2
+
+    monkeypatch.setattr(fxpatch, "repair_state", slow_repair)
+    monkeypatch.setattr(tracehooks, "_lock", _SpyLock(tracehooks._lock, "tracer", progress))
+    enabler = threading.Thread(target=fxpatch.enable_thread_local, name="enabler")
+    enabler.start()
+    try:
+        assert parked.wait(WAIT)
+        tracer = threading.Thread(target=lambda: torch.fx.symbolic_trace(traced), name="tracer")
+        tracer.start()
+        assert progress.wait(WAIT)
+        assert inside == []  # waiting for the switch, not tracing beside it
+    finally:
+        release.set()
+        enabler.join(WAIT)
+    tracer.join(WAIT)
+    monkeypatch.undo()
+    try:
+        assert inside == [True] and fxpatch.thread_local_enabled()
+    finally:
+        fxpatch.disable_thread_local()
+    assert not fxpatch.thread_local_enabled() and not tracehooks.installed()
