@@ -243,9 +243,9 @@ class TopologyConfig:
     def __post_init__(self) -> None:
         _need(bool(self.device), "topology.device", "must be cpu, cuda, cuda:N, N or auto")
         if self.device not in ("auto", "cuda"):  # under torchrun both mean the rank's own GPU
-            self.device = _device_list((self.device,), "topology.device")[0]
-        self.target_devices = _device_list(self.target_devices, "topology.target_devices")
-        self.drafter_devices = _device_list(self.drafter_devices, "topology.drafter_devices")
+            self.device = _device_list((self.device,), "topology.device (--device)")[0]
+        self.target_devices = _device_list(self.target_devices, "topology.target_devices (--target-devices)")
+        self.drafter_devices = _device_list(self.drafter_devices, "topology.drafter_devices (--drafter-devices)")
         _need(bool(self.target_devices) == bool(self.drafter_devices), "topology.target_devices",
               "target_devices and drafter_devices go together (e.g. 0,1,2,3,4 and 5,6,7), or both empty")
         _need(not self.drafter_devices or self.device == "auto", "topology.device",

@@ -136,8 +136,8 @@ def test_a_failing_rank_fails_the_job_with_its_error_and_the_ranks_resume_from_r
     assert failed["outcome"] == "failed" and failed["params_digest"] is None
     assert sorted(x.name for x in (run / "checkpoints").glob("step_*")) == ["step_000002"]
 
-    p = torchrun(["-m", "dflash"], ["--out", str(run), "--resume", "--target-devices", "cpu", "--drafter-devices", "cpu,cpu",
-                                    "--json"])
+    # the devices come back from the run's config.toml ([topology]): no device flags on --resume
+    p = torchrun(["-m", "dflash"], ["--out", str(run), "--resume", "--json"])
     assert p.returncode == 0, p.stderr[-4000:]
     out = json.loads(p.stdout)
     assert out["steps"] == STEPS and out["engine"]["start_step"] == 2
