@@ -73,7 +73,7 @@ def rank_reports(run: Path) -> list[dict]:
 def single_device(tmp_path: Path, chat_file: Path, grad_accum: int):
     """The reference: one process, one device, the same global batch (grad_accum micro-batches).
     Returns step -> StepMetrics, and the token positions of step 1's global batch."""
-    cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "train.max_steps": STEPS, "train.device": "cpu",
+    cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "train.max_steps": STEPS, "topology.device": "cpu",
                                    "train.grad_accum": grad_accum, "checkpoint.out_dir": str(tmp_path / "single")})
     trainer = Trainer.from_config(cfg)
     steps = {}
@@ -176,7 +176,7 @@ def test_two_ranks_on_one_gpu_with_gloo_hold_identical_weights(tmp_path, chat_fi
 def test_rank_shares_are_disjoint_and_cover_every_step_of_the_epoch(tmp_path, chat_file):
     from dflash.program import Plan
 
-    cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "train.device": "cpu",
+    cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "topology.device": "cpu",
                                    "checkpoint.out_dir": str(tmp_path / "r")})
     trainer = Trainer.from_config(cfg)
     try:

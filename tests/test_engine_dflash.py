@@ -26,7 +26,7 @@ def chat_file(tmp_path_factory):
 def config(out, data, **kw):
     base = {"data.path": str(data), "data.regenerate": False, "data.batch_size": 2, "train.max_steps": 3,
             "checkpoint.every": 2, "checkpoint.out_dir": str(out), "metrics.log_every": 1,
-            "metrics.tensorboard": False, "eval.at_end": False, "train.device": "cpu"}
+            "metrics.tensorboard": False, "eval.at_end": False, "topology.device": "cpu"}
     return apply_overrides(tiny(), {**base, **kw})
 
 
