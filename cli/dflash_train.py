@@ -1,4 +1,4 @@
-"""`dflash train`: parse, build the config, build the Trainer, train, always close."""
+"""`dflash train`: parse the flags into a config, call dflash.run.train, render the result."""
 
 from __future__ import annotations
 

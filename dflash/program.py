@@ -213,9 +213,9 @@ def finished_report(target_devices: Sequence[str], drafter_devices: Sequence[str
     """The engine's report for a run that is already at its last step: no thread started, ok."""
     return EngineReport(
         outcome="ok", target_devices=tuple(target_devices), drafter_devices=tuple(drafter_devices), start_step=step,
-        steps_done=step, wall_s=0.0, setup_s=0.0, prewarm=None, guard="off", steps=(), tokens_per_s=None,
-        steps_per_s=None, wait_fraction=None, failure=None, threads=(), stacks={}, max_param_diff=None, watch=None,
-        saved=(), verdicts=(f"nothing to train: the run is at step {step} of {stop}; no thread started.",))
+        steps_done=step, wall_s=0.0, setup_s=0.0, prewarm=None, guard="not used (no thread started)", steps=(),
+        tokens_per_s=None, steps_per_s=None, wait_fraction=None, failure=None, threads=(), stacks={},
+        max_param_diff=None, watch=None, saved=(), verdicts=(f"nothing to train: the run is at step {step} of {stop}; no thread started.",))
 
 
 def rank_dir(run_dir, rank: int):
