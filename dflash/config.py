@@ -196,7 +196,7 @@ class TrainConfig:
         _need(self.gamma is None or self.gamma > 0, "train.gamma", "must be > 0 or none")
 
 
-DEFAULT_DIST_TIMEOUT_S = 1800.0  # a collective's wait: above the slowest rank's cold prewarm (qwen3_8b: ~240 s)
+DEFAULT_DIST_TIMEOUT_S = 1800.0  # a collective's wait: well above a cold qwen3_8b first step (238 s, one H200)
 
 
 def _device_list(value: tuple[str, ...], name: str) -> tuple[str, ...]:
@@ -225,8 +225,8 @@ class TopologyConfig:
     """Engine: one drafter replica thread per entry; replica 0 (the trainer: its optimizer, checkpoints
     and metrics) runs on the first. Empty = one device."""
     stall_after: float = 300.0
-    """Engine: no committed step for this many seconds = a stall: dump every thread's stack and stop
-    (300 s: above a cold first step of the tiny and qwen3_8b recipes once prewarmed)."""
+    """Engine: no committed step for this many seconds = a stall: dump every thread's stack and stop.
+    Prewarm runs before the watchdog; a step and, under torchrun, rank 0's checkpoint save must fit."""
     prewarm: bool = True
     """Engine: compile every replica's step in the main thread, one device after another, before the
     worker threads start (false = the seeds' race: for experiments only)."""
