@@ -258,3 +258,16 @@ def test_device_cuda_under_torchrun_means_the_local_rank(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(BadInput, match="no CUDA device"):
         rank_device(info, "cuda")
+
+
+def test_the_mode_comes_from_the_topology_and_torchruns_environment(monkeypatch):
+    from dflash.run import pick_mode
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    engine = apply_overrides(tiny(), {"topology.target_devices": "cpu", "topology.drafter_devices": "cpu,cpu"})
+    assert pick_mode(tiny()) == "single" and pick_mode(engine) == "engine"
+    assert pick_mode(tiny(), distributed=True) == "distributed"  # --distributed
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    assert pick_mode(tiny()) == pick_mode(engine) == "distributed"  # torchrun started this process
