@@ -94,7 +94,7 @@ def run(a) -> dict:
     fields = SMALL if a.small else QWEN3_8B
     seq = 64 if a.small else a.seq
     cfg = qwen3_8b()
-    over = {"train.device": str(device), "train.max_steps": a.warmup + a.steps, "metrics.log_every": 1,
+    over = {"topology.device": str(device), "train.max_steps": a.warmup + a.steps, "metrics.log_every": 1,
             "data.max_length": seq, "data.buckets": [seq]}
     if a.small:
         over.update({"drafter.num_layers": 2, "drafter.block_size": 8, "data.num_anchors": 4})

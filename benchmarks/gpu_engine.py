@@ -95,7 +95,7 @@ def run_dflash_case(a: argparse.Namespace, device: str, flags: dict):
 
     work = Path(tempfile.mkdtemp(prefix="gpu-engine-dflash-"))
     cfg = apply_overrides(tiny(), {
-        "data.path": str(_chat_file(work / "chat.jsonl")), "data.regenerate": False, "train.device": device,
+        "data.path": str(_chat_file(work / "chat.jsonl")), "data.regenerate": False, "topology.device": device,
         "train.max_steps": a.steps, "checkpoint.every": 10 ** 6, "checkpoint.out_dir": str(work / "run"),
         "metrics.tensorboard": False, "eval.at_end": False})
     trainer = Trainer.from_config(cfg)

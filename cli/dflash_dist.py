@@ -4,19 +4,22 @@ rank 0's cross-rank report, and torchrun's error file for a failing rank."""
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
 from cli import output
+
 DistributedOpt = Annotated[bool, typer.Option(
     "--distributed", help="Run as one rank of a torchrun job (automatic when torchrun started this process): "
                           "gradients summed across ranks, data sharded by rank, checkpoints from rank 0.")]
-DistBackendOpt = Annotated[str, typer.Option(
-    "--dist-backend", help="Distributed: auto (NCCL for CUDA drafters, gloo beside it; gloo on CPU), gloo or nccl.")]
-DistTimeoutOpt = Annotated[float, typer.Option(
+DistBackendOpt = Annotated[Optional[str], typer.Option(
+    "--dist-backend", help="Distributed: auto (NCCL for CUDA drafters, gloo beside it; gloo on CPU), gloo or nccl "
+                           "(default auto; = --set topology.dist_backend=...).")]
+DistTimeoutOpt = Annotated[Optional[float], typer.Option(
     "--dist-timeout", help="Distributed: seconds a rank may wait in a collective before it fails (must exceed "
-                           "the slowest rank's prewarm and rank 0's checkpoint save).")]
+                           "the slowest rank's prewarm and rank 0's checkpoint save) (default 1800; "
+                           "= --set topology.dist_timeout=...).")]
 
 
 def _cache_line(c: Any) -> str:
@@ -93,8 +96,7 @@ def record_error(e: BaseException) -> None:
         pass
 
 
-def run_rank(cfg: Any, *, resume: bool, devices: Any, backend: str, timeout_s: float, stall_after: float,
-             prewarm: bool, guard: bool, as_json: bool, render: Any) -> None:
+def run_rank(cfg: Any, *, resume: bool, as_json: bool, render: Any) -> None:
     """`dflash train` as one rank: rank 0 shows progress and prints the result (stdout: data, once per
     job); every rank prints its own lines on stderr and exits non-zero with its own error."""
     from cli.dflash_engine import finish, render_engine
@@ -102,15 +104,13 @@ def run_rank(cfg: Any, *, resume: bool, devices: Any, backend: str, timeout_s: f
     from compilewatch.serialize import to_jsonable
     from dflash.config import to_dict
     from dflash.distributed import require_rank_info
-    from dflash.distributed_train import failure, rank_report_path, train_distributed
+    from dflash.distributed_train import failure, rank_report_path
+    from dflash.run import train
 
     try:
         info = require_rank_info()
-        targets, drafters = devices if devices is not None else (None, None)
         with TrainProgress(enabled=info.primary) as progress:
-            out = train_distributed(cfg, resume=resume, target_devices=targets, drafter_devices=drafters,
-                                    backend=backend, timeout_s=timeout_s, stall_after=stall_after, prewarm=prewarm, guard=guard,
-                                    on_event=RankLog(progress), info=info)
+            out = train(cfg, resume=resume, distributed=True, on_event=RankLog(progress), info=info).distributed
         if info.primary:
             data = {**to_jsonable(out.result), "config": to_dict(cfg), "engine": to_jsonable(out.engine),
                     "ranks": to_jsonable(out.ranks), "rank_verdicts": list(out.verdicts)}

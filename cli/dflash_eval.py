@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from cli import output
-from cli.options import JsonOpt
+from cli.options import DeviceOpt, JsonOpt
 
 if TYPE_CHECKING:
     from dflash.eval import EvalResult
@@ -19,7 +19,7 @@ def eval_cmd(
     data: Annotated[Optional[str], typer.Option("--data", help="Chat JSONL whose last user turns are the prompts.")] = None,
     prompts: Annotated[Optional[int], typer.Option("--prompts", "-n", help="Number of prompts.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = None,
-    device: Annotated[Optional[str], typer.Option("--device", "-d", help="cpu, cuda, cuda:N or N.")] = None,
+    device: DeviceOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Greedy speculative decoding (drafter proposes a block, target verifies) vs plain target decoding.

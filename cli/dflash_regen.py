@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cli import output
-from cli.options import JsonOpt
+from cli.options import DeviceOpt, JsonOpt
 from dflash.config import EMBEDDED_TARGET, TargetConfig
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ def regen_cmd(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Longest answer.")] = 512,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Conversations generated together.")] = 32,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy (default).")] = 0.0,
-    device: Annotated[str, typer.Option("--device", "-d", help="cpu, cuda, cuda:N, N or auto.")] = "auto",
+    device: DeviceOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Answer every user turn again with the target (how DFlash training data is made).
@@ -34,7 +34,7 @@ def regen_cmd(
     from dflash.regen import regen_file  # torch and transformers: only when regenerating
     from dflash.target import load_target, resolve_device
 
-    tgt = load_target(TargetConfig(path=target), 1, resolve_device(device))
+    tgt = load_target(TargetConfig(path=target), 1, resolve_device(device or "auto"))
     with TrainProgress() as progress:
         progress("phase", {"name": "regenerate", "conversations": "all"})
         result = regen_file(input, out_path, tgt, max_new_tokens=max_new_tokens, batch_size=batch_size,

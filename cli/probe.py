@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cli import output
-from cli.options import BackendOpt, DeviceOpt, JsonOpt
+from cli.options import BackendOpt, DeviceListOpt, JsonOpt
 from cli.lazy import lazy
 
 probe_lib = lazy("compilewatch.probe")
@@ -22,7 +22,7 @@ from compilewatch.targets import builtin_targets
 def probe_cmd(
     target: Annotated[Optional[str], typer.Argument(help="Built-in target, module:callable or file.py:callable.")] = None,
     list_: Annotated[bool, typer.Option("--list", help="List the built-in targets and exit.")] = False,
-    device: DeviceOpt = "cpu",
+    device: DeviceListOpt = "cpu",
     backend: BackendOpt = "inductor",
     threads: Annotated[int, typer.Option("--threads", "-n", help="Run the target in N threads at once, cold (0: one run here).")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="With --threads: seconds before a thread counts as hung.")] = 300.0,

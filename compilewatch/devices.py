@@ -15,19 +15,28 @@ def visible_devices() -> list[str]:
     return out
 
 
-def parse_device(spec: str) -> str:
-    """Normalize one device spec: `5` -> `cuda:5`, `cuda` -> `cuda:0`, `cpu` -> `cpu`; validate it."""
+def normalize_device(spec: str) -> str:
+    """One device spec's name, syntax only (nothing is asked of torch): `5` -> `cuda:5`, `cuda` ->
+    `cuda:0`, `cpu`, `cuda:N`. A config names devices of the machine it will run on."""
     s = spec.strip().lower()
     if not s:
         raise BadInput("empty device name", hint="use an index like 0, a name like cuda:1, or cpu")
     if s.isdigit():
-        s = f"cuda:{s}"
-    elif s == "cuda":
-        s = "cuda:0"
+        return f"cuda:{int(s)}"
+    if s == "cuda":
+        return "cuda:0"
+    if s == "cpu":
+        return s
+    if s.startswith("cuda:") and s[5:].isdigit():
+        return f"cuda:{int(s[5:])}"
+    raise BadInput(f"unknown device {spec!r}", hint="expected an index like 0, cuda:N or cpu")
+
+
+def parse_device(spec: str) -> str:
+    """Normalize one device spec (normalize_device) and check that this process can use it."""
+    s = normalize_device(spec)
     visible = visible_devices()
     if s not in visible:
-        if not (s == "cpu" or s.startswith("cuda:")):
-            raise BadInput(f"unknown device {spec!r}", hint=f"expected an index, cuda:N or cpu; visible: {', '.join(visible)}")
         raise BadInput(
             f"device {spec!r} is not visible to this process",
             hint=f"visible devices: {', '.join(visible)} (check CUDA_VISIBLE_DEVICES)",

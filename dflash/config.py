@@ -174,8 +174,6 @@ class TrainConfig:
     """Micro-batches per optimizer step."""
     seed: int = 0
     """Seeds init, shuffling and anchors: the same seed gives the same losses."""
-    device: str = "auto"
-    """cpu, cuda, cuda:N, N, or auto (first GPU, else CPU)."""
     dtype: Literal["auto", "bf16", "fp32"] = "auto"
     """Compute dtype: bf16 autocast over fp32 master weights on GPU (auto), fp32 on CPU."""
     attention: Literal["auto", "flex", "sdpa"] = "auto"
@@ -196,7 +194,76 @@ class TrainConfig:
         _need(self.max_steps is None or self.max_steps >= 1, "train.max_steps", "must be >= 1 or none")
         _need(self.grad_accum >= 1, "train.grad_accum", "must be >= 1")
         _need(self.gamma is None or self.gamma > 0, "train.gamma", "must be > 0 or none")
-        _need(bool(self.device), "train.device", "must not be empty")
+
+
+DEFAULT_DIST_TIMEOUT_S = 1800.0  # a collective's wait: well above a cold qwen3_8b first step (238 s, one H200)
+
+
+def _device_list(value: tuple[str, ...], name: str) -> tuple[str, ...]:
+    """Device names normalized once (`5` -> `cuda:5`, `cuda` -> `cuda:0`); a device may repeat."""
+    from compilewatch.devices import normalize_device
+    from compilewatch.errors import BadInput
+
+    try:
+        return tuple(normalize_device(d) for d in value)
+    except BadInput as e:
+        raise ValueError(f"{name}: {e.message}; {e.hint}") from None
+
+
+@dataclass(kw_only=True, slots=True)
+class TopologyConfig:
+    """Where the run trains and how its threads are watched. Recorded in the run's config.toml, so
+    `--resume` continues on the same devices (explicit flags override). Under torchrun every rank reads
+    the same section; the devices are each node's own."""
+
+    device: str = "auto"
+    """One device (cpu, cuda, cuda:N, N) or auto (first GPU, else CPU); under torchrun without device
+    lists auto and cuda mean cuda:LOCAL_RANK. Must stay auto with drafter_devices."""
+    target_devices: tuple[str, ...] = ()
+    """Engine: one target worker thread per entry (0,1,2,3,4; cpu and repeats allowed); empty = one device."""
+    drafter_devices: tuple[str, ...] = ()
+    """Engine: one drafter replica thread per entry; replica 0 (the trainer: its optimizer, checkpoints
+    and metrics) runs on the first. Empty = one device."""
+    stall_after: float = 300.0
+    """Engine: no committed step for this many seconds = a stall: dump every thread's stack and stop.
+    Prewarm runs before the watchdog; a step and, under torchrun, rank 0's checkpoint save must fit."""
+    prewarm: bool = True
+    """Engine: compile every replica's step in the main thread, one device after another, before the
+    worker threads start (false = the seeds' race: for experiments only)."""
+    guard: bool = True
+    """Engine: forbid compiles while the worker threads run (a late compile raises instead of racing)."""
+    queue_depth: int = 2
+    """Engine: batches each target worker may hold ready (2: one in use, one ahead)."""
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torchrun: auto = NCCL for CUDA drafters with gloo beside it, gloo on CPU; gloo or nccl to force."""
+    dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
+    """torchrun: seconds a rank may wait in a collective before it fails (must exceed the slowest
+    rank's prewarm and rank 0's checkpoint save)."""
+
+    def __post_init__(self) -> None:
+        _need(bool(self.device), "topology.device", "must be cpu, cuda, cuda:N, N or auto")
+        if self.device not in ("auto", "cuda"):  # under torchrun both mean the rank's own GPU
+            self.device = _device_list((self.device,), "topology.device (--device)")[0]
+        self.target_devices = _device_list(self.target_devices, "topology.target_devices (--target-devices)")
+        self.drafter_devices = _device_list(self.drafter_devices, "topology.drafter_devices (--drafter-devices)")
+        _need(bool(self.target_devices) == bool(self.drafter_devices), "topology.target_devices",
+              "target_devices and drafter_devices go together (e.g. 0,1,2,3,4 and 5,6,7), or both empty")
+        _need(not self.drafter_devices or self.device == "auto", "topology.device",
+              "must stay auto with drafter_devices: the trainer (replica 0) runs on the first drafter device")
+        _need(self.stall_after > 0, "topology.stall_after", "must be > 0 seconds")
+        _need(self.queue_depth >= 1, "topology.queue_depth", "must be >= 1")
+        _need(self.dist_timeout > 0, "topology.dist_timeout", "must be > 0 seconds")
+
+    @property
+    def engine(self) -> bool:
+        """Train with the multi-device engine (target workers and drafter replicas in threads)."""
+        return bool(self.drafter_devices)
+
+    @property
+    def trainer_device(self) -> str:
+        """The Trainer's device: drafter replica 0's (the first drafter device) on the engine, else
+        `device`. The one place this rule lives."""
+        return self.drafter_devices[0] if self.drafter_devices else self.device
 
 
 @dataclass(kw_only=True, slots=True)
@@ -249,6 +316,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
 
     def __post_init__(self) -> None:
         _need(self.recipe in RECIPES, "recipe", f"unknown recipe {self.recipe!r}; known: {', '.join(RECIPES)}")
@@ -358,11 +426,16 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
     raise ValueError(f"{name}: unsupported type {tp!r}")
 
 
+RENAMED = {"train.device": "topology.device"}
+"""Keys that moved (old name -> new): still read from older runs' config.toml and from --set."""
+
+
 def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     """Return a new Config with dotted-key overrides applied (`{"optim.lr": "3e-4"}`); validates."""
     sections = {name: dataclasses.asdict(sec) if dataclasses.is_dataclass(sec) else sec
                 for name, sec in _sections(cfg).items()}
     for key, value in overrides.items():
+        key = RENAMED.get(key, key)
         parts = key.split(".")
         if len(parts) == 1 and parts[0] == "recipe":
             sections["recipe"] = str(value)

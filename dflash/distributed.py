@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from compilewatch.errors import BadInput
+from dflash.config import DEFAULT_DIST_TIMEOUT_S as DEFAULT_TIMEOUT_S  # one default: the config's
 
-DEFAULT_TIMEOUT_S = 1800.0
 # what a collective raises in a healthy rank when another rank died or hung (gloo, NCCL, the timeout)
 _PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "DistBackendError", "DistNetworkError",
                  "NCCL communicator was aborted", "Timed out", "timed out", "Broken pipe")

@@ -1,9 +1,10 @@
 """`dflash train` as one rank of a torchrun job: join, agree, train on the engine, compare, report.
 
-    out = train_distributed(cfg, resume=False, drafter_devices=("cuda:5", "cuda:6", "cuda:7"), target_devices=(...))
+    out = train_distributed(cfg, resume=False)  # devices, backend, timeout: cfg.topology
 
 Order (every step is the same on every rank; the collectives are in the same order everywhere):
-1. Read torchrun's environment (dflash.distributed.rank_info); pick this rank's devices.
+1. Read torchrun's environment (dflash.distributed.rank_info); pick this rank's devices (the
+   topology's device lists, else one drafter on `topology.device`, auto = cuda:LOCAL_RANK).
 2. Fingerprint this rank's inductor cache before anything compiles (dflash.rank_report).
 3. Join the process group (its timeout bounds every later wait).
 4. Agree on the run directory (rank 0's default when --out is not given).
@@ -29,8 +30,7 @@ import torch
 from compilewatch.errors import BadInput, CheckFailed
 from dflash import rank_report as rr
 from dflash.config import Config, apply_overrides, to_toml
-from dflash.distributed import (DEFAULT_TIMEOUT_S, ProcessGroup, RankInfo, backend_for, is_peer_failure, rank_device,
-                                require_rank_info)
+from dflash.distributed import ProcessGroup, RankInfo, backend_for, is_peer_failure, rank_device, require_rank_info
 from dflash.trainer import Trainer, TrainResult, default_run_dir
 
 Event = Callable[[str, dict[str, Any]], None]
@@ -46,16 +46,16 @@ class DistributedResult:
     ok: bool
 
 
-def _devices(info: RankInfo, cfg: Config, targets: Sequence[str] | None,
-             drafters: Sequence[str] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _devices(info: RankInfo, cfg: Config) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    targets, drafters = cfg.topology.target_devices, cfg.topology.drafter_devices
     if drafters:
-        if info.local_world_size > 1 and any(d.startswith("cuda") for d in (*targets, *drafters)):  # type: ignore[misc]
+        if info.local_world_size > 1 and any(d.startswith("cuda") for d in (*targets, *drafters)):
             raise BadInput(f"--target-devices/--drafter-devices with {info.local_world_size} processes on {info.host}: "
                            "every process would use the same GPUs",
                            hint="run one process per node (--nproc-per-node 1): the engine spreads over the node's "
                                 "GPUs itself; or drop the device lists to run one drafter per GPU (cuda:LOCAL_RANK)")
-        return tuple(targets), tuple(drafters)  # type: ignore[arg-type]
-    dev = rank_device(info, cfg.train.device)
+        return targets, drafters
+    dev = rank_device(info, cfg.topology.device)
     return (dev,), (dev,)
 
 
@@ -66,7 +66,7 @@ def _facts(trainer: Trainer, digest: str) -> dict[str, Any]:
     latest = ckpt.latest_checkpoint(trainer.run_dir)
     return {"step": trainer.step, "checkpoint": latest.name if latest is not None and trainer.step else None,
             "total_steps": trainer.total_steps,
-            "config": to_toml(apply_overrides(trainer.cfg, {"train.device": "auto"})),  # devices differ per rank
+            "config": to_toml(apply_overrides(trainer.cfg, {"topology.device": "auto"})),  # devices differ per rank
             "samples": len(trainer.dataset), "tokens": trainer.dataset.stats.tokens, "weights": digest}
 
 
@@ -99,33 +99,30 @@ def check_agreement(facts: Sequence[dict[str, Any]], hosts: Sequence[str]) -> li
     return notes
 
 
-def train_distributed(cfg: Config, *, resume: bool = False, target_devices: Sequence[str] | None = None,
-                      drafter_devices: Sequence[str] | None = None, backend: str = "auto",
-                      timeout_s: float = DEFAULT_TIMEOUT_S, stall_after: float = 300.0, prewarm: bool = True,
-                      guard: bool = True, watch: bool = True, until: int | None = None,
+def train_distributed(cfg: Config, *, resume: bool = False, watch: bool = True, until: int | None = None,
                       on_event: Event | None = None, info: RankInfo | None = None) -> DistributedResult:
-    """Train as one rank of a torchrun job (see the module docstring for the order of things).
-    Raises BadInput for bad input, and when the ranks did not build the same run."""
+    """Train as one rank of a torchrun job (see the module docstring for the order of things); the
+    devices, backend, timeout and engine settings come from `cfg.topology`. Raises BadInput for bad
+    input, and when the ranks did not build the same run."""
     from compilewatch.fsutil import atomic_write_json
     from dflash.program import rank_dir, train_multi
 
     on_event = on_event or (lambda kind, data: None)
     info = info or require_rank_info()
-    targets, drafters = _devices(info, cfg, target_devices, drafter_devices)
+    topo = cfg.topology
+    targets, drafters = _devices(info, cfg)
     cache = rr.cache_state()  # before anything compiles
-    backend = backend_for(drafters, backend)
+    backend = backend_for(drafters, topo.dist_backend)
     on_event("rank", {"info": info, "backend": backend, "cache": cache, "target_devices": targets,
                       "drafter_devices": drafters})
     if drafters[0].startswith("cuda"):
         torch.cuda.set_device(drafters[0])
-    group = ProcessGroup(info, backend, timeout_s).open()
+    group = ProcessGroup(info, backend, topo.dist_timeout).open()
     if not cfg.checkpoint.out_dir:  # every rank must write to rank 0's choice of run dir
         cfg = apply_overrides(cfg, {"checkpoint.out_dir": group.broadcast(str(default_run_dir(cfg)) if info.primary else None)})
-    # the trainer (replica 0) runs on this rank's first drafter device; the run's config.toml and
-    # checkpoints keep the user's device spec ("auto": each rank resolves its own again on --resume)
-    trainer = Trainer.from_config(apply_overrides(cfg, {"train.device": drafters[0]}), resume=resume, on_event=on_event,
-                                  lock=info.primary)
-    trainer.cfg = cfg
+    # replica 0 runs on this rank's first drafter device (rank_device's pick without device lists);
+    # the run's config.toml keeps the user's spec ("auto": each rank resolves its own again on --resume)
+    trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event, lock=info.primary, device=drafters[0])
     try:
         seen = group.all_gather((_facts(trainer, rr.params_digest(trainer.drafter)), info.host, cache))
         notes = check_agreement([s[0] for s in seen], [s[1] for s in seen])
@@ -133,8 +130,9 @@ def train_distributed(cfg: Config, *, resume: bool = False, target_devices: Sequ
         group.broadcast_parameters(trainer.drafter)
         caches = [rr.RankCache(r, host, c) for r, (_, host, c) in enumerate(seen)]
         on_event("ranks", {"caches": caches, "verdicts": rr.cache_verdicts(caches)})
-        result, report = train_multi(trainer, targets, drafters, stall_after=stall_after, prewarm=prewarm, guard=guard,
-                                     watch=watch, until=until, group=group)
+        result, report = train_multi(trainer, targets, drafters, stall_after=topo.stall_after, prewarm=topo.prewarm,
+                                     guard=topo.guard, queue_depth=topo.queue_depth, watch=watch, until=until,
+                                     group=group)
     finally:
         trainer.close()
     own_dir = rank_dir(trainer.run_dir, info.rank)

@@ -241,7 +241,7 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
         cfg = apply_overrides(tiny(), overrides)
     else:
         raise BadInput(f"{str(ck)!r} has no {CONFIG_FILE}; say which target it drafts for", hint="pass --target DIR")
-    dev = resolve_device(device or cfg.train.device)
+    dev = resolve_device(device or cfg.topology.device)
     if dev.type == "cpu" and cfg.train.cpu_threads:
         torch.set_num_threads(cfg.train.cpu_threads)
     drafter = load_export(ck)

@@ -208,6 +208,16 @@ def _metrics(trainer: Trainer, replicas: list[Replica], rec: StepRecord, plan: P
         memory_bytes=memory_bytes(trainer.device))
 
 
+def finished_report(target_devices: Sequence[str], drafter_devices: Sequence[str], step: int,
+                    stop: int) -> EngineReport:
+    """The engine's report for a run that is already at its last step: no thread started, ok."""
+    return EngineReport(
+        outcome="ok", target_devices=tuple(target_devices), drafter_devices=tuple(drafter_devices), start_step=step,
+        steps_done=step, wall_s=0.0, setup_s=0.0, prewarm=None, guard="not used (no thread started)", steps=(),
+        tokens_per_s=None, steps_per_s=None, wait_fraction=None, failure=None, threads=(), stacks={},
+        max_param_diff=None, watch=None, saved=(), verdicts=(f"nothing to train: the run is at step {step} of {stop}; no thread started.",))
+
+
 def rank_dir(run_dir, rank: int):
     """Where rank `rank` of a distributed run writes its own files."""
     from pathlib import Path
@@ -247,6 +257,10 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
         log.add(_metrics(trainer, holder["engine"].replicas, rec, plan))
 
     stop = min(total, until) if until is not None else total
+    if trainer.step >= stop:  # a finished run resumed: nothing to train (as Trainer.train), the result again
+        report = finished_report(target_devices, drafter_devices, trainer.step, stop)
+        writer.write_event("engine", {"report": report})
+        return log.result(t0, run_eval=rank == 0), report
     ecfg = EngineConfig(target_devices=tuple(target_devices), drafter_devices=tuple(drafter_devices), steps=stop,
                         start_step=trainer.step, grad_accum=cfg.train.grad_accum, queue_depth=queue_depth,
                         stall_after=stall_after, prewarm=prewarm, guard=guard, watch=watch,

@@ -250,10 +250,12 @@ class Trainer:
 
     # ------------------------------------------------------------ building
     @classmethod
-    def from_config(cls, cfg: Config, *, resume: bool = False, on_event: Event | None = None, lock: bool = True) -> Trainer:
+    def from_config(cls, cfg: Config, *, resume: bool = False, on_event: Event | None = None, lock: bool = True,
+                    device: str | None = None) -> Trainer:
         """Build everything from `cfg`; with `resume`, continue the latest checkpoint of its run dir.
         `lock`: hold the run directory's lock (dflash.runlock) until close(); the ranks of a torchrun
-        job share one run directory, and only rank 0 holds it."""
+        job share one run directory, and only rank 0 holds it. `device`: default the config's
+        `topology.trainer_device` (a torchrun rank passes its own)."""
         on_event = on_event or (lambda kind, data: None)
         run_dir = Path(cfg.checkpoint.out_dir) if cfg.checkpoint.out_dir else default_run_dir(cfg)
         if run_dir.exists() and not run_dir.is_dir():
@@ -268,7 +270,7 @@ class Trainer:
         elif ckpt.latest_checkpoint(run_dir) is not None:
             raise BadInput(f"{str(run_dir)!r} already holds checkpoints",
                            hint="pass --resume to continue that run, or choose another --out")
-        device = resolve_device(cfg.train.device)
+        device = resolve_device(device or cfg.topology.trainer_device)
         detect_backend(device, cfg.train.attention)  # bad backend/device pairs fail before any work
         check_tensorboard(cfg.metrics)
         created = not run_dir.exists()

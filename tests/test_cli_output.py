@@ -100,9 +100,12 @@ def test_train_summary_is_one_screen():
     from cli.dflash_train import summary
     from dflash.config import build_config
 
-    cfg = build_config("tiny", None, {"checkpoint.out_dir": "runs/x"})
-    text = summary(cfg, (("0", "1"), ("2",)))
+    cfg = build_config("tiny", None, {"checkpoint.out_dir": "runs/x", "topology.target_devices": "0,1",
+                                      "topology.drafter_devices": "2", "topology.stall_after": "60"})
+    text = summary(cfg, resumed=["topology.stall_after"])
     assert len(text.splitlines()) <= 10 and "[target]" not in text and "lr = " not in text
-    for fact in ("recipe tiny", "embedded:tiny ", "embedded:tiny-chat", "target workers 0,1, drafter replicas 2",
+    for fact in ("recipe tiny", "embedded:tiny ", "embedded:tiny-chat",
+                 "target workers cuda:0,cuda:1, drafter replicas cuda:2", "stall after 60 s, prewarm on, guard on",
+                 "resumed  devices and engine settings from runs/x/config.toml; from the command line: stall_after",
                  "6 epochs", "runs/x", "--print-config"):
         assert fact in text, fact

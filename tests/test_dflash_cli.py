@@ -76,6 +76,12 @@ def test_print_config_json():
     (["--set", "nope.x=1"], "nope.x"),
     (["--set", "train.attention=flex"], "flex"),
     (["--resume"], "--resume"),
+    (["--stall-after", "0"], "topology.stall_after"),
+    (["--set", "topology.queue_depth=0"], "topology.queue_depth"),
+    (["--dist-backend", "mpi"], "topology.dist_backend"),
+    (["--set", "topology.target_devices=cpu"], "go together"),
+    (["--target-devices", "cpu", "--drafter-devices", "cuda:7"], "not visible"),
+    (["--device", "cpu", "--target-devices", "cpu", "--drafter-devices", "cpu"], "--device does not go with"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, chat_file, args, message):
     out = tmp_path / "run"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dflash.config import (
-    GAMMA_BY_BLOCK, RECIPES, Config, DataConfig, DrafterConfig, OptimConfig, apply_overrides, build_config,
-    load_toml, parse_set, qwen3_8b, tiny, to_toml,
+    GAMMA_BY_BLOCK, RECIPES, Config, DataConfig, DrafterConfig, OptimConfig, TopologyConfig, apply_overrides,
+    build_config, load_toml, parse_set, qwen3_8b, tiny, to_toml,
 )
 
 
@@ -28,6 +28,13 @@ def test_recipes_build_and_differ():
     (lambda: DrafterConfig(num_layers=2, sliding_layers=(3,)), "drafter.sliding_layers"),
     (lambda: Config(drafter=DrafterConfig(block_size=12)), "train.gamma"),
     (lambda: Config(recipe="nope"), "recipe"),
+    (lambda: TopologyConfig(queue_depth=0), "topology.queue_depth"),
+    (lambda: TopologyConfig(stall_after=0), "topology.stall_after"),
+    (lambda: TopologyConfig(dist_timeout=-1), "topology.dist_timeout"),
+    (lambda: TopologyConfig(device="tpu"), "topology.device"),
+    (lambda: TopologyConfig(target_devices=("cpu",), drafter_devices=("gpu0",)), "topology.drafter_devices"),
+    (lambda: TopologyConfig(target_devices=("cpu",)), "topology.target_devices"),
+    (lambda: TopologyConfig(device="cpu", target_devices=("cpu",), drafter_devices=("cpu",)), "topology.device"),
 ])
 def test_validation_names_the_field(make, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
@@ -67,3 +74,30 @@ def test_toml_applies_its_recipe_first(tmp_path):
     path.write_text('recipe = "qwen3_8b"\n[optim]\nlr = 1e-4\n')
     cfg = load_toml(path)
     assert cfg.drafter.num_layers == 5 and cfg.optim.lr == 1e-4
+
+
+def test_topology_round_trips_through_toml_with_device_names_normalized(tmp_path):
+    cfg = apply_overrides(tiny(), parse_set(["topology.target_devices=0,1,cpu", "topology.drafter_devices=[cuda, 3, 3]",
+                                             "topology.stall_after=45", "topology.prewarm=false", "topology.guard=false",
+                                             "topology.queue_depth=4", "topology.dist_backend=gloo",
+                                             "topology.dist_timeout=90"]))
+    topo = cfg.topology
+    assert topo.target_devices == ("cuda:0", "cuda:1", "cpu") and topo.drafter_devices == ("cuda:0", "cuda:3", "cuda:3")
+    assert (topo.stall_after, topo.prewarm, topo.guard, topo.queue_depth, topo.dist_backend, topo.dist_timeout) == (
+        45.0, False, False, 4, "gloo", 90.0)
+    path = tmp_path / "config.toml"
+    path.write_text(to_toml(cfg))
+    assert "[topology]" in path.read_text() and load_toml(path) == cfg
+    # the engine's trainer (replica 0) runs on the first drafter device; one device otherwise
+    assert topo.engine and topo.trainer_device == "cuda:0"
+    single = apply_overrides(tiny(), {"topology.device": "7"}).topology
+    assert not single.engine and single.device == single.trainer_device == "cuda:7"
+    assert apply_overrides(tiny(), {"topology.device": "cuda"}).topology.device == "cuda"  # torchrun: the local rank's
+
+
+def test_train_device_of_older_runs_is_read_as_topology_device(tmp_path):
+    path = tmp_path / "config.toml"  # what runs saved before [topology] existed
+    path.write_text('recipe = "tiny"\n[train]\ndevice = "cpu"\nepochs = 2\n')
+    cfg = load_toml(path)
+    assert cfg.topology.device == "cpu" and cfg.train.epochs == 2
+    assert apply_overrides(tiny(), parse_set(["train.device=0"])).topology.device == "cuda:0"

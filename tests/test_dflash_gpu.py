@@ -42,7 +42,7 @@ def test_tiny_training_on_gpu_with_flex_and_bf16(tmp_path, chat_file):
     from dflash.trainer import Trainer
 
     on_event, losses = record_losses()
-    t = Trainer.from_config(small_config(tmp_path, chat_file, **{"train.device": "cuda", "train.max_steps": 8}),
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{"topology.device": "cuda", "train.max_steps": 8}),
                             on_event=on_event)
     try:
         assert t.backend == "flex" and t.compute_dtype == torch.bfloat16 and t.target.dtype == torch.bfloat16
@@ -57,7 +57,7 @@ def test_compiled_layers_train_and_eval_on_gpu(tmp_path, chat_file):
     from dflash.trainer import Trainer
 
     t = Trainer.from_config(small_config(tmp_path, chat_file, **{
-        "train.device": "cuda", "train.max_steps": 4, "train.compile_layers": "true", "eval.at_end": "true",
+        "topology.device": "cuda", "train.max_steps": 4, "train.compile_layers": "true", "eval.at_end": "true",
         "eval.num_prompts": 2, "eval.max_new_tokens": 16}))
     try:
         r = t.train()

@@ -73,7 +73,7 @@ def rank_reports(run: Path) -> list[dict]:
 def single_device(tmp_path: Path, chat_file: Path, grad_accum: int):
     """The reference: one process, one device, the same global batch (grad_accum micro-batches).
     Returns step -> StepMetrics, and the token positions of step 1's global batch."""
-    cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "train.max_steps": STEPS, "train.device": "cpu",
+    cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "train.max_steps": STEPS, "topology.device": "cpu",
                                    "train.grad_accum": grad_accum, "checkpoint.out_dir": str(tmp_path / "single")})
     trainer = Trainer.from_config(cfg)
     steps = {}
@@ -136,8 +136,8 @@ def test_a_failing_rank_fails_the_job_with_its_error_and_the_ranks_resume_from_r
     assert failed["outcome"] == "failed" and failed["params_digest"] is None
     assert sorted(x.name for x in (run / "checkpoints").glob("step_*")) == ["step_000002"]
 
-    p = torchrun(["-m", "dflash"], ["--out", str(run), "--resume", "--target-devices", "cpu", "--drafter-devices", "cpu,cpu",
-                                    "--json"])
+    # the devices come back from the run's config.toml ([topology]): no device flags on --resume
+    p = torchrun(["-m", "dflash"], ["--out", str(run), "--resume", "--json"])
     assert p.returncode == 0, p.stderr[-4000:]
     out = json.loads(p.stdout)
     assert out["steps"] == STEPS and out["engine"]["start_step"] == 2
@@ -176,7 +176,7 @@ def test_two_ranks_on_one_gpu_with_gloo_hold_identical_weights(tmp_path, chat_fi
 def test_rank_shares_are_disjoint_and_cover_every_step_of_the_epoch(tmp_path, chat_file):
     from dflash.program import Plan
 
-    cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "train.device": "cpu",
+    cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "topology.device": "cpu",
                                    "checkpoint.out_dir": str(tmp_path / "r")})
     trainer = Trainer.from_config(cfg)
     try:
@@ -258,3 +258,16 @@ def test_device_cuda_under_torchrun_means_the_local_rank(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(BadInput, match="no CUDA device"):
         rank_device(info, "cuda")
+
+
+def test_the_mode_comes_from_the_topology_and_torchruns_environment(monkeypatch):
+    from dflash.run import pick_mode
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    engine = apply_overrides(tiny(), {"topology.target_devices": "cpu", "topology.drafter_devices": "cpu,cpu"})
+    assert pick_mode(tiny()) == "single" and pick_mode(engine) == "engine"
+    assert pick_mode(tiny(), distributed=True) == "distributed"  # --distributed
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    assert pick_mode(tiny()) == pick_mode(engine) == "distributed"  # torchrun started this process

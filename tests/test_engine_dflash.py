@@ -26,7 +26,7 @@ def chat_file(tmp_path_factory):
 def config(out, data, **kw):
     base = {"data.path": str(data), "data.regenerate": False, "data.batch_size": 2, "train.max_steps": 3,
             "checkpoint.every": 2, "checkpoint.out_dir": str(out), "metrics.log_every": 1,
-            "metrics.tensorboard": False, "eval.at_end": False, "train.device": "cpu"}
+            "metrics.tensorboard": False, "eval.at_end": False, "topology.device": "cpu"}
     return apply_overrides(tiny(), {**base, **kw})
 
 
@@ -103,3 +103,50 @@ def test_dflash_train_cli_rejects_half_an_engine_and_unknown_devices(tmp_path):
     assert r.exit_code == 2 and "go together" in r.stderr
     r = invoke(app, ["train", "--target-devices", "cpu", "--drafter-devices", "tpu:0"])
     assert r.exit_code == 2 and "--drafter-devices" in r.stderr
+
+
+ENGINE_SETS = ["--set", "data.regenerate=false", "--set", "data.batch_size=2", "--set", "eval.at_end=false",
+               "--set", "metrics.tensorboard=false", "--set", "checkpoint.every=2"]
+
+
+def _train(args):
+    from cli.dflash_main import app
+    from tests.helpers import invoke
+
+    r = invoke(app, ["train", *args, *ENGINE_SETS, "--json"])
+    assert r.exit_code == 0, (r.stdout, r.stderr[-3000:])
+    assert "Traceback" not in r.stderr
+    return json.loads(r.stdout), r.stderr
+
+
+def test_resume_restores_the_topology_from_the_runs_config_and_flags_override(tmp_path, chat_file):
+    out = tmp_path / "run"
+    first, _ = _train(["--target-devices", "cpu", "--drafter-devices", "cpu,cpu", "--stall-after", "120",
+                       "--set", "topology.queue_depth=3", "--out", str(out), "--data", str(chat_file), "--max-steps", "2"])
+    assert first["config"]["topology"]["drafter_devices"] == ["cpu", "cpu"] and first["engine"]["steps_done"] == 2
+    assert "drafter_devices = [\"cpu\", \"cpu\"]" in (out / "config.toml").read_text()
+
+    # no device flags: the engine again, on the recorded devices, with the recorded watchdog and queue
+    data, err = _train(["--out", str(out), "--resume", "--max-steps", "3"])
+    eng = data["engine"]
+    assert eng["start_step"] == 2 and eng["steps_done"] == 3 and eng["drafter_devices"] == ["cpu", "cpu"]
+    topo = data["config"]["topology"]
+    assert (topo["stall_after"], topo["queue_depth"], topo["target_devices"]) == (120.0, 3, ["cpu"])
+    assert "resumed  devices and engine settings from" in err
+
+    # an explicit --device means one device: the lists the run had are dropped, the summary says so
+    data, err = _train(["--out", str(out), "--resume", "--max-steps", "4", "--device", "cpu"])
+    assert "engine" not in data and data["steps"] == 4
+    assert data["config"]["topology"]["drafter_devices"] == [] and data["config"]["topology"]["device"] == "cpu"
+    assert "from the command line: device, drafter_devices, target_devices" in err
+
+
+def test_resuming_a_finished_engine_run_trains_nothing_and_exits_0(tmp_path, chat_file):
+    out = tmp_path / "run"
+    _train(["--target-devices", "cpu", "--drafter-devices", "cpu,cpu", "--out", str(out), "--data", str(chat_file),
+            "--max-steps", "2"])
+    data, err = _train(["--out", str(out), "--resume"])  # at step 2 of 2: as Trainer.train, the result again
+    eng = data["engine"]
+    assert eng["outcome"] == "ok" and eng["start_step"] == eng["steps_done"] == data["steps"] == 2
+    assert eng["steps"] == [] and eng["prewarm"] is None and eng["verdicts"][0].startswith("nothing to train")
+    assert "ValueError" not in err
