@@ -433,8 +433,10 @@ def resolve_workload(spec: str = "flex_attention", backend: Backend = "inductor"
     - a built-in (`flex_attention`, `compile`);
     - a name another package registered in the `compilewatch.workloads` entry-point group (dflash
       registers `dflash`): its factory is called with `WorkloadOptions(backend, shape)`;
-    - `module:obj` or `file.py:obj`: a Workload object, a zero-argument Workload class, or a
-      callable taking the device.
+    - `module:obj` or `file.py:obj`: a Workload object, a Workload class (built with
+      `WorkloadOptions` when its constructor takes an argument, e.g.
+      `dflash.warm_workload:DFlashAttention` from a source checkout without installed entry points),
+      or a callable taking the device.
     Unknown names and plugins that fail to import or build raise BadInput."""
     if spec == "flex_attention":
         return FlexAttentionWorkload(backend, shape)
@@ -453,17 +455,21 @@ def resolve_workload(spec: str = "flex_attention", backend: Backend = "inductor"
                            hint="uninstall one of them, or name the factory as module:obj")
         return _load_plugin(found[0], WorkloadOptions(backend, shape or FlexShape()))
     obj = _import_object(spec, "workload", alias=True)
-    if isinstance(obj, type) and callable(getattr(obj, "run", None)):
-        obj = obj()  # a Workload class: one instance per process
+    if isinstance(obj, type) and callable(getattr(obj, "run", None)):  # a Workload class: one instance per process
+        obj = obj(WorkloadOptions(backend, shape or FlexShape())) if _required_positional(obj) else obj()
     return as_workload(obj, spec)
 
 
-def _device_adapter(fn: Callable[..., Any]) -> Callable[[str], Any]:
+def _required_positional(fn: Callable[..., Any]) -> int:
+    """How many positional parameters `fn` requires (1 when its signature cannot be read)."""
     try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return sum(1 for p in inspect.signature(fn).parameters.values()
+                   if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
     except (TypeError, ValueError):
-        params = [None]
-    if not params:
+        return 1
+
+
+def _device_adapter(fn: Callable[..., Any]) -> Callable[[str], Any]:
+    if not _required_positional(fn):
         return lambda device: fn()
     return fn

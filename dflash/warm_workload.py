@@ -39,15 +39,18 @@ def anchors_for(context: int, blocks: int, block_size: int, batch: int, seed: in
 class DFlashAttention(FlexAttentionWorkload):
     """Compiled flex_attention under the DFlash training mask, forward (+ backward on CUDA)."""
 
-    def __init__(self, options: WorkloadOptions) -> None:
+    def __init__(self, options: WorkloadOptions, *, name: str = "dflash", trainer_kernel: bool = True) -> None:
+        """trainer_kernel: with inductor, use the trainer's compiled flex_attention (one per process);
+        False compiles a wrapper of this workload's own (benchmarks/gpu_warm.py: one per thread)."""
         sh = options.shape
         if sh.context <= sh.block_size:
             raise BadInput(f"context ({sh.context}) must be larger than block_size ({sh.block_size})",
                            hint="raise --seq or lower --block-size")
-        super().__init__(options.backend, sh, name="dflash")
+        super().__init__(options.backend, sh, name=name)
+        self.trainer_kernel = trainer_kernel
 
     def _compile(self) -> Any:
-        if self.backend == "inductor":
+        if self.backend == "inductor" and self.trainer_kernel:
             return compiled_kernels()["flex_attention"]  # the trainer's own compiled flex_attention
         from torch.nn.attention.flex_attention import flex_attention
 
