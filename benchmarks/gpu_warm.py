@@ -2,9 +2,10 @@
 
 Steps (each in its own subprocess, so a hang cannot block the benchmark; fresh inductor cache dirs
 under --out unless a step says it keeps one):
-  1. warm_cold        `compilewatch warm --devices D --json`, empty cache: time, compiles, cache hits
+  1. warm_cold        `compilewatch warm --devices D --json --workload <dflash mask>`, empty cache: time,
+                      compiles, cache hits (the DFlash training mask, dflash.warm_workload)
   2. warm_kept        the same in a new process, cache from step 1 kept
-  3. threads_cold     N threads start the default workload at once, cold, no warm (seeds' race)
+  3. threads_cold     N threads start the same workload at once, cold, no warm (seeds' race)
   4. warm_then_threads  prewarm in the main thread, then the same N threads, same process
   5. disk_warm_then_threads  `compilewatch warm` in one process, then step 3 in a new process that
                       only has the warm disk cache
@@ -66,7 +67,9 @@ def _s(b) -> str:
 
 
 def warm_step(a: argparse.Namespace, cache_dir: Path) -> dict:
-    argv = [sys.executable, "-m", "cli.main", "warm", "--devices", a.device, "--json", *shape_args(a)]
+    # the DFlash mask, as dflash registers it (named as module:class: this checkout may not be pip-installed)
+    argv = [sys.executable, "-m", "cli.main", "warm", "--devices", a.device, "--json", "--workload",
+            "dflash.warm_workload:DFlashAttention", *shape_args(a)]
     r = run_child(argv, cache_dir, a.timeout + 300)
     rep = r["data"] or {}
     if rep:
@@ -108,12 +111,14 @@ def child_threads(a: argparse.Namespace) -> None:
     """In the child: N workloads (own compiled wrapper each), optional prewarm, then N threads at once."""
     from compilewatch import counters, fxpatch, stacks, torchinfo, warm
     from compilewatch.probe import run_threads
-    from compilewatch.targets import FlexAttentionWorkload, FlexShape
+    from compilewatch.targets import FlexShape, WorkloadOptions
+    from dflash.warm_workload import DFlashAttention
 
     dev = a.device if not a.device.isdigit() else f"cuda:{a.device}"
     shape = FlexShape(context=a.seq, blocks=a.blocks, block_size=a.block_size, heads=a.heads, head_dim=a.head_dim,
                       dtype=a.dtype)
-    workers = [FlexAttentionWorkload(a.backend, shape, name=f"worker-{i}") for i in range(a.threads)]
+    workers = [DFlashAttention(WorkloadOptions(a.backend, shape), name=f"worker-{i}", trainer_kernel=False)
+               for i in range(a.threads)]
     for w in workers:
         w.build()
     result: dict = {"device": dev, "torch": torchinfo.torch_build().version, "warm_s": None, "warm_ok": None}

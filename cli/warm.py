@@ -22,16 +22,17 @@ from compilewatch.targets import FlexShape, resolve_workload
 def warm_cmd(
     devices: Annotated[str, typer.Option("--devices", "-d", help="Devices to warm, in order: 5,6,7 / cuda:0 / cpu.")],
     cmd: Annotated[Optional[list[str]], typer.Argument(help="After --: the program to hand over to.")] = None,
-    workload: Annotated[str, typer.Option("--workload", "-w", help="flex_attention (default), compile, "
-                                          "module:obj or file.py:obj (a Workload or a callable taking the device).")] = "flex_attention",
-    seq: Annotated[int, typer.Option("--seq", help="flex_attention: context length S (Q=KV=S with --mask causal).")] = 3072,
-    blocks: Annotated[int, typer.Option("--blocks", help="flex_attention: DFlash blocks (anchors) per sequence.")] = 512,
-    block_size: Annotated[int, typer.Option("--block-size", help="flex_attention: tokens per block.")] = 16,
-    heads: Annotated[int, typer.Option("--heads", help="flex_attention: attention heads.")] = 32,
-    head_dim: Annotated[int, typer.Option("--head-dim", help="flex_attention: head dimension.")] = 128,
-    batch: Annotated[int, typer.Option("--batch", help="flex_attention: batch size.")] = 1,
-    dtype: Annotated[str, typer.Option("--dtype", help="flex_attention: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32.")] = "auto",
-    mask: Annotated[str, typer.Option("--mask", help="flex_attention: dflash (block-diffusion training mask) or causal.")] = "dflash",
+    workload: Annotated[str, typer.Option("--workload", "-w", help="flex_attention (default: causal), compile, "
+                                          "a workload an installed package registers (dflash: its training mask; "
+                                          "an unknown name lists them), or module:obj / file.py:obj "
+                                          "(a Workload or a callable taking the device).")] = "flex_attention",
+    seq: Annotated[int, typer.Option("--seq", help="Attention workloads: context length S (Q=KV=S for flex_attention).")] = 3072,
+    blocks: Annotated[int, typer.Option("--blocks", help="Block-structured workloads (dflash): query blocks per sequence.")] = 512,
+    block_size: Annotated[int, typer.Option("--block-size", help="Block-structured workloads (dflash): tokens per block.")] = 16,
+    heads: Annotated[int, typer.Option("--heads", help="Attention workloads: attention heads.")] = 32,
+    head_dim: Annotated[int, typer.Option("--head-dim", help="Attention workloads: head dimension.")] = 128,
+    batch: Annotated[int, typer.Option("--batch", help="Attention workloads: batch size.")] = 1,
+    dtype: Annotated[str, typer.Option("--dtype", help="Attention workloads: auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32.")] = "auto",
     backend: BackendOpt = "inductor",
     steps: Annotated[int, typer.Option("--steps", help="Workload runs per device in the warm pass.")] = 1,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Run a second pass that must compile nothing.")] = True,
@@ -50,7 +51,7 @@ def warm_cmd(
 
     Examples:
 
-      compilewatch warm --devices 5,6,7
+      compilewatch warm --devices 5,6,7 --workload dflash
 
       compilewatch warm --devices 0,1 --seq 4096 --dtype bf16 \\
         -- python train.py --config big.toml
@@ -64,9 +65,10 @@ def warm_cmd(
     devs = parse_devices(devices)
     plan = handoff_lib.plan(cmd) if cmd else None  # validate CMD before spending minutes compiling
     shape = FlexShape(context=seq, blocks=blocks, block_size=block_size, heads=heads, head_dim=head_dim,
-                      batch=batch, dtype=dtype, mask=mask)  # type: ignore[arg-type]
+                      batch=batch, dtype=dtype)
     wl = resolve_workload(workload, backend, shape)
-    what = shape.describe() if workload == "flex_attention" else wl.name
+    describe = getattr(wl, "describe", None)
+    what = describe() if callable(describe) else wl.name
     output.err.print(f"warming {what} on {', '.join(devs)} (backend {backend}), one device at a time")
     with _DeviceBars(devs, verify) as on_event:
         result = warm_lib.prewarm(devs, wl, verify=verify, strict=strict, steps=steps, progress=on_event)
@@ -122,14 +124,14 @@ def _render(r: warm_lib.WarmReport) -> None:
     o = output.out
     o.print(f"[bold]warm {r.workload}[/] on {', '.join(r.devices)} (torch {r.torch_version}, cache {r.cache_dir}) "
             f"in {output.fmt_seconds(r.wall_s)}")
-    table = Table("pass", "device", "result", "time", "frames", "compiles", "FX hit/miss", "AOT hit/miss",
+    table = Table("pass", "device", "result", "time", "frames", "compiles", "traces", "FX hit/miss", "AOT hit/miss",
                   "peak mem", box=None)
     for run in (*r.warm, *r.verify):
         c = run.counters
         res = "[green]ok[/]" if run.ok else ("[red]recompiled[/]" if run.recompile else "[red]error[/]")
         mem = output.fmt_bytes(run.peak_memory_bytes)
         table.add_row(run.phase, run.device, res, output.fmt_seconds(run.wall_s), str(run.frames_compiled),
-                      str(run.compile_windows), f"{c.fxgraph_cache_hit}/{c.fxgraph_cache_miss}",
+                      str(run.compile_windows), str(run.trace_windows), f"{c.fxgraph_cache_hit}/{c.fxgraph_cache_miss}",
                       f"{c.autograd_cache_hit}/{c.autograd_cache_miss}", mem)
     o.print(table)
     if any(run.memory_metric == "rss_delta" for run in r.warm):

@@ -140,8 +140,7 @@ def cache_status(env: dict[str, str] | None = None) -> CacheStatus:
     from compilewatch.cache import verify as cache_verify
 
     env = _set_env() if env is None else env
-    source = "TORCHINDUCTOR_CACHE_DIR" if env.get("TORCHINDUCTOR_CACHE_DIR") else "default"
-    root = torchinfo.inductor_cache_dir()
+    root, source = cache_layout.default_root(env)
     exists = root.is_dir()  # before the system key: importing torch._inductor creates the default dir
     key = torchinfo.system_key()
     if not exists:

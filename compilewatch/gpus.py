@@ -15,9 +15,12 @@ import dataclasses
 import statistics
 import threading
 from dataclasses import dataclass
+from typing import Hashable, Mapping, TypeVar
 
 IMBALANCE_RATIO = 0.6  # a GPU below 60% of the median of its job's other GPUs is flagged
 BUSY_FRACTION = 0.1  # a GPU with no visible process counts as busy above 10% memory used
+
+K = TypeVar("K", bound=Hashable)
 
 _lock = threading.Lock()
 _initialized = False
@@ -169,6 +172,23 @@ def _job_key(g: Gpu) -> str | None:
     return None  # idle
 
 
+def low_outliers(values: Mapping[K, float], ratio: float = IMBALANCE_RATIO) -> dict[K, float]:
+    """The imbalance rule (docs/gpus.md), decided here only: every key whose value is below `ratio`
+    x the median of the *other* values, mapped to that median. Comparing with the others makes two
+    values work (40 vs 77 is flagged; a median that includes the low value would hide it) and keeps
+    one busy outlier from flagging everyone else (unlike a max). Fewer than two values, or others
+    whose median is 0, flag nothing; a value exactly at the threshold is not flagged.
+    Used for GPUs of one job (`find_imbalances`) and for dflash's drafter devices (engine verdicts)."""
+    out: dict[K, float] = {}
+    if len(values) < 2:
+        return out
+    for key, value in values.items():
+        med = float(statistics.median(v for k, v in values.items() if k != key))
+        if med > 0 and value < ratio * med:
+            out[key] = med
+    return out
+
+
 def find_imbalances(gpus: list[Gpu] | tuple[Gpu, ...], ratio: float = IMBALANCE_RATIO) -> tuple[Imbalance, ...]:
     """GPUs of one job (same set of processes) whose memory is below `ratio` x the median of the
     job's other GPUs: the seeds' symptom (one drafter GPU at 40 GB next to two at 72-77 GB)."""
@@ -179,12 +199,11 @@ def find_imbalances(gpus: list[Gpu] | tuple[Gpu, ...], ratio: float = IMBALANCE_
             groups.setdefault(key, []).append(g)
     out = []
     for key, members in groups.items():
-        if len(members) < 2:
-            continue
+        low = low_outliers({g.index: g.memory_used for g in members}, ratio)
         for g in members:
-            med = statistics.median(o.memory_used for o in members if o is not g)
-            if med > 0 and g.memory_used < ratio * med:
-                out.append(Imbalance(g.index, key, tuple(m.index for m in members), g.memory_used, float(med),
+            if g.index in low:
+                med = low[g.index]
+                out.append(Imbalance(g.index, key, tuple(m.index for m in members), g.memory_used, med,
                                      g.memory_used / med))
     return tuple(out)
 

@@ -1,14 +1,14 @@
 """The compile barrier: make threaded torch.compile programs safe instead of lucky.
 
     guard = CompileGuard()                        # installed now: thread-local FX flag where this torch allows it
-    guard.warm({"step": step_fn}, devices=["cuda:0", "cuda:1"])   # every entry point x device, here
+    report = prewarm(["cuda:0", "cuda:1"], {"step": step_fn})   # compilewatch.warm: every entry point x device, here
     guard.freeze()                                # from now on a compile in any thread raises GuardError
     ... start worker threads ...
     guard.close()
 
 Three independent parts (FACTS.md §1 says why each is needed):
-- warm + freeze: compiles happen in one thread, one after another; after `freeze()` a cache miss that
-  would compile raises `GuardError` naming the function, the thread and torch's guard-failure
+- warm + freeze: compiles happen in one thread, one after another (`compilewatch.warm.prewarm`:
+  a warm pass, then a verify pass that must compile nothing); after `freeze()` a cache miss that would compile raises `GuardError` naming the function, the thread and torch's guard-failure
   reasons, instead of racing. Hooked where dynamo picks the frame callback for every compiled call
   (`torch._dynamo.eval_frame._callback_from_stance`, a module global read at call time, torch >= 2.6):
   per thread, unlike `set_stance("fail_on_recompile")`, which is process-wide.
@@ -31,9 +31,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator
 
 from compilewatch import fxpatch, tracehooks
 from compilewatch.errors import BadInput, CompilewatchError
@@ -87,29 +86,6 @@ def support() -> GuardSupport:
         fixed_upstream=race.fixed,
         not_fixed_upstream=race.not_fixed,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class WarmEntry:
-    name: str
-    device: str
-    seconds: float
-    compiles: int  # dynamo compile windows during this call
-    traces: int  # Tracer.trace entries during this call
-    recompile_reasons: tuple[str, ...]
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class WarmReport:
-    entries: tuple[WarmEntry, ...]
-    verified: bool  # a second pass over every entry and device ran
-    second_pass_compiles: int  # must be 0: what still compiled on the second pass
-    second_pass_reasons: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return all(e.error is None for e in self.entries) and self.second_pass_compiles == 0
 
 
 class _RWLock:
@@ -241,8 +217,8 @@ class CompileGuard:
 
     def __init__(self, *, thread_local: bool | None = None, serialize: bool = False) -> None:
         """Installs the guard now: from this line on the thread-local FX state (and serialize) protect
-        every thread; `warm()` / `freeze()` add the compile barrier. thread_local: make the FX state
-        per thread (None: where this torch allows it, else off; True: required, raises
+        every thread; `compilewatch.warm.prewarm(...)` then `freeze()` add the compile barrier.
+        thread_local: make the FX state per thread (None: where this torch allows it, else off; True: required, raises
         CompilewatchError when unsupported). serialize: the RW-lock mode. Raises BadInput while
         another guard is installed; `close()` (or `with`) removes it, `install()` puts it back."""
         self._thread_local_req = thread_local
@@ -313,43 +289,7 @@ class CompileGuard:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- warm and freeze --------------------------------------------------------------------------
-    def warm(self, entry_points: Mapping[str, Callable[[str], Any]] | Callable[[str], Any],
-             devices: Sequence[str] = ("cpu",), *, verify: bool = True) -> WarmReport:
-        """Run every entry point for every device in this thread, one after another (the compiles
-        happen here), then, with `verify`, once more: the second pass must compile nothing."""
-        from compilewatch import counters
-        from compilewatch.compile_events import CompileRecorder
-
-        self.install()
-        eps = dict(entry_points) if isinstance(entry_points, Mapping) else {
-            getattr(entry_points, "__name__", "entry"): entry_points}
-        entries: list[WarmEntry] = []
-        with self.allow_compiles():
-            for dev in devices:
-                for name, fn in eps.items():
-                    before = counters.snapshot()
-                    t0 = time.perf_counter()
-                    err = None
-                    with tracehooks.TraceRecorder() as tr, CompileRecorder() as cr:
-                        try:
-                            fn(dev)
-                        except Exception as e:  # noqa: BLE001 - reported per entry
-                            err = f"{type(e).__name__}: {e}"
-                    d = counters.delta(before)
-                    entries.append(WarmEntry(name, dev, time.perf_counter() - t0, len(cr.windows), len(tr.windows),
-                                             d.recompile_reasons, err))
-            second, reasons = 0, ()
-            if verify:
-                before = counters.snapshot()
-                with CompileRecorder() as cr:
-                    for dev in devices:
-                        for fn in eps.values():
-                            with contextlib.suppress(Exception):
-                                fn(dev)
-                second, reasons = len(cr.windows), counters.delta(before).recompile_reasons
-        return WarmReport(tuple(entries), verify, second, tuple(reasons))
-
+    # --- freeze ---------------------------------------------------------------------------------
     def freeze(self) -> None:
         """From now on, a compile in any thread (outside `allow_compiles()`) raises GuardError."""
         self.install()
@@ -449,5 +389,5 @@ class CompileGuard:
 
         _watcher.notify_all("guard_blocked", {"function": f"{code.co_name} ({where})", "reasons": reasons,
                                             "reasons_text": why})
-        return GuardError(msg, hint="compile this variant (shape, dtype, device) in guard.warm(...) before freeze(), "
+        return GuardError(msg, hint="compile this variant (shape, dtype, device) in compilewatch.warm.prewarm(...) before freeze(), "
                                     "mark the dimension dynamic, or use CompileGuard(serialize=True) for late compiles")

@@ -34,7 +34,7 @@ THREAD_LOCAL_FIX = ("CompileGuard(thread_local=True) (compilewatch.guard): the F
                     "warm + freeze do not prevent this (no dynamo compile is involved); or run the trace while no "
                     "other thread calls compiled functions / modules (CompileGuard(serialize=True) + guard.shared())")
 WARM_FREEZE_FIX = ("compile every entry point for every device in one thread before the threads start "
-                   "(CompileGuard(): guard.warm(...) then guard.freeze(); or `compilewatch warm`)")
+                   "(CompileGuard(), compilewatch.warm.prewarm(...), then guard.freeze(); or `compilewatch warm`)")
 
 PATTERNS: tuple[Pattern, ...] = (
     Pattern(

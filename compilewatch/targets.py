@@ -1,9 +1,14 @@
-"""What `probe` and `warm` can run: built-in targets and user callables.
+"""What `probe` and `warm` can run: built-in targets, warm workloads, plugins and user callables.
 
 A target is a function `fn(device: str) -> object`. Built-ins (`create_block_mask`,
 `flex_attention`, `compile`) reproduce the seeds' experiments; a user target is given as
 `package.module:callable` or `path/to/file.py:callable`; if the callable takes no parameter it is
 called without the device.
+
+A warm workload (`Workload`: `build()` once, `run(device)` per device and pass) is a built-in
+(`flex_attention`, `compile`: generic, nothing model-specific), a plugin that another installed
+package registers in the `compilewatch.workloads` entry-point group (a factory called with
+`WorkloadOptions`; dflash registers `dflash`), or `module:obj` / `file.py:obj`.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from compilewatch.errors import BadInput
 
@@ -45,21 +50,22 @@ DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float1
 
 @dataclass(frozen=True, slots=True)
 class FlexShape:
-    """Shapes of the flex_attention workload. Defaults: one DFlash training step at Qwen3-8B shapes
-    (FACTS.md §6): 512 blocks of 16 query tokens attend to a 3072-token context plus their own block.
+    """Attention shapes for warm workloads (`compilewatch warm --seq --blocks --block-size --heads
+    --head-dim --batch --dtype`). Defaults: Qwen3-8B attention (32 heads x 128) over a 3072-token
+    context (FACTS.md §6).
 
-    mask "dflash": Q = blocks*block_size, KV = context + Q; block j sees context kv < anchor_j
-    (strict) and its own block (bidirectional). mask "causal": Q = KV = context, causal.
+    The built-in `flex_attention` workload is causal with Q = KV = `context`; `blocks` and
+    `block_size` are for block-structured workloads from plugins (dflash's: `blocks` query blocks of
+    `block_size` tokens attending to the context plus their own block).
     """
 
-    context: int = 3072  # S: context tokens (KV prefix); Q=KV length for the causal mask
-    blocks: int = 512  # N: anchors (blocks) per sequence
-    block_size: int = 16  # B: tokens per block
+    context: int = 3072  # S: context tokens (Q = KV = S for the causal workload)
+    blocks: int = 512  # N: query blocks per sequence (block-structured workloads)
+    block_size: int = 16  # B: tokens per block (block-structured workloads)
     heads: int = 32  # query and KV heads (Qwen3-8B has 32 query heads)
     head_dim: int = 128
     batch: int = 1
     dtype: str = "auto"  # bf16 | fp16 | fp32 | auto (bf16 on CUDA, fp32 on CPU)
-    mask: Literal["dflash", "causal"] = "dflash"
 
     def __post_init__(self) -> None:
         for name in ("context", "blocks", "block_size", "heads", "head_dim", "batch"):
@@ -67,18 +73,6 @@ class FlexShape:
                 raise BadInput(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise BadInput(f"unknown dtype {self.dtype!r}", hint=f"use auto or one of {', '.join(DTYPES)}")
-        if self.mask not in ("dflash", "causal"):
-            raise BadInput(f"unknown mask {self.mask!r}", hint="use dflash or causal")
-        if self.mask == "dflash" and self.context <= self.block_size:
-            raise BadInput(f"context ({self.context}) must be larger than block_size ({self.block_size})")
-
-    @property
-    def q_len(self) -> int:
-        return self.blocks * self.block_size if self.mask == "dflash" else self.context
-
-    @property
-    def kv_len(self) -> int:
-        return self.context + self.q_len if self.mask == "dflash" else self.context
 
     def torch_dtype(self, device: str):
         import torch
@@ -86,36 +80,6 @@ class FlexShape:
         if self.dtype == "auto":
             return torch.bfloat16 if device.startswith("cuda") else torch.float32
         return getattr(torch, DTYPES[self.dtype])
-
-    def describe(self) -> str:
-        if self.mask == "dflash":
-            return (f"dflash mask, {self.blocks} blocks x {self.block_size} over {self.context} context "
-                    f"(Q={self.q_len}, KV={self.kv_len}), {self.heads} heads x {self.head_dim}, dtype {self.dtype}")
-        return f"causal mask, seq {self.context}, {self.heads} heads x {self.head_dim}, dtype {self.dtype}"
-
-
-def dflash_block_mask(shape: FlexShape, device: str, seed: int = 0) -> Any:
-    """A create_block_mask (uncompiled) block mask for `shape`, anchors drawn with a fixed seed."""
-    import torch
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    if shape.mask == "causal":
-        return create_block_mask(_causal, B=None, H=None, Q_LEN=shape.q_len, KV_LEN=shape.kv_len, device=device)
-    S, N, B = shape.context, shape.blocks, shape.block_size
-    g = torch.Generator().manual_seed(seed)
-    n = min(N, S - B)
-    anchors = torch.sort(torch.randperm(S - B, generator=g)[:n])[0]
-    if n < N:  # more blocks than positions: repeat the last anchor
-        anchors = torch.cat([anchors, anchors[-1:].expand(N - n)])
-    anchors = anchors.to(device)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        blk = q_idx // B
-        ctx = (kv_idx < S) & (kv_idx < anchors[blk])  # strict: the anchor itself is in the block
-        own = (kv_idx >= S) & ((kv_idx - S) // B == blk)
-        return ctx | own
-
-    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=shape.q_len, KV_LEN=shape.kv_len, device=device)
 
 
 class Workload(Protocol):
@@ -160,10 +124,11 @@ class _CompiledWorkload:
 
 
 class FlexAttentionWorkload(_CompiledWorkload):
-    """`torch.compile(flex_attention)` with a `create_block_mask` mask, forward and backward where
-    the device supports it (flex has no backward on CPU, FACTS.md §2).
+    """`torch.compile(flex_attention)` with a block mask, forward and backward where the device
+    supports it (flex has no backward on CPU, FACTS.md §2). Causal, Q = KV = `shape.context`.
 
-    compile_once: see `_CompiledWorkload`.
+    A subclass changes the mask (`block_mask`) or the call (`attend`): q, k and v take their
+    lengths from the mask's `seq_lengths`. compile_once: see `_CompiledWorkload`.
     """
 
     def __init__(self, backend: Backend = "inductor", shape: FlexShape | None = None, *,
@@ -178,6 +143,20 @@ class FlexAttentionWorkload(_CompiledWorkload):
 
         return torch.compile(flex_attention, backend=self.backend)
 
+    def block_mask(self, device: str) -> Any:
+        """The BlockMask for one run (uncompiled create_block_mask)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        n = self.shape.context
+        return create_block_mask(_causal, B=None, H=None, Q_LEN=n, KV_LEN=n, device=device)
+
+    def attend(self, compiled: Any, q: Any, k: Any, v: Any, mask: Any) -> Any:
+        return compiled(q, k, v, block_mask=mask)
+
+    def describe(self) -> str:
+        sh = self.shape
+        return f"causal flex_attention, seq {sh.context}, {sh.heads} heads x {sh.head_dim}, dtype {sh.dtype}"
+
     def run(self, device: str) -> Any:
         import torch
 
@@ -185,11 +164,12 @@ class FlexAttentionWorkload(_CompiledWorkload):
         sh = self.shape
         do_bwd = device.startswith("cuda") if self.backward is None else self.backward
         dtype = sh.torch_dtype(device)
-        mask = dflash_block_mask(sh, device)
-        q = torch.randn(sh.batch, sh.heads, sh.q_len, sh.head_dim, device=device, dtype=dtype, requires_grad=do_bwd)
-        k, v = (torch.randn(sh.batch, sh.heads, sh.kv_len, sh.head_dim, device=device, dtype=dtype,
+        mask = self.block_mask(device)
+        q_len, kv_len = mask.seq_lengths
+        q = torch.randn(sh.batch, sh.heads, q_len, sh.head_dim, device=device, dtype=dtype, requires_grad=do_bwd)
+        k, v = (torch.randn(sh.batch, sh.heads, kv_len, sh.head_dim, device=device, dtype=dtype,
                             requires_grad=do_bwd) for _ in range(2))
-        out = compiled(q, k, v, block_mask=mask)
+        out = self.attend(compiled, q, k, v, mask)
         if do_bwd:
             out.sum().backward()
         return out
@@ -202,7 +182,7 @@ def make_flex_attention(backend: Backend = "inductor", *, seq: int = 256, heads:
     Each call of the returned function compiles its own wrapper, as each seeds' drafter thread did.
     Flex attention has no backward on CPU (FACTS.md §2), so backward runs only on CUDA by default.
     """
-    shape = FlexShape(context=seq, heads=heads, head_dim=head_dim, mask="causal")
+    shape = FlexShape(context=seq, heads=heads, head_dim=head_dim)
     return FlexAttentionWorkload(backend, shape, backward=backward, compile_once=False).run
 
 
@@ -332,14 +312,110 @@ class CallableWorkload:
         return self._fn(device)
 
 
+class EntryPointError(Exception):
+    """An entry point of an `EntryPoints` workload failed; the message names it."""
+
+    def __init__(self, entry: str, error: BaseException) -> None:
+        super().__init__(f"entry point {entry!r}: {type(error).__name__}: {error}")
+        self.entry = entry
+
+
+class EntryPoints:
+    """Several `fn(device)` entry points as one Workload (`{"step": step_fn, "eval": eval_fn}`):
+    `run(device)` calls each in order, so warm covers every compiled entry point of the program on
+    every device. An entry point's exception is re-raised as `EntryPointError` naming it."""
+
+    def __init__(self, entry_points: Mapping[str, Callable[..., Any]], name: str | None = None) -> None:
+        if not entry_points:
+            raise BadInput("no entry points to warm", hint="pass a mapping of name -> fn(device)")
+        self.entries = {k: _device_adapter(fn) for k, fn in entry_points.items()}
+        self.name = name or ", ".join(self.entries)
+
+    def build(self) -> None:
+        pass
+
+    def run(self, device: str) -> None:
+        for entry, fn in self.entries.items():
+            try:
+                fn(device)
+            except Exception as e:  # noqa: BLE001 - re-raised with the entry point's name
+                raise EntryPointError(entry, e) from e
+
+
 BUILTIN_WORKLOADS = {
-    "flex_attention": "torch.compile(flex_attention) + create_block_mask at DFlash shapes, fwd (+bwd on CUDA)",
+    "flex_attention": "torch.compile(flex_attention) with a causal block mask (Q = KV = --seq), fwd (+bwd on CUDA)",
     "compile": "a small torch.compile'd MLP, forward and backward",
 }
+ENTRY_POINT_GROUP = "compilewatch.workloads"  # where installed packages register their warm workloads
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadOptions:
+    """What a workload factory (built-in or plugin) is built from: `compilewatch warm`'s options."""
+
+    backend: Backend = "inductor"  # the torch.compile backend to compile with
+    shape: FlexShape = FlexShape()  # --seq --blocks --block-size --heads --head-dim --batch --dtype
+
+
+@dataclass(frozen=True, slots=True)
+class InstalledWorkload:
+    """A workload another package registered in the `compilewatch.workloads` entry-point group."""
+
+    name: str
+    value: str  # "package.module:factory"
+    dist: str | None  # the distribution that registered it
+
+
+def installed_workloads() -> dict[str, list[InstalledWorkload]]:
+    """Every name in the `compilewatch.workloads` entry-point group (nothing is imported), with
+    every package that registered it. Built-in names are not listed (built-ins win)."""
+    from importlib.metadata import entry_points
+
+    out: dict[str, list[InstalledWorkload]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in BUILTIN_WORKLOADS:
+            continue
+        dist = getattr(getattr(ep, "dist", None), "name", None)
+        found = InstalledWorkload(ep.name, ep.value, dist)
+        if found not in out.get(ep.name, []):
+            out.setdefault(ep.name, []).append(found)
+    return out
+
+
+def workload_names() -> list[str]:
+    """Built-in workload names, then installed plugins' names (sorted)."""
+    return [*BUILTIN_WORKLOADS, *sorted(installed_workloads())]
+
+
+def _load_plugin(spec: InstalledWorkload, options: WorkloadOptions) -> Workload:
+    """Import a plugin's factory and call it with `options`; any failure is BadInput naming the
+    plugin, its package and the error."""
+    from importlib.metadata import EntryPoint
+
+    where = f"{spec.value}" + (f", from package {spec.dist}" if spec.dist else "")
+    try:
+        factory = EntryPoint(spec.name, spec.value, ENTRY_POINT_GROUP).load()
+    except Exception as e:  # noqa: BLE001 - a broken plugin is an installation problem to report
+        raise BadInput(f"workload plugin {spec.name!r} ({where}) failed to import: {type(e).__name__}: {e}",
+                       hint="fix or reinstall the package that provides it, or pick another workload "
+                            f"({', '.join(BUILTIN_WORKLOADS)})") from e
+    if not callable(factory):
+        raise BadInput(f"workload plugin {spec.name!r} ({where}) is a {type(factory).__name__}, not a factory",
+                       hint="an entry point in compilewatch.workloads must be a callable taking WorkloadOptions")
+    try:
+        workload = factory(options)
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - same: report, do not crash
+        raise BadInput(f"workload plugin {spec.name!r} ({where}) failed to build: {type(e).__name__}: {e}") from e
+    return as_workload(workload, spec.name)
 
 
 def as_workload(obj: Any, name: str | None = None) -> Workload:
-    """A Workload as is (anything with `run`; `build` optional), or a plain callable wrapped."""
+    """A Workload as is (anything with `run`; `build` optional), a mapping of entry points
+    (`EntryPoints`), or a plain callable wrapped."""
+    if isinstance(obj, Mapping):
+        return EntryPoints(obj, name)
     if callable(getattr(obj, "run", None)) and not isinstance(obj, type):
         if not callable(getattr(obj, "build", None)):
             obj.build = lambda: None  # type: ignore[attr-defined]
@@ -353,27 +429,47 @@ def as_workload(obj: Any, name: str | None = None) -> Workload:
 
 def resolve_workload(spec: str = "flex_attention", backend: Backend = "inductor",
                      shape: FlexShape | None = None) -> Workload:
-    """A built-in workload by name (`flex_attention`, `compile`) or `module:obj`: a Workload object,
-    a zero-argument factory class of one, or a callable taking the device."""
+    """A workload by name or path:
+    - a built-in (`flex_attention`, `compile`);
+    - a name another package registered in the `compilewatch.workloads` entry-point group (dflash
+      registers `dflash`): its factory is called with `WorkloadOptions(backend, shape)`;
+    - `module:obj` or `file.py:obj`: a Workload object, a Workload class (built with
+      `WorkloadOptions` when its constructor takes an argument, e.g.
+      `dflash.warm_workload:DFlashAttention` from a source checkout without installed entry points),
+      or a callable taking the device.
+    Unknown names and plugins that fail to import or build raise BadInput."""
     if spec == "flex_attention":
         return FlexAttentionWorkload(backend, shape)
     if spec == "compile":
         return MLPWorkload(backend)
     if ":" not in spec:
-        raise BadInput(f"unknown workload {spec!r}",
-                       hint=f"use a built-in ({', '.join(BUILTIN_WORKLOADS)}), module:callable or file.py:callable")
+        installed = installed_workloads()
+        if spec not in installed:
+            raise BadInput(f"unknown workload {spec!r}",
+                           hint=f"installed workloads: {', '.join(workload_names())}; "
+                                "or module:obj / path/to/file.py:obj")
+        found = installed[spec]
+        if len(found) > 1:
+            raise BadInput(f"workload {spec!r} is registered by several packages: "
+                           + "; ".join(f"{f.value} ({f.dist})" for f in found),
+                           hint="uninstall one of them, or name the factory as module:obj")
+        return _load_plugin(found[0], WorkloadOptions(backend, shape or FlexShape()))
     obj = _import_object(spec, "workload", alias=True)
-    if isinstance(obj, type) and callable(getattr(obj, "run", None)):
-        obj = obj()  # a Workload class: one instance per process
+    if isinstance(obj, type) and callable(getattr(obj, "run", None)):  # a Workload class: one instance per process
+        obj = obj(WorkloadOptions(backend, shape or FlexShape())) if _required_positional(obj) else obj()
     return as_workload(obj, spec)
 
 
-def _device_adapter(fn: Callable[..., Any]) -> Callable[[str], Any]:
+def _required_positional(fn: Callable[..., Any]) -> int:
+    """How many positional parameters `fn` requires (1 when its signature cannot be read)."""
     try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return sum(1 for p in inspect.signature(fn).parameters.values()
+                   if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
     except (TypeError, ValueError):
-        params = [None]
-    if not params:
+        return 1
+
+
+def _device_adapter(fn: Callable[..., Any]) -> Callable[[str], Any]:
+    if not _required_positional(fn):
         return lambda device: fn()
     return fn

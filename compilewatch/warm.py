@@ -7,8 +7,13 @@ another thread calls a compiled function or a module breaks the caller (error, s
 hang on GPU). Compiling
 everything first, in one thread, and only then starting worker threads avoids the race.
 
+This is the one warm implementation: `compilewatch warm`, dflash's engine prewarm and programs that
+install a `CompileGuard` (prewarm, then `guard.freeze()`) all call `prewarm`.
+
 The workload API (`compilewatch.targets.Workload`): `build()` runs once per process and creates the
 compiled callables; `run(device)` does one step on a device (forward and backward where supported).
+A mapping `{"step": step_fn, "eval": eval_fn}` warms several entry points per device
+(`targets.EntryPoints`); a failure names the entry point.
 `prewarm` calls `build()` once, then `run(d)` for each device (warm pass), then `run(d)` again for
 each device (verify pass) under `torch.compiler.set_stance("fail_on_recompile")`, which turns any
 dynamo compile into an error naming the function and its guard failure. The program must then use
@@ -30,7 +35,8 @@ from compilewatch import counters as _counters
 from compilewatch import torchinfo
 from compilewatch.compile_events import CompileRecorder
 from compilewatch.devices import parse_devices
-from compilewatch.targets import Workload, as_workload
+from compilewatch.targets import EntryPointError, Workload, as_workload
+from compilewatch.tracehooks import TraceRecorder
 
 Phase = Literal["warm", "verify"]
 
@@ -57,6 +63,7 @@ class DeviceRun:
     error: str | None  # the workload's own exception (not a recompile), "Type: message"
     frames_compiled: int  # dynamo frame compiles (counters["frames"]["ok"])
     compile_windows: int  # dynamo compile windows incl. lazy backward compiles
+    trace_windows: int  # FX Tracer.trace entries (make_fx, AOTAutograd, inductor: the race's window; FACTS.md §1)
     counters: _counters.CompileCounters  # FX-graph / AOTAutograd cache hits and misses, reasons
     peak_memory_bytes: int | None  # CUDA: max_memory_allocated; CPU: RSS growth (None without psutil)
     memory_metric: Literal["cuda_max_allocated", "rss_delta", "none"]
@@ -176,7 +183,7 @@ def _stance(strict: bool) -> Iterator[None]:
 
 
 def _error_text(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".strip()
+    text = str(e) if isinstance(e, EntryPointError) else f"{type(e).__name__}: {e}".strip()
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
@@ -185,7 +192,7 @@ def _run_one(workload: Workload, device: str, phase: Phase, strict: bool, steps:
     before = _counters.snapshot()
     error: str | None = None
     recompile: Recompile | None = None
-    with CompileRecorder() as rec:
+    with CompileRecorder() as rec, TraceRecorder() as traces:
         t0 = time.perf_counter()
         try:
             with _stance(strict and phase == "verify"):
@@ -211,7 +218,8 @@ def _run_one(workload: Workload, device: str, phase: Phase, strict: bool, steps:
         recompile = _from_counters(device, delta, len(rec.windows))
     ok = error is None and recompile is None
     return DeviceRun(device=device, phase=phase, ok=ok, wall_s=wall, error=error, frames_compiled=delta.frames_ok,
-                     compile_windows=len(rec.windows), counters=delta, peak_memory_bytes=peak,
+                     compile_windows=len(rec.windows),
+                     trace_windows=len(traces.windows), counters=delta, peak_memory_bytes=peak,
                      memory_metric=metric, recompile=recompile)  # type: ignore[arg-type]
 
 
@@ -234,8 +242,9 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
     once more on every device and require that nothing compiles.
 
     devices: "5,6,7", ["cuda:0", "cpu"], ... (validated by parse_devices; BadInput if not visible).
-    fn: a Workload (`build()` once, `run(device)`) or a plain callable taking the device, which must
-        keep its compiled callables itself (see the module docstring).
+    fn: a Workload (`build()` once, `run(device)`), a mapping of entry points name -> fn(device), or
+        a plain callable taking the device, which must keep its compiled callables itself (see the
+        module docstring).
     strict: verify under `torch.compiler.set_stance("fail_on_recompile")`: a compile becomes an
         error naming the function and guard failure, and nothing is compiled. strict=False lets it
         compile and reports it from torch's counters and guard-failure lists instead.

@@ -619,20 +619,19 @@ def _verdicts(r: EngineReport, cfg: EngineConfig) -> list[str]:
     return out
 
 
-def _imbalance(r: EngineReport, ratio: float = 0.6) -> list[str]:
-    """A drafter device far below the others in utilization or memory: idle, starved, or dead."""
+def _imbalance(r: EngineReport) -> list[str]:
+    """A drafter device far below the others in utilization or memory: idle, starved, or dead
+    (compilewatch.gpus.low_outliers: below 60% of the other drafter devices' median)."""
+    from compilewatch.gpus import low_outliers
+
     last = next((s.samples for s in reversed(r.steps) if s.samples is not None), None)
     rows = [d for d in getattr(last, "devices", ()) if d.device in r.drafter_devices]
     out = []
     for field_name, what in (("utilization_pct", "utilization"), ("allocated_bytes", "memory")):
         vals = {d.device: getattr(d, field_name) for d in rows if getattr(d, field_name) is not None}
-        if len(vals) < 2:
-            continue
-        top = max(vals.values())
-        low = {d: v for d, v in vals.items() if top > 0 and v < ratio * top}
-        for d, v in low.items():
-            out.append(f"drafter device {d} is at {v:,.0f} {what} vs {top:,.0f} on the busiest drafter device: "
-                       "idle, starved or dead (see the threads' phases).")
+        for d, med in low_outliers(vals).items():
+            out.append(f"drafter device {d} is at {vals[d]:,.0f} {what} vs a median of {med:,.0f} on the other "
+                       "drafter devices: idle, starved or dead (see the threads' phases).")
     return out
 
 

@@ -396,12 +396,6 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def prewarm(self) -> None:
-        """Run one forward+backward per bucket length (no update) so every compiled shape exists."""
-        for b in self.warm_batches():
-            self.forward_backward(b, torch.tensor(1.0, device=self.device))
-        self.optimizer.zero_grad(set_to_none=True)
-
     def warm_batches(self) -> list[Batch]:
         """One micro-batch per bucket length, at the shapes training uses (for compile warm-up;
         dflash.program warms every engine replica with them)."""

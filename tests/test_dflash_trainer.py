@@ -226,17 +226,16 @@ def test_split_global_batch_gives_the_same_gradient(tmp_path, chat_file):
         t.close()
 
 
-def test_prewarm_runs_every_bucket_without_updating(tmp_path, chat_file):
+def test_warm_batches_cover_every_bucket_length_at_training_shapes(tmp_path, chat_file):
+    """What dflash.program's engine prewarm runs per replica (compilewatch.warm.prewarm): one
+    micro-batch per bucket length, at the configured batch size and anchor count."""
     t = Trainer.from_config(small_config(tmp_path, chat_file))
-    before = {k: v.clone() for k, v in t.drafter.state_dict().items()}
-    seen = []
-    original = t.forward_backward
-    t.forward_backward = lambda b, d, timer=None: (seen.append(b.input_ids.shape[1]), original(b, d, timer))[1]
-    t.prewarm()
-    t.close()
-    assert seen == list(t.dataset.buckets) and all(p.grad is None for p in t.drafter.parameters())
-    for k, v in t.drafter.state_dict().items():
-        assert torch.equal(v, before[k])
+    try:
+        batches = t.warm_batches()
+        assert [b.input_ids.shape[1] for b in batches] == list(t.dataset.buckets)
+        assert {tuple(b.anchors.shape) for b in batches} == {(t.cfg.data.batch_size, t.cfg.data.num_anchors)}
+    finally:
+        t.close()
 
 
 def test_multi_turn_think_data_on_a_target_with_qwen3s_real_template_drops_nothing(tmp_path):

@@ -19,6 +19,20 @@ def _no_gpu(monkeypatch):
     no_driver(monkeypatch)
 
 
+def test_cache_dir_and_source_come_from_the_cache_layout(monkeypatch, tmp_path):
+    """One rule for "where the cache is and why" (compilewatch.cache.layout.default_root): `cache
+    where` judges by the environment now; doctor by the variables as they were before torch set
+    TORCHINDUCTOR_CACHE_DIR itself."""
+    from compilewatch.cache import layout
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "c"))
+    assert layout.default_root() == (tmp_path / "c", "TORCHINDUCTOR_CACHE_DIR")
+    assert layout.locate().source == "TORCHINDUCTOR_CACHE_DIR"
+    assert layout.default_root({}) == (tmp_path / "c", "default")  # set by torch, not by the user
+    st = doctor.cache_status({})
+    assert (st.path, st.source) == (str(tmp_path / "c"), "default")
+
+
 def test_doctor_json_on_a_clean_cpu_machine():
     data = invoke_json(app, ["doctor"])
     assert set(data) == {"env", "cache", "gpus", "fx", "dynamo", "verdicts", "ok"}

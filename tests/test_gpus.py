@@ -130,6 +130,34 @@ def test_two_gpu_job_and_unattributed_processes():
     assert [(im.gpu, im.job) for im in found] == [(0, "(processes not visible)")]
 
 
+@pytest.mark.parametrize("values, flagged", [
+    ({}, {}),  # nothing to compare
+    ({"a": 1.0}, {}),  # one value: nothing to compare with
+    ({"a": 40.0, "b": 77.0}, {"a": 77.0}),  # two values: against the other one
+    ({"a": 40.0, "b": 40.0, "c": 40.0}, {}),  # all equal
+    ({"a": 10.0, "b": 100.0, "c": 100.0, "d": 0.0}, {"a": 100.0, "d": 100.0}),  # several low ones
+    ({"a": 50.0, "b": 60.0, "c": 100.0}, {}),  # one busy outlier does not flag the others (a max rule would)
+    ({"a": 60.0, "b": 100.0}, {}),  # exactly at 60%: not below
+    ({"a": 59.0, "b": 100.0}, {"a": 100.0}),
+    ({"a": 0.0, "b": 0.0}, {}),  # the other's median is 0: nothing to be below
+    ({"a": 0.0, "b": 0.0, "c": 5.0}, {"a": 2.5, "b": 2.5}),  # c: others' median 0, not flagged
+])
+def test_low_outliers_is_the_one_imbalance_rule(values, flagged):
+    assert gpus.low_outliers(values) == flagged
+
+
+def test_low_outliers_ratio_and_dflash_engine_verdict_use_it():
+    from dflash.engine import _imbalance
+
+    assert gpus.low_outliers({"a": 50.0, "b": 100.0}, ratio=0.4) == {}
+    dev = lambda d, util, alloc: SimpleNamespace(device=d, utilization_pct=util, allocated_bytes=alloc)  # noqa: E731
+    samples = SimpleNamespace(devices=(dev("cuda:0", 90.0, 70 * GB), dev("cuda:1", 5.0, 71 * GB),
+                                       dev("cuda:2", 60.0, 72 * GB), dev("cuda:3", 0.0, 1 * GB)))
+    report = SimpleNamespace(steps=[SimpleNamespace(samples=samples)], drafter_devices=("cuda:0", "cuda:1", "cuda:2"))
+    (v,) = _imbalance(report)  # cuda:3 is not a drafter device; memory is balanced; 60 vs median(90, 5) = 47.5: fine
+    assert v.startswith("drafter device cuda:1 is at 5 utilization vs a median of 75 on the other drafter devices")
+
+
 def test_sample_is_cheap_and_skips_processes(monkeypatch):
     fake_nvml(monkeypatch, seeds_drafters(os.getpid()))
 

@@ -13,6 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from compilewatch import fxpatch, torchcompat
 from compilewatch.errors import CompilewatchError
 from compilewatch.guard import CompileGuard, GuardError, support
+from compilewatch.warm import prewarm
 from compilewatch.watcher import Watcher
 from tests.race_cases import (FLAG, GLOBAL_FLAG, WAIT, Trial, leak_trial, overlap_trial, X,  # noqa: F401
                               clean_race_state, step)  # (autouse fixture)
@@ -111,8 +112,8 @@ def test_thread_local_mode_keeps_same_thread_tracing_semantics(guard):
 
 def test_freeze_turns_a_worker_recompile_into_a_clear_error(guard):
     fn = torch.compile(lambda x: x * 3, backend="eager")
-    report = guard.warm({"fn": lambda dev: fn(torch.randn(4, device=dev))}, devices=["cpu"])
-    assert report.ok and report.entries[0].compiles == 1 and report.second_pass_compiles == 0
+    report = prewarm(["cpu"], {"fn": lambda dev: fn(torch.randn(4, device=dev))})
+    assert report.ok and report.warm[0].compile_windows == 1 and report.verify[0].compile_windows == 0
     guard.freeze()
     out: dict = {}
 
@@ -150,7 +151,7 @@ def test_freeze_blocks_a_never_warmed_function_and_allow_compiles_lets_one_threa
 def test_warm_then_freeze_gives_zero_failures_across_threads(guard):
     fns = [torch.compile(lambda x, k=k: (x * k).sin(), backend="eager") for k in range(3)]
     devices = ["cpu"]
-    report = guard.warm({f"fn{k}": (lambda dev, f=f: f(torch.randn(8, device=dev))) for k, f in enumerate(fns)}, devices)
+    report = prewarm(devices, {f"fn{k}": (lambda dev, f=f: f(torch.randn(8, device=dev))) for k, f in enumerate(fns)})
     assert report.ok
     guard.freeze()
     errors = []

@@ -132,6 +132,113 @@ def test_resolve_workload_forms(tmp_path):
     sys.modules.pop("wl_forms", None)
 
 
+def test_entry_points_mapping_warms_each_and_a_failure_names_its_entry_point():
+    """CompileGuard's old warm took {name: fn(device)}: prewarm takes the same mapping."""
+    f = torch.compile(lambda x: (x * 2).sin(), backend="aot_eager")
+    calls = []
+    report = warm.prewarm("cpu,cpu", {"step": lambda d: f(torch.ones(4, device=d)), "log": calls.append})
+    assert report.ok, report.verdicts
+    assert calls == ["cpu", "cpu", "cpu", "cpu"]  # warm and verify, both devices
+    assert report.warm[0].compile_windows == 1 and report.warm[0].trace_windows >= 1  # aot_eager traces
+    assert report.warm[1].trace_windows == 0 and all(r.trace_windows == 0 for r in report.verify)
+
+    def bad(device):
+        raise ValueError("no such kernel")
+
+    report = warm.prewarm("cpu", {"step": lambda d: None, "eval": bad})
+    assert not report.ok and report.warm[0].error == "entry point 'eval': ValueError: no such kernel"
+
+
+# --- workload plugins (the compilewatch.workloads entry-point group) -----------------------------------
+
+
+def test_dflash_registers_its_workload_through_the_entry_point():
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group=targets.ENTRY_POINT_GROUP) if e.name == "dflash"]
+    from dflash import warm_workload
+
+    assert ep.load() is warm_workload.make
+    assert "dflash" in targets.workload_names()
+    wl = targets.resolve_workload("dflash", "aot_eager", TINY)
+    assert isinstance(wl, warm_workload.DFlashAttention) and wl.name == "dflash"
+    report = warm.prewarm("cpu", wl)
+    assert report.ok, report.verdicts
+    assert report.warm[0].frames_compiled >= 1 and report.verify[0].compile_windows == 0
+
+
+def test_dflash_workload_is_the_trainers_mask_and_compiled_flex_attention():
+    """Reuse, not a copy: the mask is dflash.mask's (the same BlockMask build_masks makes for those
+    anchors), and with inductor the compiled callable is the trainer's own."""
+    from dflash import mask as dmask
+    from dflash import warm_workload
+
+    wl = warm_workload.make(targets.WorkloadOptions("inductor", TINY))
+    assert wl._compile() is dmask.compiled_kernels()["flex_attention"]
+    got = wl.block_mask("cpu")
+    anchors = warm_workload.anchors_for(TINY.context, TINY.blocks, TINY.block_size, TINY.batch)
+    want = dmask.build_masks(anchors, TINY.context, TINY.block_size, "flex")["full"]
+    assert got.seq_lengths == want.seq_lengths == (128, 128)  # Q = 4x16, KV = 64 + 64, padded to 128
+    assert torch.equal(got.to_dense(), want.to_dense())
+    with pytest.raises(BadInput, match="larger than block_size"):
+        warm_workload.make(targets.WorkloadOptions("inductor", targets.FlexShape(context=16, block_size=16)))
+
+
+def test_compilewatch_alone_has_no_dflash_workload(monkeypatch):
+    """Without dflash's entry point (another environment), compilewatch knows no `dflash` workload."""
+    import importlib.metadata as md
+
+    monkeypatch.setattr(md, "entry_points", lambda **kw: [])
+    with pytest.raises(BadInput) as e:
+        targets.resolve_workload("dflash")
+    assert "flex_attention, compile;" in (e.value.hint or "")
+
+
+def test_compilewatch_contains_no_dflash_code():
+    """compilewatch imports nothing from dflash and names nothing after it (the DFlash mask and its
+    workload live in dflash/, which plugs in through the entry point)."""
+    import ast
+
+    for path in sorted((ROOT / "compilewatch").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] == "dflash" for a in node.names), path
+            elif isinstance(node, ast.ImportFrom):
+                assert (node.module or "").split(".")[0] != "dflash", path
+            name = getattr(node, "name", None) or getattr(node, "id", None) or getattr(node, "attr", None)
+            if isinstance(name, str):
+                assert "dflash" not in name.lower(), (path, node.lineno, name)
+
+
+def test_cli_workload_dflash_json():
+    data = invoke_json(app, ["warm", "--devices", "cpu", "--workload", "dflash", *TINY_ARGS, "--block-size", "16"])
+    assert data["workload"] == "dflash" and data["ok"]
+
+
+def test_cli_unknown_workload_exit_2_names_the_installed_ones():
+    result = invoke(app, ["warm", "--devices", "cpu", "--workload", "nope"])
+    assert result.exit_code == 2
+    assert "unknown workload 'nope'" in result.stderr
+    assert "flex_attention, compile, dflash" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_plugin_that_fails_to_import_exit_2_with_its_error(tmp_path, monkeypatch):
+    import importlib.metadata as md
+
+    (tmp_path / "wl_broken_plugin.py").write_text("import not_a_module_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broken = md.EntryPoint("broken", "wl_broken_plugin:make", targets.ENTRY_POINT_GROUP)
+    real = md.entry_points
+    monkeypatch.setattr(md, "entry_points", lambda **kw: [*real(**kw), broken])
+    result = invoke(app, ["warm", "--devices", "cpu", "--workload", "broken"])
+    sys.modules.pop("wl_broken_plugin", None)
+    assert result.exit_code == 2
+    assert "workload plugin 'broken' (wl_broken_plugin:make) failed to import" in result.stderr
+    assert "ModuleNotFoundError" in result.stderr and "not_a_module_xyz" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 # --- CLI -------------------------------------------------------------------------------------------
 
 
@@ -265,9 +372,10 @@ def test_bare_fail_on_recompile_message_is_explained_from_counters():
 
 @pytest.mark.gpu
 @requires_cuda(min_gpus=1, bf16=True)
-def test_prewarm_cuda_inductor_fwd_bwd():
+@pytest.mark.parametrize("workload", ["flex_attention", "dflash"])
+def test_prewarm_cuda_inductor_fwd_bwd(workload):
     shape = targets.FlexShape(context=512, blocks=16, block_size=16, heads=4, head_dim=64)
-    report = warm.prewarm("0", targets.FlexAttentionWorkload("inductor", shape))
+    report = warm.prewarm("0", targets.resolve_workload(workload, "inductor", shape))
     assert report.ok, report.verdicts
     w = report.warm[0]
     assert w.memory_metric == "cuda_max_allocated" and w.peak_memory_bytes > 0

@@ -27,7 +27,7 @@ import re
 import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 from compilewatch.errors import BadInput
 
@@ -267,16 +267,25 @@ def lock_file_for(path: Path) -> Path:
     return path.parent / f".{path.name}.compilewatch.lock"
 
 
+def default_root(env: Mapping[str, str] | None = None) -> tuple[Path, str]:
+    """The inductor cache dir torch uses, and its source: "TORCHINDUCTOR_CACHE_DIR" when that
+    variable is set in `env`, else "default". `env` defaults to os.environ; `compilewatch doctor`
+    passes the variables as they were before torch ran (torch sets TORCHINDUCTOR_CACHE_DIR itself
+    when it first resolves the dir, which would make a default look chosen)."""
+    from compilewatch import torchinfo
+
+    env = os.environ if env is None else env
+    return torchinfo.inductor_cache_dir(), "TORCHINDUCTOR_CACHE_DIR" if env.get("TORCHINDUCTOR_CACHE_DIR") else "default"
+
+
 def locate(path: str | os.PathLike[str] | None = None) -> CacheLocation:
     """Where the inductor and triton caches are and which sub-caches exist.
 
-    `path=None` asks torch (TORCHINDUCTOR_CACHE_DIR or its default); a given path is used as is.
+    `path=None` asks torch (TORCHINDUCTOR_CACHE_DIR or its default: `default_root`); a given path is
+    used as is.
     """
-    from compilewatch import torchinfo
-
     if path is None:
-        root = torchinfo.inductor_cache_dir()
-        source = "TORCHINDUCTOR_CACHE_DIR" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "default"
+        root, source = default_root()
     else:
         root = Path(path)
         source = "argument"

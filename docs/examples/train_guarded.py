@@ -1,4 +1,4 @@
-"""The run.md demo with the guard (docs/guard.md): CompileGuard(), warm, freeze; a data-worker
+"""The run.md demo with the guard (docs/guard.md): CompileGuard(), prewarm, freeze; a data-worker
 thread symbolic-traces while gpu-worker-1 calls the warm step, and gpu-worker-2 calls it with a shape
 nobody warmed (the guard refuses that compile with a GuardError instead of letting it race).
 
@@ -11,12 +11,13 @@ import torch
 import torch.fx
 
 import compilewatch
+from compilewatch.warm import prewarm
 
 step = torch.compile(lambda x: x.sin() + 1, backend="eager")
 guard = compilewatch.CompileGuard()  # installed now: thread-local FX state where this torch allows it
-report = guard.warm({"step": lambda dev: step(torch.randn(4, device=dev))}, devices=["cpu"])
-print("warm:", [(e.name, e.device, e.compiles) for e in report.entries], "second pass compiles:",
-      report.second_pass_compiles)
+report = prewarm(["cpu"], {"step": lambda dev: step(torch.randn(4, device=dev))})  # the one warm (docs/warm.md)
+print("warm:", [(r.device, r.compile_windows) for r in report.warm], "verify pass compiles:",
+      sum(r.compile_windows for r in report.verify))
 guard.freeze()
 tracing, called = threading.Event(), threading.Event()
 
