@@ -106,9 +106,11 @@ def threads_step(a: argparse.Namespace, cache_dir: Path, warm: bool) -> dict:
 
 def child_threads(a: argparse.Namespace) -> None:
     """In the child: N workloads (own compiled wrapper each), optional prewarm, then N threads at once."""
-    from compilewatch import counters, fxpatch, stacks, torchinfo, warm
-    from compilewatch.probe import run_threads
-    from compilewatch.targets import FlexAttentionWorkload, FlexShape
+    from compilewatch.tracing import counters, fxpatch, stacks
+    from compilewatch.env import torchinfo
+    from compilewatch.devices import warm
+    from compilewatch.tracing.probe import run_threads
+    from compilewatch.tracing.targets import FlexAttentionWorkload, FlexShape
 
     dev = a.device if not a.device.isdigit() else f"cuda:{a.device}"
     shape = FlexShape(context=a.seq, blocks=a.blocks, block_size=a.block_size, heads=a.heads, head_dim=a.head_dim,

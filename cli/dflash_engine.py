@@ -24,7 +24,7 @@ StallOpt = Annotated[float, typer.Option("--stall-after", help="Engine: no step 
 
 def parse_engine_devices(spec: str, option: str) -> tuple[str, ...]:
     """`0,1,cuda:2,cpu,cpu` -> validated device names; a device may repeat (several threads on it)."""
-    from compilewatch.devices import parse_device
+    from compilewatch.devices.spec import parse_device
 
     items = [x for x in spec.split(",") if x.strip()]
     if not items:

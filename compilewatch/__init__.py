@@ -11,11 +11,11 @@ from compilewatch.errors import BadInput, CheckFailed, CompilewatchError  # noqa
 
 # public name -> (module, attribute or None for the module itself), imported on first access
 _LAZY = {
-    "watch": ("compilewatch.watcher", "watch"),
-    "Watcher": ("compilewatch.watcher", "Watcher"),
-    "guard": ("compilewatch.guard", None),
-    "CompileGuard": ("compilewatch.guard", "CompileGuard"),
-    "GuardError": ("compilewatch.guard", "GuardError"),
+    "watch": ("compilewatch.tracing.watcher", "watch"),
+    "Watcher": ("compilewatch.tracing.watcher", "Watcher"),
+    "guard": ("compilewatch.tracing.guard", None),
+    "CompileGuard": ("compilewatch.tracing.guard", "CompileGuard"),
+    "GuardError": ("compilewatch.tracing.guard", "GuardError"),
 }
 
 __all__ = ["__version__", "BadInput", "CheckFailed", "CompilewatchError", *_LAZY]

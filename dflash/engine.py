@@ -37,8 +37,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
 
-from compilewatch import stacks
-from compilewatch.stacks import Frame
+from compilewatch.tracing import stacks
+from compilewatch.tracing.stacks import Frame
 from dflash import compile_safety, replicas as _replicas
 from dflash.routing import BatchRouter, Stopped, first_item, item_index
 

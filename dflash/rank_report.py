@@ -39,7 +39,7 @@ def cache_state(path: str | None = None) -> CacheState:
     """Fingerprint the inductor cache this process will use (or `path`). Never raises: a missing or
     unreadable cache is a status, not an error. Call it before anything compiles (and before
     torch._dynamo is imported, which creates the default dir)."""
-    from compilewatch import torchinfo
+    from compilewatch.env import torchinfo
     from compilewatch.cache.fingerprint import fingerprint
     from compilewatch.errors import BadInput
 

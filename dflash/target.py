@@ -88,8 +88,8 @@ class Target:
 
 
 def resolve_device(spec: str) -> torch.device:
-    """`auto` -> cuda:0 when a GPU is visible, else cpu; anything else through compilewatch.devices."""
-    from compilewatch.devices import parse_device
+    """`auto` -> cuda:0 when a GPU is visible, else cpu; anything else through compilewatch.devices.spec."""
+    from compilewatch.devices.spec import parse_device
 
     if spec == "auto":
         return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")

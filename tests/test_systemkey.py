@@ -16,8 +16,8 @@ import types
 
 import pytest
 
-from compilewatch import systemkey
-from compilewatch.systemkey import DeviceView, Unsure
+from compilewatch.env import systemkey
+from compilewatch.env.systemkey import DeviceView, Unsure
 
 
 @pytest.fixture

@@ -272,7 +272,7 @@ def locate(path: str | os.PathLike[str] | None = None) -> CacheLocation:
 
     `path=None` asks torch (TORCHINDUCTOR_CACHE_DIR or its default); a given path is used as is.
     """
-    from compilewatch import torchinfo
+    from compilewatch.env import torchinfo
 
     if path is None:
         root = torchinfo.inductor_cache_dir()

@@ -217,7 +217,7 @@ class Finding:
     function: str | None  # the compiled function / module / traced target involved
     message: str  # torch's message (headline) or what was seen
     count: int  # occurrences (first event + its repeats, over every thread listed)
-    pattern: str | None  # compilewatch.patterns name, when the message is a known torch failure
+    pattern: str | None  # compilewatch.tracing.patterns name, when the message is a known torch failure
     race: bool | None  # the pattern's verdict: caused by threads (None: unknown)
     cause: str | None
     fix: str
@@ -277,7 +277,7 @@ def _setters_compile(setters: list[dict[str, Any]]) -> bool | None:
 
 
 def _leak_fix(setters: list[dict[str, Any]]) -> str:
-    from compilewatch import patterns
+    from compilewatch.tracing import patterns
 
     kind = _setters_compile(setters)
     if kind is None:
@@ -350,7 +350,7 @@ def _describe(e: WatchEvent) -> tuple[str | None, str, str]:
 
 
 def _pattern_for(e: WatchEvent, message: str):
-    from compilewatch import patterns
+    from compilewatch.tracing import patterns
 
     if e.kind in ("stuck_state", "stall"):
         return patterns.for_kind(e.kind)

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from types import FrameType
 
 _STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
-_THIS_PKG = os.path.realpath(os.path.dirname(__file__))
+_THIS_PKG = os.path.realpath(os.path.dirname(os.path.dirname(__file__)))  # compilewatch/
 # our own packages: their frames are never "user" frames
 _OWN_DIRS = (_THIS_PKG + os.sep, os.path.join(os.path.dirname(_THIS_PKG), "cli") + os.sep)
 # ...except the built-in probe/warm targets, which stand in for user code
-_TARGETS_FILE = os.path.join(_THIS_PKG, "targets.py")
+_TARGETS_FILE = os.path.join(_THIS_PKG, "tracing", "targets.py")
 
 
 def _own(real: str) -> bool:

@@ -8,7 +8,7 @@ sentence of consequence:
   compile-related environment variables, CPU ISA flags.
 - info: everything else.
 
-Both sides are `EnvSpec`s (compilewatch.envformats): packages always compare; system facts (driver,
+Both sides are `EnvSpec`s (compilewatch.env.formats): packages always compare; system facts (driver,
 GPUs, cache, env vars) compare only when both sides are compilewatch locks. When a side hides torch's
 CUDA flavour (PyPI wheels say `torch==2.11.0`), it is inferred from the CUDA packages next to torch
 and the change says so.
@@ -23,8 +23,8 @@ from typing import Iterable
 
 from packaging.version import Version
 
-from compilewatch.envformats import EnvSpec, Package, load_env
-from compilewatch.envlock import EnvLock
+from compilewatch.env.formats import EnvSpec, Package, load_env
+from compilewatch.env.lock import EnvLock
 
 SEVERITIES = ("critical", "warning", "info")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}

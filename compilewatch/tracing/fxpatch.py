@@ -1,7 +1,7 @@
 """The FX tracing flag's readers and the class-level `nn.Module` patch: one patch point for both.
 
 `torch.fx._symbolic_trace` keeps tracing state that other threads see (FACTS.md §1; how each torch
-keeps it is probed in compilewatch.torchcompat, the only module that knows the layouts):
+keeps it is probed in compilewatch.tracing.torchcompat, the only module that knows the layouts):
 - the FX tracing flag, read through `is_fx_symbolic_tracing()` / `is_fx_tracing()`: a module global
   up to torch 2.13, per thread from 2.14 (dynamo's `compile_wrapper` binds `is_fx_symbolic_tracing`
   when `torch.compile(fn)` runs, so rebinding the module attribute would miss every function compiled
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Callable, Protocol
 
-from compilewatch import torchcompat, tracehooks
+from compilewatch.tracing import torchcompat, tracehooks
 
 _lock = threading.RLock()
 _observers: list["FlagObserver"] = []

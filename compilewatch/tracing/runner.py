@@ -25,9 +25,9 @@ from typing import Callable, Iterator, Sequence
 
 import compilewatch
 from compilewatch.errors import BadInput
-from compilewatch.watch_events import WatchEvent, WatchSummary, read_events, summarize
+from compilewatch.tracing.watch_events import WatchEvent, WatchSummary, read_events, summarize
 
-_BOOT = Path(compilewatch.__file__).resolve().parent / "_boot"
+_BOOT = Path(__file__).resolve().parent / "_boot"
 _PKG_ROOT = Path(compilewatch.__file__).resolve().parent.parent
 
 
@@ -138,7 +138,7 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
             report_path = str(report)
         timeline_path = None
         if timeline is not None:
-            from compilewatch.timeline import write_timeline
+            from compilewatch.tracing.timeline import write_timeline
 
             write_timeline(events, timeline)
             timeline_path = str(timeline)

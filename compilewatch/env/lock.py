@@ -14,7 +14,7 @@ What it holds and where each fact comes from:
   asked of torch (`torchinfo.torch_build()`, adds cuDNN and NCCL as torch loads them and the arch list).
 - triton: the installed `triton` / `pytorch-triton` distribution (not imported: that is slow).
 - inductor: cache dir, triton cache dir and system key, all through torchinfo; the key is computed from
-  files when `compilewatch.systemkey` is sure it equals torch's, else asked of torch
+  files when `compilewatch.env.systemkey` is sure it equals torch's, else asked of torch
   (`system_key_source`, with the reason in `notes`); `cache` summarizes the cache dir's contents.
 - driver and GPUs: NVML (`pynvml` from nvidia-ml-py); any NVMLError means "no NVIDIA GPU/driver",
   a normal state recorded as a note. GPU UUIDs are hashed.
@@ -40,7 +40,7 @@ from typing import Any, Iterable, Sequence
 from compilewatch.errors import BadInput
 from compilewatch.inputs import loads_json, read_text
 from compilewatch.jsonshape import build
-from compilewatch.torchinfo import TorchBuild
+from compilewatch.env.torchinfo import TorchBuild
 
 SCHEMA = "compilewatch.lock"
 SCHEMA_VERSION = 1
@@ -95,7 +95,7 @@ class InductorInfo:
     triton_cache_dir: str | None
     system_key: str | None  # CacheBase.get_system()["hash"]: every cache entry is keyed on it
     cache: CacheSummary | None
-    system_key_source: str | None = None  # "files" (compilewatch.systemkey) or "torch" (asked torch)
+    system_key_source: str | None = None  # "files" (compilewatch.env.systemkey) or "torch" (asked torch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +249,7 @@ def _triton(dists: Iterable[Distribution]) -> TritonInfo | None:
 
 def _torch_facts(notes: list[str], ask_torch: bool = False, progress: Any = None,
                  ) -> tuple[TorchBuild | None, InductorInfo | None]:
-    from compilewatch import systemkey, torchinfo
+    from compilewatch.env import systemkey, torchinfo
 
     try:
         build = torchinfo.torch_build() if ask_torch else torchinfo.torch_build_from_files()

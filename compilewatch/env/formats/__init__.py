@@ -12,12 +12,12 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from compilewatch.envformats.conda import parse_conda_explicit, parse_environment_yml
-from compilewatch.envformats.lockfile import parse_lock_file
-from compilewatch.envformats.model import EnvSpec, Package, bad_line
-from compilewatch.envformats.pylock import parse_pylock
-from compilewatch.envformats.requirements import parse_requirements
-from compilewatch.envformats.uvlock import parse_uv_lock
+from compilewatch.env.formats.conda import parse_conda_explicit, parse_environment_yml
+from compilewatch.env.formats.lockfile import parse_lock_file
+from compilewatch.env.formats.model import EnvSpec, Package, bad_line
+from compilewatch.env.formats.pylock import parse_pylock
+from compilewatch.env.formats.requirements import parse_requirements
+from compilewatch.env.formats.uvlock import parse_uv_lock
 from compilewatch.errors import BadInput
 from compilewatch.inputs import one_line, read_text
 

@@ -14,8 +14,8 @@ from urllib.parse import unquote, urlsplit
 
 from packaging.utils import canonicalize_name
 
-from compilewatch.envformats.model import EnvSpec, Package, bad_line, line_of
-from compilewatch.envformats.requirements import parse_requirements
+from compilewatch.env.formats.model import EnvSpec, Package, bad_line, line_of
+from compilewatch.env.formats.requirements import parse_requirements
 from compilewatch.inputs import one_line
 
 CONDA_TO_PYPI = {"pytorch": "torch", "pytorch-gpu": "torch", "pytorch-cpu": "torch"}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from packaging.utils import canonicalize_name
 
-from compilewatch.envformats.model import EnvSpec, Package, bad_line, git_source, line_of, normalize_source
-from compilewatch.envformats.tomlutil import load_toml
+from compilewatch.env.formats.model import EnvSpec, Package, bad_line, git_source, line_of, normalize_source
+from compilewatch.env.formats.tomlutil import load_toml
 
 PYPI = "https://pypi.org/simple"
 

@@ -14,7 +14,7 @@ torch's own functions and attributes, never by comparing version strings:
 doctor, probe and `guard.support()` all report them.
 
 The flag reader templates at the bottom replace the code of torch's `is_fx_symbolic_tracing` /
-`is_fx_tracing` (compilewatch.fxpatch does the swap); they call `READER_HOOK`, an object fxpatch
+`is_fx_tracing` (compilewatch.tracing.fxpatch does the swap); they call `READER_HOOK`, an object fxpatch
 puts into `torch.fx._symbolic_trace`'s globals.
 """
 
@@ -128,7 +128,7 @@ def reset_fx_flag() -> None:
 
 
 def patcher_support() -> tuple[bool, str]:
-    """Whether `Tracer.trace` takes its patcher the way compilewatch.fxpatch knows how to hook."""
+    """Whether `Tracer.trace` takes its patcher the way compilewatch.tracing.fxpatch knows how to hook."""
     try:
         st = _st()
     except Exception as e:  # noqa: BLE001

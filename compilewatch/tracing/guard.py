@@ -16,7 +16,7 @@ Three independent parts (FACTS.md §1 says why each is needed):
   started by a Python thread outside dynamo) is exclusive; calls made inside `guard.shared()` or
   through `guard.wrap(fn)` are shared. A thread inside a shared section that must compile gives its
   share up first, so two such threads cannot deadlock.
-- thread-local FX flag (`compilewatch.fxpatch`): the flag readers and the class-level
+- thread-local FX flag (`compilewatch.tracing.fxpatch`): the flag readers and the class-level
   `nn.Module.__call__` patch become per thread, so a make_fx / symbolic_trace in one thread cannot
   break compiled calls or module calls in another, and overlapping traces cannot leave state stuck.
   It covers what the installed torch did not fix: torch 2.14 and 2.15 keep the flag per thread themselves, so
@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from compilewatch import fxpatch, tracehooks
+from compilewatch.tracing import fxpatch, tracehooks
 from compilewatch.errors import BadInput, CompilewatchError
 
 
@@ -65,7 +65,7 @@ class GuardSupport:
 def support() -> GuardSupport:
     import torch._dynamo.eval_frame as ef
 
-    from compilewatch import torchcompat
+    from compilewatch.tracing import torchcompat
 
     freeze = hasattr(ef, "_callback_from_stance")
     tl, why = fxpatch.readers_patchable()
@@ -265,7 +265,7 @@ class CompileGuard:
 
         sup = support()
         if not sup.freeze:
-            raise CompilewatchError(f"compilewatch.guard needs torch >= 2.6 (found {sup.torch_version})")
+            raise CompilewatchError(f"compilewatch.tracing.guard needs torch >= 2.6 (found {sup.torch_version})")
         with _hook_lock:
             if _active is not None:
                 raise BadInput("another CompileGuard is already installed in this process",
@@ -318,8 +318,8 @@ class CompileGuard:
              devices: Sequence[str] = ("cpu",), *, verify: bool = True) -> WarmReport:
         """Run every entry point for every device in this thread, one after another (the compiles
         happen here), then, with `verify`, once more: the second pass must compile nothing."""
-        from compilewatch import counters
-        from compilewatch.compile_events import CompileRecorder
+        from compilewatch.tracing import counters
+        from compilewatch.tracing.compile_events import CompileRecorder
 
         self.install()
         eps = dict(entry_points) if isinstance(entry_points, Mapping) else {
@@ -430,7 +430,7 @@ class CompileGuard:
         return cb(frame, *args, **kwargs)
 
     def _blocked(self, cb, frame) -> GuardError:
-        from compilewatch import stacks
+        from compilewatch.tracing import stacks
 
         code = frame.f_code
         where = f"{stacks.short_path(code.co_filename)}:{code.co_firstlineno}"
@@ -442,10 +442,10 @@ class CompileGuard:
             why = "a guard failed (torch gave no reason)"
         else:
             why = "it was never compiled (not during the warm phase either)"
-        msg = (f"compilewatch.guard: thread {thread!r} tried to compile {code.co_name} ({where}) after freeze(); "
+        msg = (f"compilewatch.tracing.guard: thread {thread!r} tried to compile {code.co_name} ({where}) after freeze(); "
                f"{why}")
         self.blocked.append(msg)
-        from compilewatch import watcher as _watcher
+        from compilewatch.tracing import watcher as _watcher
 
         _watcher.notify_all("guard_blocked", {"function": f"{code.co_name} ({where})", "reasons": reasons,
                                             "reasons_text": why})

@@ -7,9 +7,9 @@ import re
 from packaging.pylock import Pylock, PylockUnsupportedVersionError, PylockValidationError
 from packaging.utils import canonicalize_name
 
-from compilewatch.envformats.model import EnvSpec, Package, bad_line, line_of, normalize_source
-from compilewatch.envformats.tomlutil import load_toml
-from compilewatch.envformats.uvlock import PYPI
+from compilewatch.env.formats.model import EnvSpec, Package, bad_line, line_of, normalize_source
+from compilewatch.env.formats.tomlutil import load_toml
+from compilewatch.env.formats.uvlock import PYPI
 
 _PACKAGE_INDEX = re.compile(r"^packages\[(\d+)\]")
 

@@ -12,7 +12,7 @@ What it listens to (each through the one module that owns that patch point):
   another thread's class-level `nn.Module.__call__` patch. Where torch keeps the flag per thread
   (2.14+), a flag read can only see the reading thread's own trace, so no flag leak is reported there;
   the class-level patch and CURRENT_PATCHER are still shared and still watched. On a torch whose
-  layout compilewatch.torchcompat does not recognise, fxpatch installs nothing: the `start` event
+  layout compilewatch.tracing.torchcompat does not recognise, fxpatch installs nothing: the `start` event
   lists it under `unwatched` and the summary is not ok;
 - compile_events: dynamo compile windows (for stalls and compiles after `mark_warm()`);
 - a watchdog thread that wakes every `min(0.5, stall_after / 4)` s: a compile or trace open longer
@@ -22,7 +22,7 @@ What it listens to (each through the one module that owns that patch point):
 
 Each finding is a failure (an exception or harm was seen) or a risk (nothing failed), see
 watch_events.severity(); the summary ranks failures first and names known torch failures
-(compilewatch.patterns). A finding that repeats for the same (setter thread, victim thread) pair is
+(compilewatch.tracing.patterns). A finding that repeats for the same (setter thread, victim thread) pair is
 reported once with its stacks and then only counted (`repeat` events at close), so a failing loop
 pays a dictionary lookup per repeat, not a stack capture.
 
@@ -41,10 +41,10 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterator
 
-from compilewatch import fxpatch, stacks, torchcompat, tracehooks
-from compilewatch.compile_events import CompileRecorder, CompileWindow
-from compilewatch.stacks import Frame
-from compilewatch.watch_events import EventLog, WatchEvent, WatchSummary, summarize
+from compilewatch.tracing import fxpatch, stacks, torchcompat, tracehooks
+from compilewatch.tracing.compile_events import CompileRecorder, CompileWindow
+from compilewatch.tracing.stacks import Frame
+from compilewatch.tracing.watch_events import EventLog, WatchEvent, WatchSummary, summarize
 
 # frames that mean "this thread is inside compile machinery"
 _COMPILE_FILES = ("torch/_dynamo/convert_frame.py", "torch/_dynamo/output_graph.py", "torch/_inductor/compile_fx.py",
@@ -178,7 +178,7 @@ class Watcher:
         self._compiles.listeners.append(self)
         self._prev_excepthook = threading.excepthook
         threading.excepthook = self._on_thread_exception
-        from compilewatch.importhook import after_import
+        from compilewatch.tracing.importhook import after_import
 
         after_import("torch._dynamo", self._install_compile_callbacks)
         self._dog = threading.Thread(target=self._watchdog, name="compilewatch-watchdog", daemon=True)
@@ -208,7 +208,7 @@ class Watcher:
             if self._fx_observed:
                 fxpatch.remove_observer(self)
                 self._fx_observed = False
-            from compilewatch.importhook import cancel
+            from compilewatch.tracing.importhook import cancel
 
             cancel("torch._dynamo", self._install_compile_callbacks)
             if "torch._dynamo" in sys.modules:
@@ -224,7 +224,7 @@ class Watcher:
         self._emit("end", {"summary": summary, "repeats": self.repeat_total})
         self._log.close()
         if self.timeline is not None:
-            from compilewatch.timeline import write_timeline
+            from compilewatch.tracing.timeline import write_timeline
 
             write_timeline(self.events, self.timeline)
         return summary
@@ -249,7 +249,7 @@ class Watcher:
 
     def mark_warm(self) -> None:
         """Declare the warm-up done: every compile from now on is reported with its guard reasons."""
-        from compilewatch import counters
+        from compilewatch.tracing import counters
 
         self._warm_snapshot = counters.snapshot()
         self._emit("warm", {"compiles_so_far": len(self._compiles.windows)})
@@ -471,7 +471,7 @@ class Watcher:
                                           "stack": _frames([f for f in stacks.current_stack(skip=2)
                                                             if not f.file.endswith(("callback.py", "contextlib.py"))])})
         if self._warm_snapshot is not None:
-            from compilewatch import counters
+            from compilewatch.tracing import counters
 
             snap = counters.snapshot()
             delta = counters.delta(self._warm_snapshot, snap)

@@ -11,7 +11,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from compilewatch.envformats.model import bad_line
+from compilewatch.env.formats.model import bad_line
 
 _AT_LINE = re.compile(r"\(at line (\d+), column (\d+)\)")
 

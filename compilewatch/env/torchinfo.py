@@ -2,7 +2,7 @@
 
 torch is imported lazily: commands that only read files (diff-env, cache ls) stay fast.
 Every function here works on a machine without CUDA. Tracing state whose layout changes between torch
-releases (the FX flag, the compiling flag) is read through compilewatch.torchcompat.
+releases (the FX flag, the compiling flag) is read through compilewatch.tracing.torchcompat.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from compilewatch.systemkey import DeviceView, SystemKey
+    from compilewatch.env.systemkey import DeviceView, SystemKey
 
 
 def torch_module():
@@ -73,7 +73,7 @@ def torch_build() -> TorchBuild:
 def torch_build_from_files(devices: "DeviceView | None | str" = "read") -> TorchBuild | None:
     """A TorchBuild from torch's files (`torch/version.py`) and NVML, without importing torch; None
     when torch is not installed."""
-    from compilewatch import systemkey
+    from compilewatch.env import systemkey
 
     torch_dir = systemkey._package_dir("torch")
     if torch_dir is None:
@@ -108,7 +108,7 @@ def _torch_default_cache_dir() -> str:
     mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
     if mod is not None:
         return str(mod.default_cache_dir())
-    from compilewatch.systemkey import _package_dir
+    from compilewatch.env.systemkey import _package_dir
 
     torch_dir = _package_dir("torch")
     if torch_dir is None:
@@ -134,7 +134,7 @@ def torch_version() -> str:
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "__version__"):
         return str(torch.__version__)
-    from compilewatch import systemkey
+    from compilewatch.env import systemkey
 
     torch_dir = systemkey._package_dir("torch")
     if torch_dir is None:
@@ -153,9 +153,9 @@ def triton_cache_dir(device_index: int = 0) -> Path:
 @functools.lru_cache(maxsize=1)
 def system_key_info() -> "SystemKey":
     """The inductor cache's system key, `CacheBase.get_system()["hash"]`, and how it was found:
-    from torch's and triton's files when `compilewatch.systemkey` is sure it computes what torch
+    from torch's and triton's files when `compilewatch.env.systemkey` is sure it computes what torch
     computes (tested equal), else from torch's own function. Once per process."""
-    from compilewatch import systemkey
+    from compilewatch.env import systemkey
 
     return systemkey.key()
 

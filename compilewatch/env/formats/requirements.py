@@ -26,7 +26,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, canonicalize_name
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
-from compilewatch.envformats.model import EnvSpec, Package, bad_line, normalize_source
+from compilewatch.env.formats.model import EnvSpec, Package, bad_line, normalize_source
 from compilewatch.errors import BadInput
 from compilewatch.inputs import one_line
 

@@ -1,7 +1,7 @@
 """One patch point on `torch.fx.Tracer.trace`, shared by every instrument (probe, watcher).
 
 `Tracer.trace` is where the FX tracing flag is set and restored (a module global up to torch 2.13, per
-thread from 2.14: compilewatch.torchcompat reads it), and where `nn.Module.__call__` is patched on the
+thread from 2.14: compilewatch.tracing.torchcompat reads it), and where `nn.Module.__call__` is patched on the
 class for the duration of a trace (FACTS.md §1). make_fx's
 `PythonKeyTracer`, AOTAutograd and Inductor all trace through it: subclasses that override `trace`
 call `super().trace`, so patching the base class sees every trace window, with `type(self)` naming
@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, TypeVar
 
-from compilewatch import torchcompat
-from compilewatch.stacks import Frame, current_stack
+from compilewatch.tracing import torchcompat
+from compilewatch.tracing.stacks import Frame, current_stack
 
 
 @dataclass(slots=True)

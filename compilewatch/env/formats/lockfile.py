@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from packaging.utils import canonicalize_name
 
-from compilewatch.envformats.model import EnvSpec, Package, normalize_source
-from compilewatch.envlock import parse_lock
+from compilewatch.env.formats.model import EnvSpec, Package, normalize_source
+from compilewatch.env.lock import parse_lock
 
 
 def parse_lock_file(text: str, path: str) -> EnvSpec:

@@ -22,14 +22,14 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal
 
-from compilewatch import counters as _counters
-from compilewatch import fxpatch, stacks, torchcompat
-from compilewatch import torchinfo
-from compilewatch.compile_events import CompileRecorder, CompileWindow
-from compilewatch.devices import parse_devices
-from compilewatch.stacks import Frame
-from compilewatch.targets import Target, resolve
-from compilewatch.tracehooks import TraceRecorder, TraceWindow
+from compilewatch.tracing import counters as _counters
+from compilewatch.tracing import fxpatch, stacks, torchcompat
+from compilewatch.env import torchinfo
+from compilewatch.tracing.compile_events import CompileRecorder, CompileWindow
+from compilewatch.devices.spec import parse_devices
+from compilewatch.tracing.stacks import Frame
+from compilewatch.tracing.targets import Target, resolve
+from compilewatch.tracing.tracehooks import TraceRecorder, TraceWindow
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,7 +373,7 @@ def probe_threads(target: str | Target, n: int, *, devices: str | list[str] = "c
 
 def _known(message: str | None) -> str:
     """' — known torch failure NAME (not a thread race): cause' for a known pattern, else ''."""
-    from compilewatch import patterns
+    from compilewatch.tracing import patterns
 
     p = patterns.match(message)
     if p is None:
@@ -383,7 +383,7 @@ def _known(message: str | None) -> str:
 
 def _failure_lines(compile_failures: list[CompileEntry], error: str | None, who: str) -> list[str]:
     """What failed, first: the exception, then every compile that raised (thread, function, message)."""
-    from compilewatch.watch_events import headline
+    from compilewatch.tracing.watch_events import headline
 
     out = []
     if error:
@@ -396,7 +396,7 @@ def _failure_lines(compile_failures: list[CompileEntry], error: str | None, who:
 
 def _fixes(messages: list[str], plain_traces: bool) -> list[str]:
     """The fix for each known pattern seen; the nested-FX error's fix depends on who traced."""
-    from compilewatch import patterns
+    from compilewatch.tracing import patterns
 
     out: list[str] = []
     for m in messages:
@@ -413,8 +413,8 @@ def _fixes(messages: list[str], plain_traces: bool) -> list[str]:
 def _verdicts_threads(name: str, outcomes: list[ThreadOutcome], stuck: bool, timeout: float,
                       race: torchcompat.RaceFacts, compiles: tuple[CompileEntry, ...] = (),
                       c: _counters.CompileCounters | None = None, plain_traces: bool = False) -> list[str]:
-    from compilewatch import patterns
-    from compilewatch.watch_events import headline
+    from compilewatch.tracing import patterns
+    from compilewatch.tracing.watch_events import headline
 
     out = []
     errs = [o for o in outcomes if o.outcome == "error"]

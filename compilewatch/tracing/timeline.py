@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from compilewatch.watch_events import PROBLEM_KINDS, WatchEvent, read_events
+from compilewatch.tracing.watch_events import PROBLEM_KINDS, WatchEvent, read_events
 
 _INSTANT_SCOPE = {"stuck_state": "p", "stall": "p"}  # process-wide state; the rest are thread events
 # problems that are a call in the victim thread: drawn as a short slice (its real length is unknown)

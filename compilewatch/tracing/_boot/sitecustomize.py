@@ -1,5 +1,5 @@
 """Loaded at interpreter start in processes that `compilewatch run` starts (this directory is put
-first on PYTHONPATH). It arms the watcher (compilewatch.autowatch) when COMPILEWATCH_RUN_DIR is
+first on PYTHONPATH). It arms the watcher (compilewatch.tracing.autowatch) when COMPILEWATCH_RUN_DIR is
 set, then runs the sitecustomize it shadows, if there is one, so the user's setup still happens.
 """
 
@@ -23,7 +23,7 @@ def _chain() -> None:
 
 if os.environ.get("COMPILEWATCH_RUN_DIR"):
     try:
-        from compilewatch import autowatch
+        from compilewatch.tracing import autowatch
 
         autowatch.arm()
     except Exception as e:  # noqa: BLE001 - never stop the user's program from starting

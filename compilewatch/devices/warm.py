@@ -7,7 +7,7 @@ another thread calls a compiled function or a module breaks the caller (error, s
 hang on GPU). Compiling
 everything first, in one thread, and only then starting worker threads avoids the race.
 
-The workload API (`compilewatch.targets.Workload`): `build()` runs once per process and creates the
+The workload API (`compilewatch.tracing.targets.Workload`): `build()` runs once per process and creates the
 compiled callables; `run(device)` does one step on a device (forward and backward where supported).
 `prewarm` calls `build()` once, then `run(d)` for each device (warm pass), then `run(d)` again for
 each device (verify pass) under `torch.compiler.set_stance("fail_on_recompile")`, which turns any
@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal
 
-from compilewatch import counters as _counters
-from compilewatch import torchinfo
-from compilewatch.compile_events import CompileRecorder
-from compilewatch.devices import parse_devices
-from compilewatch.targets import Workload, as_workload
+from compilewatch.tracing import counters as _counters
+from compilewatch.env import torchinfo
+from compilewatch.tracing.compile_events import CompileRecorder
+from compilewatch.devices.spec import parse_devices
+from compilewatch.tracing.targets import Workload, as_workload
 
 Phase = Literal["warm", "verify"]
 

@@ -9,7 +9,7 @@ from compilewatch.errors import BadInput
 from compilewatch.inputs import one_line
 
 if TYPE_CHECKING:
-    from compilewatch.envlock import EnvLock
+    from compilewatch.env.lock import EnvLock
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +47,7 @@ class EnvSpec:
     """One side of a diff: an environment as a file describes it."""
 
     path: str
-    format: str  # one of compilewatch.envformats.FORMATS
+    format: str  # one of compilewatch.env.formats.FORMATS
     packages: tuple[Package, ...]
     python: str | None = None  # the Python version when the format records one ("3.12.3", "3.12")
     lock: "EnvLock | None" = None  # the full snapshot when the file is a compilewatch lock

@@ -30,7 +30,7 @@ class Pattern:
 
 # Thread-local fix, as docs/guard.md's table says: it is the only part of the guard that prevents a
 # leak from a plain make_fx / symbolic_trace (no dynamo compile is involved, so warm + freeze cannot).
-THREAD_LOCAL_FIX = ("CompileGuard(thread_local=True) (compilewatch.guard): the FX state becomes per thread; "
+THREAD_LOCAL_FIX = ("CompileGuard(thread_local=True) (compilewatch.tracing.guard): the FX state becomes per thread; "
                     "warm + freeze do not prevent this (no dynamo compile is involved); or run the trace while no "
                     "other thread calls compiled functions / modules (CompileGuard(serialize=True) + guard.shared())")
 WARM_FREEZE_FIX = ("compile every entry point for every device in one thread before the threads start "
@@ -81,7 +81,7 @@ PATTERNS: tuple[Pattern, ...] = (
         regex=None, kind="stuck_state", race=True,
         cause="overlapping traces restored the FX flag / nn.Module.__call__ in the wrong order; every later compiled "
               "call in the process fails, single-threaded too",
-        fix="compilewatch.fxpatch.repair_state() (compilewatch run --repair) puts it back now; prevent it with "
+        fix="compilewatch.tracing.fxpatch.repair_state() (compilewatch run --repair) puts it back now; prevent it with "
             "CompileGuard(thread_local=True) or serialize=True",
         torch_versions="flag and class patch: 2.11, 2.13 (20/20 with Events); 2.14, 2.15: flag per thread (0/20), nn.Module.__call__ still left patched (20/20)",
     ),

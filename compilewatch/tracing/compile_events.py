@@ -50,7 +50,7 @@ def _compiled_function(frame) -> str | None:
         if frame.f_code.co_name == "_compile" and frame.f_code.co_filename.endswith("convert_frame.py"):
             code = frame.f_locals.get("code")
             if code is not None and hasattr(code, "co_filename"):
-                from compilewatch.stacks import short_path
+                from compilewatch.tracing.stacks import short_path
 
                 return f"{code.co_name} ({short_path(code.co_filename)}:{code.co_firstlineno})"
             return None
@@ -104,7 +104,7 @@ class CompileRecorder:
             try:
                 getattr(listener, method)(w)
             except Exception as e:  # noqa: BLE001 - an instrument never breaks a compile
-                from compilewatch import tracehooks
+                from compilewatch.tracing import tracehooks
 
                 tracehooks.note_listener_error(f"{type(listener).__name__}.{method}", e)
 
