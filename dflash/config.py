@@ -415,8 +415,7 @@ def load_toml(path: str | Path, overrides: dict[str, Any] | None = None) -> Conf
 
     The file is untrusted input: a missing, huge, binary or malformed file, or a field of the wrong
     type, is BadInput naming the file (never a traceback)."""
-    from compilewatch.errors import BadInput
-    from compilewatch.inputs import one_line, read_text
+    from compilewatch import BadInput, one_line, read_text
 
     path = Path(path)
     text = read_text(path, limit=MAX_CONFIG_BYTES, what="TOML config file")
