@@ -113,7 +113,7 @@ def _digest(*parts: str) -> str:
     return h.hexdigest()
 
 
-def _package_dir(name: str) -> Path | None:
+def package_dir(name: str) -> Path | None:
     """Where a top-level package lives, found without importing it."""
     try:
         spec = importlib.util.find_spec(name)
@@ -437,7 +437,7 @@ def fast_key(*, devices: DeviceView | None | str = "read", use_memo: bool = True
     """The system key from files and NVML; raises Unsure when it cannot be sure."""
     from importlib import metadata
 
-    torch_dir = _package_dir("torch")
+    torch_dir = package_dir("torch")
     if torch_dir is None:
         raise Unsure("torch is not installed")
     variant, _ = get_system_variant(torch_dir)
@@ -450,7 +450,7 @@ def fast_key(*, devices: DeviceView | None | str = "read", use_memo: bool = True
     name = current_device_name(view, facts.get("cuda"))  # type: ignore[arg-type]
     if name is None and variant == "device-or-empty":
         return SystemKey(_sha256_json({}), "files")
-    triton_dir = _package_dir("triton")
+    triton_dir = package_dir("triton")
     tkey, memo = triton_key(triton_dir, use_memo=use_memo) if triton_dir is not None else (None, False)
     doc: dict = {"version": {"triton": tkey}}
     if name is not None:

@@ -75,7 +75,7 @@ def torch_build_from_files(devices: "DeviceView | None | str" = "read") -> Torch
     when torch is not installed."""
     from compilewatch.env import systemkey
 
-    torch_dir = systemkey._package_dir("torch")
+    torch_dir = systemkey.package_dir("torch")
     if torch_dir is None:
         return None
     facts = systemkey.torch_version_facts(torch_dir)
@@ -108,9 +108,9 @@ def _torch_default_cache_dir() -> str:
     mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
     if mod is not None:
         return str(mod.default_cache_dir())
-    from compilewatch.env.systemkey import _package_dir
+    from compilewatch.env.systemkey import package_dir
 
-    torch_dir = _package_dir("torch")
+    torch_dir = package_dir("torch")
     if torch_dir is None:
         raise ImportError("torch is not installed")
     env_src = (torch_dir / "_environment.py").read_text(encoding="utf-8")
@@ -136,7 +136,7 @@ def torch_version() -> str:
         return str(torch.__version__)
     from compilewatch.env import systemkey
 
-    torch_dir = systemkey._package_dir("torch")
+    torch_dir = systemkey.package_dir("torch")
     if torch_dir is None:
         raise ImportError("torch is not installed")
     return str(systemkey.torch_version_facts(torch_dir)["__version__"])

@@ -73,7 +73,7 @@ def relevant(frames: list[Frame], n_user: int = 4, n_entry: int = 2, n_inner: in
     frames after them (where torch took over), and the innermost `n_inner` frames (what called the
     instrumented function). Order is kept (innermost last), duplicates dropped.
     """
-    user_idx = [i for i, f in enumerate(frames) if _is_user_short(f.file)]
+    user_idx = [i for i, f in enumerate(frames) if is_user_short_path(f.file)]
     picked: list[int] = user_idx[-n_user:]
     start = user_idx[-1] + 1 if user_idx else 0
     picked += [i for i in range(start, len(frames)) if frames[i].file.startswith("torch/")][:n_entry]
@@ -81,7 +81,7 @@ def relevant(frames: list[Frame], n_user: int = 4, n_entry: int = 2, n_inner: in
     return [frames[i] for i in sorted(set(picked))]
 
 
-def _is_user_short(short: str) -> bool:
+def is_user_short_path(short: str) -> bool:
     if short.startswith("torch/") or short.startswith("<"):
         return False
     if short.startswith(("typer/", "click/", "_pytest/", "pluggy/", "rich/")):

@@ -59,7 +59,7 @@ def _frames(frames: list[Frame] | tuple[Frame, ...], relevant: bool = True) -> l
 
 def _where(frames: list[Frame] | tuple[Frame, ...]) -> str | None:
     """The innermost user frame (what the user's code was doing), else the innermost frame."""
-    user = [f for f in frames if stacks._is_user_short(f.file)]
+    user = [f for f in frames if stacks.is_user_short_path(f.file)]
     return str(user[-1]) if user else (str(frames[-1]) if frames else None)
 
 
