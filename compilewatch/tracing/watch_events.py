@@ -446,17 +446,19 @@ def summarize(events: Iterable[WatchEvent]) -> WatchSummary:
         f"instrument error (pid {e.pid}): {e.detail.get('count')} failure(s) in compilewatch's own listeners, "
         f"first: {e.detail.get('first')}; this watch may be incomplete"
         for e in events if e.kind == "instrument_error")
-    # what failed, then what could not be watched (never "ok" for that), then risks
-    verdicts = [f.text for f in shown if f.severity == FAILURE] + list(unwatched) + list(instrument_errors)
+    # what failed, then what could not be watched or may be missing (never "ok" for either: a watch
+    # that is incomplete cannot vouch for the program), then risks
+    incomplete = unwatched + instrument_errors
+    verdicts = [f.text for f in shown if f.severity == FAILURE] + list(incomplete)
     verdicts += [f.text for f in shown if f.severity != FAILURE]
-    if not problems and not unwatched:
+    if not problems and not incomplete:
         verdicts.append(f"no cross-thread problem seen ({counts.get('trace', 0)} trace window(s), "
                         f"{counts.get('compile', 0)} compile(s) watched).")
     elif problems and not failures:
-        verdicts.insert(len(unwatched), f"nothing failed: {risks} risk(s) seen, no exception and no harm observed.")
+        verdicts.insert(len(incomplete), f"nothing failed: {risks} risk(s) seen, no exception and no harm observed.")
     advice = tuple(dict.fromkeys(f.fix for f in findings if f.fix))
     return WatchSummary(
-        schema_version=SCHEMA_VERSION, ok=failures == 0 and not unwatched, counts=dict(counts), problems=len(problems),
+        schema_version=SCHEMA_VERSION, ok=failures == 0 and not incomplete, counts=dict(counts), problems=len(problems),
         failures=failures, risks=risks, setter_threads=tuple(setters), victim_threads=tuple(victims),
         stalled_threads=tuple(stalled), pids=tuple(sorted({e.pid for e in events})),
         findings=tuple(findings[:_MAX_FINDINGS]), verdicts=tuple(verdicts), advice=advice,
