@@ -32,6 +32,7 @@ _LAZY = {
     "current_stack": ("compilewatch.tracing.stacks", "current_stack"),
     "all_thread_stacks": ("compilewatch.tracing.stacks", "all_thread_stacks"),
     # devices
+    "normalize_device": ("compilewatch.devices.spec", "normalize_device"),
     "parse_device": ("compilewatch.devices.spec", "parse_device"),
     "parse_devices": ("compilewatch.devices.spec", "parse_devices"),
     "prewarm": ("compilewatch.devices.warm", "prewarm"),

@@ -33,6 +33,7 @@ SURFACE = {
     "current_stack": "function(skip=)",
     "all_thread_stacks": "function()",
     # devices
+    "normalize_device": "function(spec)",
     "parse_device": "function(spec)",
     "parse_devices": "function(specs)",
     "prewarm": "function(devices, fn, *, verify=, strict=, steps=, progress=, name=)",
