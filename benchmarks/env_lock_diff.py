@@ -98,7 +98,7 @@ def main() -> int:
 
 
 def run(args, out: Path, work: Path) -> int:
-    from compilewatch import envdiff, envlock
+    from compilewatch.env import diff as envdiff, lock as envlock
     from compilewatch.fsutil import atomic_write_json
 
     real = len(envlock.scan_distributions())

@@ -109,9 +109,11 @@ def threads_step(a: argparse.Namespace, cache_dir: Path, warm: bool) -> dict:
 
 def child_threads(a: argparse.Namespace) -> None:
     """In the child: N workloads (own compiled wrapper each), optional prewarm, then N threads at once."""
-    from compilewatch import counters, fxpatch, stacks, torchinfo, warm
-    from compilewatch.probe import run_threads
-    from compilewatch.targets import FlexShape, WorkloadOptions
+    from compilewatch.tracing import counters, fxpatch, stacks
+    from compilewatch.env import torchinfo
+    from compilewatch.devices import warm
+    from compilewatch.tracing.probe import run_threads
+    from compilewatch.tracing.targets import FlexShape, WorkloadOptions
     from dflash.warm_workload import DFlashAttention
 
     dev = a.device if not a.device.isdigit() else f"cuda:{a.device}"

@@ -22,7 +22,7 @@ import time
 FAST = """
 import json, time
 t = time.perf_counter()
-from compilewatch import systemkey
+from compilewatch.env import systemkey
 k = systemkey.key()
 print(json.dumps({"key": k.key, "method": k.method, "reason": k.reason, "device": k.device,
                   "triton_memo": k.triton_memo, "seconds": time.perf_counter() - t}))

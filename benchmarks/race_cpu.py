@@ -13,8 +13,8 @@ Rows (each trial: fresh threads, Events decide the order, so no timing luck is i
   in the thread that traced) or nn.Module.__call__ / CURRENT_PATCHER set afterwards.
 - `dynamo_compile_vs_calls`: thread B compiles (aot_eager, fwd + bwd, a new function each trial)
   while thread A calls a warm compiled function in a loop; counts trials where any of A's calls failed.
-- `dynamo_config_per_thread`, `fx_flag`, `headline`: compilewatch.torchcompat's probes.
-Stuck state is repaired (compilewatch.fxpatch.repair_state) after every trial.
+- `dynamo_config_per_thread`, `fx_flag`, `headline`: compilewatch.tracing.torchcompat's probes.
+Stuck state is repaired (compilewatch.tracing.fxpatch.repair_state) after every trial.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tests.race_cases import WAIT, leak_trial, overlap_trial  # noqa: E402 - the
 
 def overlap() -> tuple[bool, dict[str, bool]]:
     """Two overlapping symbolic traces (tests/race_cases.overlap_trial): did either raise, what stayed stuck."""
-    from compilewatch import fxpatch
+    from compilewatch.tracing import fxpatch
 
     t = overlap_trial()
     st = fxpatch.stuck_state()
@@ -81,7 +81,7 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
-    from compilewatch import fxpatch, torchcompat
+    from compilewatch.tracing import fxpatch, torchcompat
 
     step = torch.compile(lambda x: x.sin() + 1, backend="eager")
     x = torch.randn(4)

@@ -74,8 +74,8 @@ def hook_costs(number: int = 200_000) -> dict[str, float]:
     import torch._dynamo.eval_frame as ef
     import torch.fx._symbolic_trace as st
 
-    from compilewatch.guard import CompileGuard
-    from compilewatch.watcher import Watcher
+    from compilewatch.tracing.guard import CompileGuard
+    from compilewatch.tracing.watcher import Watcher
 
     cb = torch._dynamo.optimize("eager").callback  # what compile_wrapper passes in
 
@@ -97,8 +97,8 @@ def hook_costs(number: int = 200_000) -> dict[str, float]:
 @contextlib.contextmanager
 def config(name: str, refs: list[list]):
     """Install the configuration's instruments; in serialize mode wrap each ref[0] in guard.shared()."""
-    from compilewatch.guard import CompileGuard
-    from compilewatch.watcher import Watcher
+    from compilewatch.tracing.guard import CompileGuard
+    from compilewatch.tracing.watcher import Watcher
 
     stack = contextlib.ExitStack()
     bases = [r[0] for r in refs]

@@ -28,7 +28,7 @@ def failing_loop(kind: str, calls: int, watch: bool) -> float:
     import torch
     import torch.fx
 
-    from compilewatch.watcher import Watcher
+    from compilewatch.tracing.watcher import Watcher
 
     step = torch.compile(lambda t: t.sin() + 1, backend="eager")
     lin = torch.nn.Linear(4, 4)

@@ -1,4 +1,4 @@
-"""`compilewatch lock` and `compilewatch diff-env`: rendering of compilewatch.envlock / envdiff."""
+"""`compilewatch lock` and `compilewatch diff-env`: rendering of compilewatch.env.lock / envdiff."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from rich.markup import escape
 from cli import output
 from cli.options import JsonOpt
 from cli.progress import byte_progress
-from compilewatch import envlock
+from compilewatch.env import lock as envlock
 
 if TYPE_CHECKING:
-    from compilewatch import envdiff
+    from compilewatch.env import diff as envdiff
 
-# compilewatch.envformats.FORMATS, spelled out so that `lock` and --help do not import every format
+# compilewatch.env.formats.FORMATS, spelled out so that `lock` and --help do not import every format
 # reader (tests/test_cli_env.py checks the two agree)
 FORMAT_NAMES = ("lock", "requirements", "uv.lock", "pylock", "conda-yaml", "conda-explicit")
 from compilewatch.errors import BadInput
@@ -88,8 +88,8 @@ def diff_env_cmd(
       compilewatch diff-env uv.lock new-freeze.txt \\
         --format uv.lock --format requirements --json
     """
-    from compilewatch import envdiff
-    from compilewatch.envformats import normalize_format
+    from compilewatch.env import diff as envdiff
+    from compilewatch.env.formats import normalize_format
 
     threshold = envdiff.check_severity(fail_on)
     fmts = [normalize_format(f) for f in formats or []]
@@ -138,7 +138,7 @@ def _render_lock(lock: envlock.EnvLock) -> None:
 
 
 def _render_diff(r: envdiff.EnvDiff, threshold: str, failed: bool) -> None:
-    from compilewatch import envdiff
+    from compilewatch.env import diff as envdiff
 
     o = output.out
     o.print(f"[bold]diff-env[/] {r.old.path} ({r.old.format}, {r.old.packages} packages) -> "

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from cli import output
 from cli.options import JsonOpt
-from compilewatch import gpus as gpus_lib
+from compilewatch.devices import gpus as gpus_lib
 from compilewatch.errors import BadInput
 from compilewatch.serialize import to_jsonable
 

@@ -10,7 +10,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 DeviceListOpt = Annotated[str, typer.Option("--device", "-d", help="Where to run: cpu, 0, cuda:1, or a list 0,1,2.")]
 BackendOpt = Annotated[str, typer.Option("--backend", help="torch.compile backend: inductor (default), aot_eager, eager.")]
 
-# dflash: one device, or the engine's device lists (compilewatch.devices.normalize_device reads every name)
+# dflash: one device, or the engine's device lists (compilewatch.devices.spec.normalize_device reads every name)
 DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", "-d", help="One device: cpu, cuda, cuda:N or N (default auto: the first GPU, else cpu).")]
 TargetDevicesOpt = Annotated[Optional[str], typer.Option(

@@ -1,4 +1,4 @@
-"""`compilewatch probe TARGET`: rendering of compilewatch.probe reports."""
+"""`compilewatch probe TARGET`: rendering of compilewatch.tracing.probe reports."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from cli import output
 from cli.options import BackendOpt, DeviceListOpt, JsonOpt
 from cli.lazy import lazy
 
-probe_lib = lazy("compilewatch.probe")
+probe_lib = lazy("compilewatch.tracing.probe")
 from compilewatch.errors import BadInput
-from compilewatch.targets import builtin_targets
+from compilewatch.tracing.targets import builtin_targets
 
 
 def probe_cmd(
@@ -85,7 +85,7 @@ def _timeline_watcher(path: Optional[str], stall_after: float):
     it reports a compile still running at half the timeout as a stall, stacks included."""
     if path is None:
         return None
-    from compilewatch.watcher import Watcher
+    from compilewatch.tracing.watcher import Watcher
 
     return Watcher(timeline=path, stall_after=stall_after).install()
 

@@ -1,4 +1,4 @@
-"""`compilewatch run -- CMD ...`: rendering of compilewatch.runner results.
+"""`compilewatch run -- CMD ...`: rendering of compilewatch.tracing.runner results.
 
 The child's stdout stays the child's; the verdict goes to stderr (so a pipeline sees the program's
 own output). With --json the child's stdout is sent to stderr and stdout carries only the JSON.
@@ -14,8 +14,8 @@ from rich.markup import escape
 
 from cli import output
 from cli.options import JsonOpt
-from compilewatch import runner
-from compilewatch.watch_events import WatchEvent, WatchSummary
+from compilewatch.tracing import runner
+from compilewatch.tracing.watch_events import WatchEvent, WatchSummary
 
 
 class _Live:
@@ -27,7 +27,7 @@ class _Live:
     def __call__(self, ev: WatchEvent) -> None:
         if not ev.problem:
             return
-        from compilewatch.watch_events import summarize
+        from compilewatch.tracing.watch_events import summarize
 
         for f in summarize([ev]).findings:
             line = f.text.split(" — known torch failure", 1)[0]

@@ -11,7 +11,7 @@ from cli import output
 from cli.options import JsonOpt
 from cli.lazy import lazy
 
-timeline_lib = lazy("compilewatch.timeline")
+timeline_lib = lazy("compilewatch.tracing.timeline")
 
 
 def timeline_cmd(

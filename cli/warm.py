@@ -12,11 +12,11 @@ from cli.progress import Progress
 from cli.options import BackendOpt, JsonOpt
 from cli.lazy import lazy
 
-handoff_lib = lazy("compilewatch.handoff")
-warm_lib = lazy("compilewatch.warm")
-from compilewatch.devices import parse_devices
+handoff_lib = lazy("compilewatch.devices.handoff")
+warm_lib = lazy("compilewatch.devices.warm")
+from compilewatch.devices.spec import parse_devices
 from compilewatch.fsutil import atomic_write_json
-from compilewatch.targets import FlexShape, resolve_workload
+from compilewatch.tracing.targets import FlexShape, resolve_workload
 
 
 def warm_cmd(

@@ -2,7 +2,7 @@
 
 Environment facts (torch build, triton, python), the inductor cache (where, how big, whether it was
 built for this machine's system key), the GPUs, the thread race on this torch (what it fixed upstream
-and what it did not, probed by compilewatch.torchcompat), the dynamo limits that silently turn compiled code eager, whether dynamo
+and what it did not, probed by compilewatch.tracing.torchcompat), the dynamo limits that silently turn compiled code eager, whether dynamo
 config is per thread, and known issues of the installed torch. Each check ends in a Verdict; a
 verdict of level "problem" makes the command exit 1.
 
@@ -19,8 +19,9 @@ import platform
 from dataclasses import dataclass
 from typing import Literal
 
-from compilewatch import gpus as _gpus
-from compilewatch import torchcompat, torchinfo
+from compilewatch.devices import gpus as _gpus
+from compilewatch.tracing import torchcompat
+from compilewatch.env import torchinfo
 
 Level = Literal["ok", "info", "warn", "problem"]
 
@@ -167,7 +168,7 @@ def cache_status(env: dict[str, str] | None = None) -> CacheStatus:
 def fx_facts() -> FxFacts:
     import torch._dynamo.config as dc
 
-    from compilewatch import fxpatch
+    from compilewatch.tracing import fxpatch
 
     race = torchcompat.race_facts()
     try:
@@ -221,7 +222,7 @@ def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn
                            "will fail", "a crashed or overlapping trace left it set; restart the process"))
     race = fx.race
     warm_advice = ("compile every device one after another before starting threads: `compilewatch warm --devices ... "
-                   "-- python train.py` (or compilewatch.warm.prewarm in the trainer)")
+                   "-- python train.py` (or compilewatch.prewarm in the trainer)")
     patch_advice = ("use compilewatch.CompileGuard() (its thread-local mode makes the patch and CURRENT_PATCHER per "
                     "thread), and do not trace while other threads run modules: `compilewatch warm` before threads start")
     held = torchcompat.compiling_flag_held_for_session()

@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from compilewatch.errors import BadInput
-from compilewatch.fsutil import FILE_MODE, atomic_write_bytes, atomic_write_json, atomic_write_text
+from compilewatch import BadInput, FILE_MODE, atomic_write_bytes, atomic_write_json, atomic_write_text
 from dflash.model import DFlashDrafter, DrafterSpec
 
 EXPORT_FILES = ("config.json", "model.safetensors")
@@ -99,10 +98,10 @@ def spec_from_config(cfg: Any) -> DrafterSpec:
 
 def checked_spec(fields: Any, where: str) -> DrafterSpec:
     """A DrafterSpec from untrusted values: each field's type and the spec's own rules checked (BadInput)."""
-    from compilewatch.jsonshape import build
+    from compilewatch import dataclass_from_json
 
     try:
-        spec = build(DrafterSpec, fields, where)
+        spec = dataclass_from_json(DrafterSpec, fields, where)
         if min(spec.hidden_size, spec.num_hidden_layers, spec.num_attention_heads, spec.num_key_value_heads,
                spec.head_dim, spec.vocab_size, spec.block_size) <= 0:
             raise ValueError("sizes must be positive")
@@ -207,7 +206,7 @@ def load_export(path: Path, device: torch.device | str = "cpu") -> DFlashDrafter
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from compilewatch.inputs import loads_json, one_line, read_text
+    from compilewatch import loads_json, one_line, read_text
 
     cfg = loads_json(read_text(path / "config.json", limit=16 << 20, what="drafter config.json"), str(path / "config.json"))
     drafter = DFlashDrafter(spec_from_config(cfg))
@@ -233,7 +232,7 @@ def load_training_state(path: Path) -> dict[str, Any]:
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, TypeError, AttributeError, ImportError, KeyError, IndexError,
             pickle.UnpicklingError) as e:
-        from compilewatch.inputs import one_line
+        from compilewatch import one_line
 
         raise BadInput(f"cannot read the training state {where!r}: {one_line(f'{type(e).__name__}: {e}', 300)}",
                        hint="it is not a training_state.pt that `dflash train` wrote (or it is damaged); "

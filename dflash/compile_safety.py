@@ -2,10 +2,10 @@
 
 | seam | compilewatch API |
 |---|---|
-| `prewarm_replicas` | `compilewatch.warm.prewarm(devices, fn)`: a warm pass, then a verify pass under `fail_on_recompile` |
+| `prewarm_replicas` | `compilewatch.prewarm(devices, fn)`: a warm pass, then a verify pass under `fail_on_recompile` |
 | `CompileBarrier` | `compilewatch.CompileGuard`: installed before prewarm (thread-local FX flag where torch allows), `freeze()` after it |
 | `watching` | `compilewatch.watch(...)` during the worker phase; its summary goes into the engine's report |
-| `device_sampler` | per engine device from torch (`mem_get_info`, `memory_allocated`, `utilization`), plus `compilewatch.gpus.sample()` |
+| `device_sampler` | per engine device from torch (`mem_get_info`, `memory_allocated`, `utilization`), plus `compilewatch.sample_gpus()` |
 
 Why prewarm runs per replica and not once per device: a compiled callable's cache is per function
 and guards on what it sees; warming every replica (in this thread, one after another) covers both
@@ -27,10 +27,10 @@ class PrewarmResult:
     devices: tuple[str, ...]  # unique drafter devices, in the order they were warmed
     replicas: int
     wall_s: float
-    via: str  # what warmed: "compilewatch.warm"
+    via: str  # what warmed: "compilewatch.devices.warm"
     error: str | None  # first failure, "Type: message"
     verdicts: tuple[str, ...]
-    report: Any = None  # compilewatch.warm.WarmReport
+    report: Any = None  # compilewatch.WarmReport
 
 
 def _unique(devices: Sequence[str]) -> list[str]:
@@ -81,14 +81,14 @@ def _room_for_every_replica(n: int) -> Iterator[None]:
 
 def _prewarm(replicas: Sequence[Any], devices: list[str], run_device: Callable[[str], None], t0: float,
              progress: Callable[[Any], None] | None) -> PrewarmResult:
-    from compilewatch.warm import prewarm
+    from compilewatch import prewarm
 
     rep = prewarm(devices, run_device, verify=True, strict=True, progress=progress, name="dflash drafter step")
     for r in replicas:
         r.model.zero_grad(set_to_none=True)
     err = next((x.error or (x.recompile.message if x.recompile else None)
                 for x in (*rep.warm, *rep.verify) if not x.ok), None)
-    return PrewarmResult(rep.ok, tuple(devices), len(replicas), time.perf_counter() - t0, "compilewatch.warm", err,
+    return PrewarmResult(rep.ok, tuple(devices), len(replicas), time.perf_counter() - t0, "compilewatch.devices.warm", err,
                          tuple(rep.verdicts), rep)
 
 
@@ -106,7 +106,7 @@ class CompileBarrier:
             from compilewatch import CompileGuard
 
             self._guard = CompileGuard().install()
-            self.kind = "compilewatch.guard" + (" + thread-local FX flag" if self._guard.thread_local else "")
+            self.kind = "compilewatch.tracing.guard" + (" + thread-local FX flag" if self._guard.thread_local else "")
 
     def freeze(self) -> None:
         if self._guard is not None:
@@ -162,7 +162,7 @@ class DeviceSample:
 @dataclass(frozen=True, slots=True)
 class Samples:
     devices: tuple[DeviceSample, ...]  # the engine's devices, as torch numbers them
-    gpus: tuple[Any, ...] = ()  # every GPU on the node (compilewatch.gpus.sample(), NVML order), when available
+    gpus: tuple[Any, ...] = ()  # every GPU on the node (compilewatch.sample_gpus(), NVML order), when available
 
 
 def _device_samples(devices: Sequence[str]) -> tuple[DeviceSample, ...]:
@@ -199,13 +199,13 @@ def _device_samples(devices: Sequence[str]) -> tuple[DeviceSample, ...]:
 
 def device_sampler() -> Callable[[Sequence[str]], Samples]:
     """A callable: the engine's devices -> Samples (per engine device, plus every GPU on the node)."""
-    from compilewatch import gpus
+    from compilewatch import sample_gpus
 
     def sample(devices: Sequence[str]) -> Samples:
         node: tuple[Any, ...] = ()
         if any(d.startswith("cuda") for d in devices):
             try:
-                node = tuple(gpus.sample())
+                node = tuple(sample_gpus())
             except Exception:  # noqa: BLE001 - best effort
                 node = ()
         return Samples(_device_samples(devices), node)

@@ -201,8 +201,7 @@ DEFAULT_DIST_TIMEOUT_S = 1800.0  # a collective's wait: well above a cold qwen3_
 
 def _device_list(value: tuple[str, ...], name: str) -> tuple[str, ...]:
     """Device names normalized once (`5` -> `cuda:5`, `cuda` -> `cuda:0`); a device may repeat."""
-    from compilewatch.devices import normalize_device
-    from compilewatch.errors import BadInput
+    from compilewatch import normalize_device, BadInput
 
     try:
         return tuple(normalize_device(d) for d in value)
@@ -488,8 +487,7 @@ def load_toml(path: str | Path, overrides: dict[str, Any] | None = None) -> Conf
 
     The file is untrusted input: a missing, huge, binary or malformed file, or a field of the wrong
     type, is BadInput naming the file (never a traceback)."""
-    from compilewatch.errors import BadInput
-    from compilewatch.inputs import one_line, read_text
+    from compilewatch import BadInput, one_line, read_text
 
     path = Path(path)
     text = read_text(path, limit=MAX_CONFIG_BYTES, what="TOML config file")

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from compilewatch.errors import BadInput
+from compilewatch import BadInput
 from dflash.chat_mask import ChatMaskError, tokenize_conversation
 from dflash.config import EMBEDDED_DATA, DataConfig
 

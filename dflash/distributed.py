@@ -36,7 +36,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from compilewatch.errors import BadInput
+from compilewatch import BadInput
 from dflash.config import DEFAULT_DIST_TIMEOUT_S as DEFAULT_TIMEOUT_S  # one default: the config's
 
 # what a collective raises in a healthy rank when another rank died or hung (gloo, NCCL, the timeout)

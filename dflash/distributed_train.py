@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from compilewatch.errors import BadInput, CheckFailed
+from compilewatch import BadInput, CheckFailed
 from dflash import rank_report as rr
 from dflash.config import Config, apply_overrides, to_toml
 from dflash.distributed import ProcessGroup, RankInfo, backend_for, is_peer_failure, rank_device, require_rank_info
@@ -104,7 +104,7 @@ def train_distributed(cfg: Config, *, resume: bool = False, watch: bool = True, 
     """Train as one rank of a torchrun job (see the module docstring for the order of things); the
     devices, backend, timeout and engine settings come from `cfg.topology`. Raises BadInput for bad
     input, and when the ranks did not build the same run."""
-    from compilewatch.fsutil import atomic_write_json
+    from compilewatch import atomic_write_json
     from dflash.program import rank_dir, train_multi
 
     on_event = on_event or (lambda kind, data: None)

@@ -37,8 +37,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
 
-from compilewatch import stacks
-from compilewatch.stacks import Frame
+from compilewatch import Frame, all_thread_stacks
 from dflash import compile_safety, replicas as _replicas
 from dflash.routing import BatchRouter, Stopped, first_item, item_index
 
@@ -326,7 +325,7 @@ class Engine:
                     self._barrier.abort()
                     still = self._join()
                     if still and not dumped:
-                        dumped = {k: tuple(v) for k, v in stacks.all_thread_stacks().items()}
+                        dumped = {k: tuple(v) for k, v in all_thread_stacks().items()}
                 wall = time.perf_counter() - w0
         guard_kind = barrier.kind
         watch = compile_safety.watch_summary(watcher)
@@ -502,7 +501,7 @@ class Engine:
             if all(lv.thread is not None and not lv.thread.is_alive() for lv in drafters):
                 return ("failed" if self._failure else "ok"), {}
             if time.monotonic() - self._last_commit > self.config.stall_after:
-                dumped = {k: tuple(v) for k, v in stacks.all_thread_stacks().items()}
+                dumped = {k: tuple(v) for k, v in all_thread_stacks().items()}
                 self._stall_states = [lv.freeze() for lv in self._live]
                 return "stalled", dumped
 
@@ -621,8 +620,8 @@ def _verdicts(r: EngineReport, cfg: EngineConfig) -> list[str]:
 
 def _imbalance(r: EngineReport) -> list[str]:
     """A drafter device far below the others in utilization or memory: idle, starved, or dead
-    (compilewatch.gpus.low_outliers: below 60% of the other drafter devices' median)."""
-    from compilewatch.gpus import low_outliers
+    (compilewatch.low_outliers: below 60% of the other drafter devices' median)."""
+    from compilewatch import low_outliers
 
     last = next((s.samples for s in reversed(r.steps) if s.samples is not None), None)
     rows = [d for d in getattr(last, "devices", ()) if d.device in r.drafter_devices]

@@ -220,7 +220,7 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
                     num_prompts: int | None = None, max_new_tokens: int | None = None, device: str | None = None,
                     progress: Callable[[int, int], None] | None = None) -> EvalResult:
     """Load a checkpoint (or a run's latest), its target and prompts, and evaluate it."""
-    from compilewatch.errors import BadInput
+    from compilewatch import BadInput
     from dflash.checkpoint import CONFIG_FILE, check_compatible, load_export, resolve_checkpoint
     from dflash.config import apply_overrides, load_toml
     from dflash.data import eval_prompts

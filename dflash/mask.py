@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from compilewatch.errors import BadInput
+from compilewatch import BadInput
 
 Backend = Literal["flex", "sdpa"]
 

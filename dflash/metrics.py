@@ -15,9 +15,7 @@ from typing import Any
 
 import torch
 
-from compilewatch.errors import BadInput
-from compilewatch.fsutil import atomic_write_text
-from compilewatch.serialize import to_jsonable
+from compilewatch import BadInput, atomic_write_text, to_jsonable
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,7 +71,7 @@ class Plan:
         self.global_per_step = self.per_step * self.world
         have = self.trainer.dataset.batches_per_epoch()
         if have < self.global_per_step:
-            from compilewatch.errors import BadInput
+            from compilewatch import BadInput
 
             raise BadInput(f"the data has {have} micro-batches per epoch, fewer than one global batch "
                            f"({self.world} process(es) x {self.per_step} micro-batches per step)",
@@ -231,7 +231,7 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
     """Train with the engine; same outputs as Trainer.train() (run dir, metrics, checkpoints, eval).
     `until`: stop after that step (the schedule still spans the whole run), like Trainer.train(until).
     `group`: a dflash.distributed.ProcessGroup when this process is one rank of several (see above)."""
-    from compilewatch.fsutil import atomic_write_text
+    from compilewatch import atomic_write_text
     from dflash.config import to_toml
 
     cfg = trainer.cfg

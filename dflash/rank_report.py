@@ -39,14 +39,12 @@ def cache_state(path: str | None = None) -> CacheState:
     """Fingerprint the inductor cache this process will use (or `path`). Never raises: a missing or
     unreadable cache is a status, not an error. Call it before anything compiles (and before
     torch._dynamo is imported, which creates the default dir)."""
-    from compilewatch import torchinfo
-    from compilewatch.cache.fingerprint import fingerprint
-    from compilewatch.errors import BadInput
+    from compilewatch import fingerprint, inductor_cache_dir, system_key, BadInput
 
-    where = str(path or torchinfo.inductor_cache_dir())
+    where = str(path or inductor_cache_dir())
     t0 = time.perf_counter()
     try:
-        key: str | None = torchinfo.system_key()
+        key: str | None = system_key()
     except Exception:  # noqa: BLE001 - a broken triton install still gets a report row
         key = None
     if not os.path.isdir(where):

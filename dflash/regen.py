@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from compilewatch.fsutil import atomic_write_text
+from compilewatch import atomic_write_text
 from dflash.data import render_ids
 
 
@@ -104,7 +104,7 @@ def regen_file(input_path: str, output_path: str, target, *, max_new_tokens: int
     """Read chat JSONL, regenerate the assistant turns with `target`, write chat JSONL atomically."""
     import time
 
-    from compilewatch.errors import BadInput
+    from compilewatch import BadInput
     from dflash.data import read_jsonl
 
     convs, warnings = read_jsonl(input_path)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from compilewatch.errors import BadInput
+from compilewatch import BadInput
 from dflash.config import Config, TopologyConfig
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def pick_mode(cfg: Config, distributed: bool | None = None) -> Mode:
 def check_devices(topo: TopologyConfig) -> None:
     """Every listed device is visible to this process (names were normalized by the config);
     BadInput names the setting. The single device is checked when the Trainer resolves it."""
-    from compilewatch.devices import parse_device
+    from compilewatch import parse_device
 
     for name in ("target_devices", "drafter_devices"):
         for d in getattr(topo, name):

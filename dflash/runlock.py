@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from compilewatch.errors import BadInput
+from compilewatch import BadInput
 
 LOCK_NAME = ".lock"
 MAX_LOCK_BYTES = 4096  # a lock file is a few dozen bytes; never read more

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compilewatch.errors import BadInput
+from compilewatch import BadInput
 from dflash.config import EMBEDDED_TARGET, TargetConfig
 from dflash.model import default_layer_ids
 
@@ -88,8 +88,8 @@ class Target:
 
 
 def resolve_device(spec: str) -> torch.device:
-    """`auto` -> cuda:0 when a GPU is visible, else cpu; anything else through compilewatch.devices."""
-    from compilewatch.devices import parse_device
+    """`auto` -> cuda:0 when a GPU is visible, else cpu; anything else through compilewatch.devices.spec."""
+    from compilewatch import parse_device
 
     if spec == "auto":
         return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")

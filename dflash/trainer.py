@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from compilewatch.errors import BadInput
+from compilewatch import BadInput
 from dflash import checkpoint as ckpt
 from dflash.config import EMBEDDED_DATA, Config, apply_overrides, load_toml, to_toml
 from dflash.data import Batch, ChatDataset
@@ -425,7 +425,7 @@ class Trainer:
     def train(self, until: int | None = None) -> TrainResult:
         """Train to `total_steps` (or stop after step `until`; the schedule is unchanged),
         checkpointing every `checkpoint.every` steps and at the end."""
-        from compilewatch.fsutil import atomic_write_text
+        from compilewatch import atomic_write_text
 
         t0 = time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)

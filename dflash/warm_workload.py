@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from compilewatch.errors import BadInput
-from compilewatch.targets import FlexAttentionWorkload, WorkloadOptions
+from compilewatch import BadInput, FlexAttentionWorkload, WorkloadOptions
 from dflash.mask import build_masks, compiled_kernels
 
 

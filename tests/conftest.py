@@ -45,12 +45,12 @@ def _pinned_env(tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def _clean_fx_flag():
     """A test that leaves the FX flag stuck must not poison the ones after it. Reset through
-    compilewatch.torchcompat (this thread's flag where torch keeps it per thread); a test that
+    compilewatch.tracing.torchcompat (this thread's flag where torch keeps it per thread); a test that
     plants the module-global flag on a torch that no longer has one fails."""
     yield
     import torch.fx._symbolic_trace as st
 
-    from compilewatch import torchcompat
+    from compilewatch.tracing import torchcompat
 
     planted = torchcompat.fx_flag_layout().per_thread and "_is_fx_tracing_flag" in vars(st)
     if planted:

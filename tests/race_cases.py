@@ -4,7 +4,7 @@ Each trial starts a "setter" thread that traces a function which waits on an Eve
 the FX tracing state, and a "victim" thread that does one thing inside that window. Returns what
 each thread raised (None: nothing). Shared by test_watch.py and test_guard.py.
 
-What a trial does depends on how the installed torch keeps the FX flag (compilewatch.torchcompat):
+What a trial does depends on how the installed torch keeps the FX flag (compilewatch.tracing.torchcompat):
 tests of the module-global flag's leak are marked `needs_global_flag` and skip, with the reason, on a
 torch that keeps it per thread (2.14+), where `needs_per_thread_flag` tests check that nothing leaks.
 """
@@ -20,7 +20,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from compilewatch import torchcompat
+from compilewatch.tracing import torchcompat
 
 WAIT = 30.0  # upper bound for an Event wait; a correct run never comes close
 
@@ -146,7 +146,7 @@ X = torch.randn(4)
 @pytest.fixture(autouse=True)
 def clean_race_state():
     """Autouse in every module that imports it: warm `step`, and repair any stuck FX state after."""
-    from compilewatch import fxpatch
+    from compilewatch.tracing import fxpatch
 
     step(X)
     yield

@@ -78,7 +78,7 @@ def test_lock_writes_a_file_that_diffs_clean_against_itself(tmp_path):
 
 
 def test_lock_json_on_stdout(monkeypatch):
-    from compilewatch import envlock
+    from compilewatch.env import lock as envlock
 
     fixture = envlock.load_lock(SEEDS / "old.lock.json")
     monkeypatch.setattr("cli.env.envlock.snapshot", lambda **kw: fixture)
@@ -91,6 +91,6 @@ def test_lock_json_on_stdout(monkeypatch):
 
 def test_format_names_in_help_match_the_readers():
     from cli.env import FORMAT_NAMES
-    from compilewatch.envformats import FORMATS
+    from compilewatch.env.formats import FORMATS
 
     assert FORMAT_NAMES == FORMATS

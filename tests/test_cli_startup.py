@@ -39,7 +39,7 @@ def test_no_torch_import(module, args, tmp_path):
 
 
 def test_lock_records_how_it_found_its_facts(tmp_path):
-    from compilewatch import envlock
+    from compilewatch.env import lock as envlock
 
     lock = envlock.snapshot(with_gpus=False)
     assert lock.torch.source == "files" and lock.inductor.system_key_source == "files"

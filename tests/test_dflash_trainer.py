@@ -227,7 +227,7 @@ def test_split_global_batch_gives_the_same_gradient(tmp_path, chat_file):
 
 
 def test_warm_batches_cover_every_bucket_length_at_training_shapes(tmp_path, chat_file):
-    """What dflash.program's engine prewarm runs per replica (compilewatch.warm.prewarm): one
+    """What dflash.program's engine prewarm runs per replica (compilewatch.prewarm): one
     micro-batch per bucket length, at the configured batch size and anchor count."""
     t = Trainer.from_config(small_config(tmp_path, chat_file))
     try:

@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-from compilewatch import counters
+from compilewatch.tracing import counters
 from dflash import compile_safety, replicas as R
 from dflash.engine import Engine, EngineConfig, Program, Replica
 from dflash.routing import BatchRouter, Stopped, item_index

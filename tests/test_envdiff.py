@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from compilewatch import envdiff
-from compilewatch.envdiff import diff_envs, diff_files
-from compilewatch.envformats import load_env
-from compilewatch.envformats.model import EnvSpec, Package
-from compilewatch.envlock import CacheSummary, GpuInfo, load_lock
+from compilewatch.env import diff as envdiff
+from compilewatch.env.diff import diff_envs, diff_files
+from compilewatch.env.formats import load_env
+from compilewatch.env.formats.model import EnvSpec, Package
+from compilewatch.env.lock import CacheSummary, GpuInfo, load_lock
 from compilewatch.errors import BadInput
 
 FX = Path(__file__).parent / "fixtures" / "env"

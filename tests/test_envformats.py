@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from compilewatch.envformats import detect_format, load_env
+from compilewatch.env.formats import detect_format, load_env
 from compilewatch.errors import BadInput
 
 FX = Path(__file__).parent / "fixtures" / "env"

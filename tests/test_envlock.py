@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from compilewatch import envlock
-from compilewatch.envlock import lock_from_dict, parse_lock, snapshot
+from compilewatch.env import lock as envlock
+from compilewatch.env.lock import lock_from_dict, parse_lock, snapshot
 from compilewatch.serialize import to_jsonable
 
 

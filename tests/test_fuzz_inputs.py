@@ -100,7 +100,7 @@ REQ_FRAGMENTS = st.sampled_from([
 @FAST
 @given(st.text(max_size=300) | st.lists(REQ_FRAGMENTS | st.text(max_size=8), max_size=12).map(" ".join))
 def test_requirements(text):
-    from compilewatch.envformats.requirements import parse_requirements
+    from compilewatch.env.formats.requirements import parse_requirements
 
     _only_bad_input(parse_requirements, text, "r.txt")
     _only_bad_input(parse_requirements, text.replace(" -", "\n-"), "r.txt")
@@ -115,7 +115,7 @@ def _load_toml_fixture(rel):
 @FAST
 @given(st.data())
 def test_uv_lock(data):
-    from compilewatch.envformats.uvlock import parse_uv_lock
+    from compilewatch.env.formats.uvlock import parse_uv_lock
 
     doc = _mutate(data, _load_toml_fixture("uv-project/uv.lock"))
     _only_bad_input(parse_uv_lock, _to_toml(doc), "uv.lock")
@@ -124,7 +124,7 @@ def test_uv_lock(data):
 @FAST
 @given(st.data())
 def test_pylock(data):
-    from compilewatch.envformats.pylock import parse_pylock
+    from compilewatch.env.formats.pylock import parse_pylock
 
     doc = _mutate(data, _load_toml_fixture("uv-project/pylock.toml"))
     _only_bad_input(parse_pylock, _to_toml(doc), "pylock.toml")
@@ -133,8 +133,8 @@ def test_pylock(data):
 @FAST
 @given(st.text(max_size=400))
 def test_toml_formats_on_arbitrary_text(text):
-    from compilewatch.envformats.pylock import parse_pylock
-    from compilewatch.envformats.uvlock import parse_uv_lock
+    from compilewatch.env.formats.pylock import parse_pylock
+    from compilewatch.env.formats.uvlock import parse_uv_lock
 
     _only_bad_input(parse_uv_lock, text, "uv.lock")
     _only_bad_input(parse_pylock, text, "pylock.toml")
@@ -145,7 +145,7 @@ def test_toml_formats_on_arbitrary_text(text):
 def test_conda_yaml(data):
     import yaml
 
-    from compilewatch.envformats.conda import parse_environment_yml
+    from compilewatch.env.formats.conda import parse_environment_yml
 
     doc = _mutate(data, yaml.safe_load((FX / "conda/environment.yml").read_text()))
     _only_bad_input(parse_environment_yml, yaml.safe_dump(doc), "environment.yml")
@@ -155,7 +155,7 @@ def test_conda_yaml(data):
 @FAST
 @given(st.text(max_size=300))
 def test_conda_explicit(text):
-    from compilewatch.envformats.conda import parse_conda_explicit
+    from compilewatch.env.formats.conda import parse_conda_explicit
 
     _only_bad_input(parse_conda_explicit, text, "explicit.txt")
     _only_bad_input(parse_conda_explicit, "@EXPLICIT\n" + text, "explicit.txt")
@@ -165,8 +165,8 @@ def test_conda_explicit(text):
 @given(st.data())
 def test_our_lock_then_diff(data):
     """A mutated compilewatch lock either reads or is BadInput; one that reads also diffs."""
-    from compilewatch.envdiff import diff_envs
-    from compilewatch.envformats.lockfile import parse_lock_file
+    from compilewatch.env.diff import diff_envs
+    from compilewatch.env.formats.lockfile import parse_lock_file
 
     base = json.loads((FX / "seeds/old.lock.json").read_text())
     old = _only_bad_input(parse_lock_file, json.dumps(_mutate(data, base)), "old.lock.json")
@@ -179,7 +179,7 @@ def test_our_lock_then_diff(data):
 @FAST
 @given(st.binary(max_size=300))
 def test_load_env_detects_and_reads_any_bytes(blob):
-    from compilewatch.envformats import load_env
+    from compilewatch.env.formats import load_env
 
     with tempfile.TemporaryDirectory() as d:
         for name in ("x.txt", "x.lock", "x.yml", "x.json", "pylock.toml"):
@@ -199,8 +199,8 @@ kinds = st.sampled_from(["trace", "compile", "span", "flag_leak", "stall", "star
 @SLOW
 @given(st.lists(st.tuples(kinds, st.floats(0, 10), events), max_size=6), st.binary(max_size=60))
 def test_watch_report_and_timeline(rows, junk):
-    from compilewatch.timeline import to_trace_events
-    from compilewatch.watch_events import read_events, summarize
+    from compilewatch.tracing.timeline import to_trace_events
+    from compilewatch.tracing.watch_events import read_events, summarize
 
     lines = [json.dumps({"kind": k, "time": t, **e}) for k, t, e in rows]
     with tempfile.TemporaryDirectory() as d:

@@ -10,7 +10,7 @@ import pynvml
 import pytest
 
 from cli.main import app
-from compilewatch import gpus
+from compilewatch.devices import gpus
 from tests.helpers import invoke, invoke_json
 
 GB = 1024 ** 3

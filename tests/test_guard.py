@@ -1,4 +1,4 @@
-"""compilewatch.guard: the same races as test_watch.py, with the guard: zero failures."""
+"""compilewatch.tracing.guard: the same races as test_watch.py, with the guard: zero failures."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import torch.fx
 import torch.fx._symbolic_trace as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from compilewatch import fxpatch, torchcompat
+from compilewatch.tracing import fxpatch, torchcompat
 from compilewatch.errors import CompilewatchError
-from compilewatch.guard import CompileGuard, GuardError, support
-from compilewatch.warm import prewarm
-from compilewatch.watcher import Watcher
+from compilewatch.tracing.guard import CompileGuard, GuardError, support
+from compilewatch.devices.warm import prewarm
+from compilewatch.tracing.watcher import Watcher
 from tests.race_cases import (FLAG, GLOBAL_FLAG, WAIT, Trial, leak_trial, overlap_trial, X,  # noqa: F401
                               clean_race_state, step)  # (autouse fixture)
 
@@ -250,7 +250,7 @@ def test_guard_on_an_unrecognised_torch_installs_no_fx_patch(monkeypatch):
     leaving nothing installed (no dynamo hook, no Tracer.trace patch)."""
     import torch._dynamo.eval_frame as ef
 
-    from compilewatch import tracehooks
+    from compilewatch.tracing import tracehooks
 
     monkeypatch.setattr(torchcompat, "fx_flag_layout", lambda: torchcompat.FlagLayout("unknown", "simulated layout"))
     assert support().thread_local_flag is False and support().fx_flag == "unknown"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cli.main import app
-from compilewatch.envformats import detect_format, load_env
+from compilewatch.env.formats import detect_format, load_env
 from compilewatch.errors import BadInput
 from compilewatch.inputs import one_line, read_text
 from tests.helpers import invoke

@@ -1,4 +1,4 @@
-"""compilewatch.patterns: known torch failures are recognised by their real message, and docs/race.md
+"""compilewatch.tracing.patterns: known torch failures are recognised by their real message, and docs/race.md
 shows every pattern with its fix."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from compilewatch import patterns
+from compilewatch.tracing import patterns
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,8 +10,8 @@ import torch
 import torch.fx
 
 from cli.main import app
-from compilewatch import probe as probe_lib
-from compilewatch import torchcompat, tracehooks
+from compilewatch.tracing import probe as probe_lib
+from compilewatch.tracing import torchcompat, tracehooks
 from compilewatch.errors import BadInput
 from tests.helpers import invoke, invoke_json
 from tests.race_cases import needs_global_flag, needs_per_thread_flag

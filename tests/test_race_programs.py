@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from compilewatch import fxpatch, patterns, torchcompat
-from compilewatch.watch_events import FAILURE, WatchSummary
-from compilewatch.watcher import Watcher
+from compilewatch.tracing import fxpatch, patterns, torchcompat
+from compilewatch.tracing.watch_events import FAILURE, WatchSummary
+from compilewatch.tracing.watcher import Watcher
 
 ROOT = Path(__file__).resolve().parent.parent
 _TL_OK, _TL_WHY = fxpatch.readers_patchable()
@@ -166,14 +166,14 @@ def test_compilewatch_run_leads_with_the_compile_failure(tmp_path):
 
 
 def _result(events) -> "runner.RunResult":
-    from compilewatch import runner
-    from compilewatch.watch_events import summarize
+    from compilewatch.tracing import runner
+    from compilewatch.tracing.watch_events import summarize
 
     return runner.RunResult(("python", "p.py"), 0, 0.1, None, None, (1,), summarize(events))
 
 
 def _ev(kind: str, seq: int, **detail):
-    from compilewatch.watch_events import WatchEvent
+    from compilewatch.tracing.watch_events import WatchEvent
 
     return WatchEvent(kind=kind, time=float(seq), pid=1, thread="serving", thread_id=7, seq=seq, detail=detail)
 

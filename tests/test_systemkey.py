@@ -16,8 +16,8 @@ import types
 
 import pytest
 
-from compilewatch import systemkey
-from compilewatch.systemkey import DeviceView, Unsure
+from compilewatch.env import systemkey
+from compilewatch.env.systemkey import DeviceView, Unsure
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def fresh_torch_key():
 
 
 def test_installed_torch_is_a_known_variant():
-    variant, _ = systemkey.get_system_variant(systemkey._package_dir("torch"))
+    variant, _ = systemkey.get_system_variant(systemkey.package_dir("torch"))
     assert variant in ("device-or-empty", "triton-always")
 
 
@@ -56,7 +56,7 @@ def test_fast_key_equals_torchs_key_with_a_gpu(monkeypatch, fresh_torch_key):
 
 
 def test_triton_key_equals_tritons_own():
-    triton_dir = systemkey._package_dir("triton")
+    triton_dir = systemkey.package_dir("triton")
     if triton_dir is None:
         pytest.skip("triton is not installed with this torch")
     from torch._inductor.runtime.triton_compat import triton_key

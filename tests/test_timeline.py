@@ -9,7 +9,7 @@ import json
 import torch
 
 from cli.main import app
-from compilewatch.watcher import Watcher
+from compilewatch.tracing.watcher import Watcher
 from tests.helpers import invoke, invoke_json
 from tests.race_cases import GLOBAL_FLAG, leak_trial, X, clean_race_state, step  # noqa: F401 (autouse fixture)
 from tests.timeline_format import validate
@@ -78,8 +78,8 @@ def test_probe_timeline(tmp_path):
 
 
 def test_slices_that_would_overlap_are_clipped_to_nest():
-    from compilewatch.timeline import to_trace_events
-    from compilewatch.watch_events import WatchEvent
+    from compilewatch.tracing.timeline import to_trace_events
+    from compilewatch.tracing.watch_events import WatchEvent
 
     ev = [WatchEvent("span", 10.0, 1, "w", 7, 1, {"name": "step", "start": 10.0, "end": 10.00005}),
           WatchEvent("flag_leak", 10.00001, 1, "w", 7, 2, {"call": "f", "setters": []})]
@@ -90,15 +90,15 @@ def test_slices_that_would_overlap_are_clipped_to_nest():
 
 
 def test_empty_report_gives_an_empty_valid_timeline(tmp_path):
-    from compilewatch.timeline import to_trace_events
+    from compilewatch.tracing.timeline import to_trace_events
 
     assert validate(to_trace_events([])) == []
 
 
 def test_threads_that_reuse_an_ident_get_their_own_tracks():
     """Python reuses a finished thread's ident: tracks are keyed by ident + first-seen time + name."""
-    from compilewatch.timeline import to_trace_events
-    from compilewatch.watch_events import WatchEvent
+    from compilewatch.tracing.timeline import to_trace_events
+    from compilewatch.tracing.watch_events import WatchEvent
 
     ev = [WatchEvent("span", 1.0, 1, "worker-a", 7, 1, {"name": "a", "start": 1.0, "end": 1.1}, thread_start=1.0),
           WatchEvent("span", 2.0, 1, "worker-b", 7, 2, {"name": "b", "start": 2.0, "end": 2.1}, thread_start=2.0),
@@ -127,8 +127,8 @@ def test_real_threads_with_a_reused_ident_are_told_apart(tmp_path):
 def test_every_flow_end_sits_inside_a_slice():
     """A setter window that never closed (the program was killed) still anchors its arrow; info
     events with setters (leak_prevented) draw no arrow, since the victim has no call slice."""
-    from compilewatch.timeline import to_trace_events
-    from compilewatch.watch_events import WatchEvent
+    from compilewatch.tracing.timeline import to_trace_events
+    from compilewatch.tracing.watch_events import WatchEvent
 
     setter = {"thread": "tracer", "thread_id": 9, "thread_start": 0.5, "window_id": 4, "tracer": "Tracer",
               "target": "f", "since": 1.0, "where": "p.py:3"}

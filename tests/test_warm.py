@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from cli.main import app
-from compilewatch import handoff, targets, warm
+from compilewatch.devices import handoff, warm
+from compilewatch.tracing import targets
 from compilewatch.errors import BadInput
 from tests.helpers import invoke, invoke_json, requires_cuda
 

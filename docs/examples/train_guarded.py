@@ -11,7 +11,7 @@ import torch
 import torch.fx
 
 import compilewatch
-from compilewatch.warm import prewarm
+from compilewatch.devices.warm import prewarm
 
 step = torch.compile(lambda x: x.sin() + 1, backend="eager")
 guard = compilewatch.CompileGuard()  # installed now: thread-local FX state where this torch allows it

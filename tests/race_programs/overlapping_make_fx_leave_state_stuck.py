@@ -54,7 +54,7 @@ def main() -> dict:
         t.start()
     for t in threads:
         t.join(WAIT)
-    from compilewatch import fxpatch
+    from compilewatch.tracing import fxpatch
 
     stuck = fxpatch.stuck_state().stuck  # the flag (where torch keeps it global) or the class-level Module patch
     try:  # a later compiled call in one thread shows what stuck state does

@@ -1,0 +1,177 @@
+"""`compilewatch run -- CMD ...`: run a program with the watcher installed in its Python processes.
+
+The child gets `compilewatch/tracing/_boot` first on PYTHONPATH (its sitecustomize arms the watcher, see
+autowatch) and COMPILEWATCH_RUN_DIR, a fresh directory where every process that imports torch
+writes `watch-<pid>.jsonl`. While the child runs, problem events are handed to `on_event` as they
+appear (so a stall is visible while the program still hangs); when it exits, the per-process
+reports are merged by time into one report and summarized. The child's exit code is passed through.
+The child runs in its own process group; SIGTERM, SIGHUP and SIGINT sent to `compilewatch run` are
+forwarded to that group, and the report is still written and the run directory removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import compilewatch
+from compilewatch.errors import BadInput
+from compilewatch.tracing.watch_events import WatchEvent, WatchSummary, read_events, summarize
+
+_BOOT = Path(__file__).resolve().parent / "_boot"
+_PKG_ROOT = Path(compilewatch.__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    command: tuple[str, ...]
+    exit_code: int
+    wall_s: float
+    report: str | None  # the merged JSONL report, when one was asked for
+    timeline: str | None
+    processes: tuple[int, ...]  # pids that were watched (imported torch)
+    summary: WatchSummary
+    signals: tuple[int, ...] = ()  # signals we received and forwarded to the program's process group
+
+
+class _Tail:
+    """Reads new complete lines from the per-process reports while the child runs."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.offsets: dict[Path, int] = {}
+
+    def poll(self) -> list[WatchEvent]:
+        import json
+
+        out = []
+        for p in sorted(self.run_dir.glob("watch-*.jsonl")):
+            try:
+                with open(p, encoding="utf-8") as f:
+                    f.seek(self.offsets.get(p, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind("\n") + 1
+            self.offsets[p] = self.offsets.get(p, 0) + len(data[:end].encode())
+            for line in data[:end].splitlines():
+                try:
+                    out.append(WatchEvent.from_json(json.loads(line)))
+                except (ValueError, KeyError):
+                    continue
+        return out
+
+
+def child_env(run_dir: Path, stall_after: float, repair: bool, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    parts = [str(_BOOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if "site-packages" not in _PKG_ROOT.parts and "dist-packages" not in _PKG_ROOT.parts:
+        parts.append(str(_PKG_ROOT))  # a source checkout: make compilewatch importable (last)
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
+    env["COMPILEWATCH_RUN_DIR"] = str(run_dir)
+    env["COMPILEWATCH_STALL_AFTER"] = repr(float(stall_after))
+    env["COMPILEWATCH_REPAIR"] = "1" if repair else "0"
+    return env
+
+
+def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None = None,
+                timeline: str | os.PathLike[str] | None = None, stall_after: float = 300.0, repair: bool = False,
+                on_event: Callable[[WatchEvent], None] | None = None, stdout=None) -> RunResult:
+    """Run `command` with the watcher in every Python process of it that imports torch."""
+    command = tuple(command)
+    if not command:
+        raise BadInput("no command to run", hint="compilewatch run [OPTIONS] -- python train.py ...")
+    if stall_after <= 0:
+        raise BadInput(f"--stall-after must be > 0 seconds, got {stall_after:g}")
+    if shutil.which(command[0]) is None and not Path(command[0]).is_file():
+        raise BadInput(f"command not found: {command[0]}", hint="give the program to run after --, e.g. -- python train.py")
+    run_dir = Path(tempfile.mkdtemp(prefix="compilewatch-run-"))
+    tail = _Tail(run_dir)
+    t0 = time.perf_counter()
+    forwarded: list[int] = []
+    try:
+        # The child runs in its own session and process group, so that a signal meant for the run
+        # (SIGTERM from timeout/Slurm/Kubernetes, SIGHUP, Ctrl-C's SIGINT) reaches the whole program,
+        # torchrun's workers included, through us: we forward it to the group, wait for the program to
+        # exit, and still write the report.
+        with _forward_signals(forwarded) as group:
+            proc = subprocess.Popen(list(command), env=child_env(run_dir, stall_after, repair), stdout=stdout,
+                                    start_new_session=True)
+            group.append(proc.pid)
+            for sig in list(forwarded):  # arrived while the child was starting
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+            while True:
+                try:
+                    code = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if on_event is not None:
+                    for ev in tail.poll():
+                        on_event(ev)
+        if on_event is not None:
+            for ev in tail.poll():
+                on_event(ev)
+        wall = time.perf_counter() - t0
+        events: list[WatchEvent] = []
+        for p in sorted(run_dir.glob("watch-*.jsonl")):
+            events.extend(read_events(p))
+        events.sort(key=lambda e: (e.time, e.pid, e.seq))
+        report_path = None
+        if report is not None:
+            from compilewatch.fsutil import atomic_write_text
+            import json
+            from compilewatch.serialize import to_jsonable
+
+            text = "".join(json.dumps(to_jsonable(e.to_json())) + "\n" for e in events)
+            atomic_write_text(Path(report), text)
+            report_path = str(report)
+        timeline_path = None
+        if timeline is not None:
+            from compilewatch.tracing.timeline import write_timeline
+
+            write_timeline(events, timeline)
+            timeline_path = str(timeline)
+        summary = summarize(e for e in events if e.kind != "end")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    exit_code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+    return RunResult(command, exit_code, wall, report_path, timeline_path,
+                     tuple(sorted({e.pid for e in events})), summary, tuple(forwarded))
+
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _forward_signals(forwarded: list[int]) -> Iterator[list[int]]:
+    """While the child runs, SIGTERM / SIGHUP / SIGINT sent to us go to the child's process group
+    (the pid the caller appends to the yielded list; Python handlers only work in the main thread:
+    elsewhere nothing is installed)."""
+    group: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield group
+        return
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
+        if group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group[0], signum)
+
+    old = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        yield group
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
