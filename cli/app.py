@@ -8,6 +8,7 @@ code (2 bad input, 1 a finding); Ctrl-C -> 130. Set COMPILEWATCH_DEBUG=1 to see 
 from __future__ import annotations
 
 import os
+from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -36,6 +37,27 @@ class CompilewatchGroup(TyperGroup):
         except KeyboardInterrupt:
             output.err.print("interrupted")
             raise typer.Exit(130) from None
+
+
+def make_root_app(name: str, help: str, version: str, doc: str) -> typer.Typer:
+    """A command's root app: `make_app` plus `--version` (prints `NAME VERSION`) and the root help `doc`."""
+    app = make_app(name, help)
+
+    def _version(value: bool) -> None:
+        if value:
+            typer.echo(f"{name} {version}")
+            raise typer.Exit(0)
+
+    def root(version: bool = False) -> None:
+        pass
+
+    # real objects, not strings (this module's annotations are lazy): the option closes over this app's name
+    root.__annotations__ = {"version": Annotated[Optional[bool], typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")], "return": None}
+    root.__defaults__ = (None,)
+    root.__doc__ = doc
+    app.callback()(root)
+    return app
 
 
 def make_app(name: str, help: str) -> typer.Typer:

@@ -2,31 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
-
-import typer
-
 import dflash
 from cli import dflash_eval, dflash_prepare, dflash_regen, dflash_train
-from cli.app import make_app
+from cli.app import make_root_app
 
-app = make_app("dflash", "Train DFlash block-diffusion drafters, safe with threads and torch.compile.")
-
-
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"dflash {dflash.__version__}")
-        raise typer.Exit(0)
-
-
-@app.callback()
-def root(
-    version: Annotated[
-        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
-    ] = None,
-) -> None:
-    """dflash: DFlash drafter training. Exit codes: 0 ok, 1 a failed check, 2 bad input or usage."""
-
+app = make_root_app("dflash", "Train DFlash block-diffusion drafters, safe with threads and torch.compile.",
+                    dflash.__version__,
+                    "dflash: DFlash drafter training. Exit codes: 0 ok, 1 a failed check, 2 bad input or usage.")
 
 app.command("train")(dflash_train.train_cmd)
 app.command("eval")(dflash_eval.eval_cmd)

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
-
-import typer
-
 import compilewatch
 from cli import cache as cache_cli
 from cli import env as env_cli
@@ -15,30 +11,17 @@ from cli import probe as probe_cli
 from cli import warm as warm_cli
 from cli import run as run_cli
 from cli import timeline as timeline_cli
-from cli.app import make_app
+from cli.app import make_root_app
 
-app = make_app(
+app = make_root_app(
     "compilewatch",
     "Diagnose torch.compile in threaded programs: FX-tracing races, the inductor cache, environments.",
-)
-
-
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"compilewatch {compilewatch.__version__}")
-        raise typer.Exit(0)
-
-
-@app.callback()
-def root(
-    version: Annotated[
-        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
-    ] = None,
-) -> None:
+    compilewatch.__version__,
     """compilewatch: see what torch.compile does across threads, caches and environments.
 
     Exit codes: 0 ok, 1 a finding or failed check, 2 bad input or usage.
-    """
+    """,
+)
 
 
 app.command("probe")(probe_cli.probe_cmd)
