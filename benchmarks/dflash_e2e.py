@@ -129,10 +129,11 @@ def n_sequences(a, cfg, world: int = 1, replicas: int = 1) -> int:
     return (a.warmup + a.steps) * cfg.train.grad_accum * cfg.data.batch_size * world * replicas
 
 
-def use_random_target_and_data(fields: dict, cfg, n_seq: int, seq: int) -> None:
-    """Make `dflash train`'s loaders build the random target and the synthetic data (engine, dist):
-    `Trainer.from_config` and the engine's per-device target (`dflash.program._target_on`) call these.
-    `Trainer.save` becomes a no-op (checkpoints are not what is measured)."""
+@contextlib.contextmanager
+def random_target_and_data(fields: dict, n_seq: int, seq: int):
+    """While open, `dflash train`'s loaders build the random target and the synthetic data (engine,
+    dist): `Trainer.from_config` and the engine's per-device target (`dflash.program._target_on`) call
+    them. `Trainer.save` does nothing (checkpoints are not what is measured). Restored on exit."""
     import dflash.target
     import dflash.trainer
 
@@ -143,10 +144,15 @@ def use_random_target_and_data(fields: dict, cfg, n_seq: int, seq: int) -> None:
     def data(cfg_, target, on_event):
         return synthetic_dataset(n_seq, seq, fields["vocab_size"], cfg_), [], []
 
-    dflash.target.load_target = load
-    dflash.trainer.load_target = load
+    saved = (dflash.target.load_target, dflash.trainer.load_target, dflash.trainer.load_training_data, Trainer.save)
+    dflash.target.load_target = dflash.trainer.load_target = load
     dflash.trainer.load_training_data = data
     Trainer.save = lambda self: Path(self.run_dir) / "not-saved"  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        (dflash.target.load_target, dflash.trainer.load_target, dflash.trainer.load_training_data,
+         Trainer.save) = saved
 
 
 def shape_of(fields: dict, cfg, seq: int) -> Shape:
@@ -352,9 +358,9 @@ def run_engine(a) -> dict:
     drafters = tuple(a.drafter_devices.split(","))
     dev0 = torch.device(drafters[0])
     cfg = apply_overrides(cfg, {"train.device": drafters[0]})
-    use_random_target_and_data(fields, cfg, n_sequences(a, cfg, replicas=len(drafters)), seq)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as run_dir:
+    with random_target_and_data(fields, n_sequences(a, cfg, replicas=len(drafters)), seq), \
+            tempfile.TemporaryDirectory() as run_dir:
         cfg = apply_overrides(cfg, {"checkpoint.out_dir": str(Path(run_dir) / "run")})
         trainer = Trainer.from_config(cfg)
         build_s = time.perf_counter() - t0
@@ -380,8 +386,8 @@ def run_dist(a) -> dict:
     cfg, fields, seq = setup(a)
     run = Path(tempfile.gettempdir()) / f"dflash_e2e_dist_{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
     cfg = apply_overrides(cfg, {"train.device": "auto" if not a.small else "cpu", "checkpoint.out_dir": str(run)})
-    use_random_target_and_data(fields, cfg, n_sequences(a, cfg, world=info.world_size), seq)
-    out = train_distributed(cfg, info=info, stall_after=a.stall_after)
+    with random_target_and_data(fields, n_sequences(a, cfg, world=info.world_size), seq):
+        out = train_distributed(cfg, info=info, stall_after=a.stall_after)
     dev = torch.device(out.engine.drafter_devices[0])
     return {"mode": "dist", "rank": info.rank, "world_size": info.world_size,
             "env": {**env(dev), "peak_tflops": a.peak_tflops}, "ok": out.ok, "dist_verdicts": list(out.verdicts),
