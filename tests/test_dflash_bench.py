@@ -93,3 +93,20 @@ def test_e2e_small_overhead_and_counters(tmp_path):
     assert all(v["n"] == 1 and v["median_s"] > 0 for v in r["overhead"].values())
     assert r["overhead"]["plain"]["overhead_pct"] == 0.0
     assert r["process_to_first_step_s"] >= r["first_step_s"] > 0
+
+
+def test_threads_small_times_every_condition(tmp_path):
+    """benchmarks/dflash_threads.py --small: the target forward alone and beside each background thread,
+    the drafter step alone and beside the target; the background ran while the foreground was timed."""
+    path = SCRIPT.parent / "dflash_threads.py"
+    spec = importlib.util.spec_from_file_location("dflash_threads", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    assert mod.main(["--small", "--iters", "2", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "dflash_threads.json").read_text())
+    for key in ("target_alone", "target_beside_drafter", "target_beside_python_spin",
+                "target_beside_drafter_switch_0.1ms", "drafter_alone", "drafter_beside_target"):
+        assert r[key]["n"] >= 2 and r[key]["median_ms"] > 0
+    assert r["target_beside_drafter"]["drafter_steps_meanwhile"] >= 1
+    assert r["drafter_beside_target"]["target_forwards_meanwhile"] >= 1
