@@ -21,6 +21,7 @@ CPU smoke:        python benchmarks/dflash_threads.py --small --out /tmp/threads
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import statistics
@@ -90,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-device", default="cuda:0" if torch.cuda.is_available() else "cpu")
     p.add_argument("--drafter-device", default="cuda:1" if torch.cuda.device_count() > 1 else "cpu")
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--dump-after", type=float, default=0, help="dump every thread's stack after this many s (0: never)")
     a = p.parse_args(argv)
+    if a.dump_after:
+        faulthandler.dump_traceback_later(a.dump_after, exit=True)
     tdev, ddev = torch.device(a.target_device), torch.device(a.drafter_device)
     fields = SMALL if a.small else QWEN3_8B
     shape = SMALL_STEP if a.small else Shape()
@@ -117,13 +121,21 @@ def main(argv: list[str] | None = None) -> int:
         step()
         dsync()
 
+    from dflash.compile_safety import CompileBarrier
+
+    log = lambda msg: print(f"[{time.perf_counter():.1f}] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    barrier = CompileBarrier(True)  # as the engine: compile here, then freeze (a late compile raises, never races)
     timed_loop(forward, tsync, 2)
     timed_loop(drafter_step, dsync, 2)  # compiles here, in the main thread, before any thread starts
+    barrier.freeze()
+    log("warm")
     res: dict = {"device": torch.cuda.get_device_name(tdev) if tdev.type == "cuda" else "cpu",
                  "torch": torch.__version__, "target_device": str(tdev), "drafter_device": str(ddev), "seq": seq}
     res["target_alone"] = summary(timed_loop(forward, tsync, a.iters))
+    log(f"target alone {res['target_alone']}")
     xs, n = beside(drafter_step, lambda: timed_loop(forward, tsync, a.iters))
     res["target_beside_drafter"] = {**summary(xs), "drafter_steps_meanwhile": n}
+    log(f"target beside drafter {res['target_beside_drafter']}")
     xs, n = beside(spin, lambda: timed_loop(forward, tsync, a.iters))
     res["target_beside_python_spin"] = {**summary(xs), "spins_meanwhile": n}
     default_switch = sys.getswitchinterval()
@@ -136,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     res["drafter_alone"] = summary(timed_loop(drafter_step, dsync, max(3, a.iters // 2)))
     xs, n = beside(forward, lambda: timed_loop(drafter_step, dsync, max(3, a.iters // 2)))
     res["drafter_beside_target"] = {**summary(xs), "target_forwards_meanwhile": n}
+    barrier.close()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dflash_threads.json").write_text(json.dumps(res, indent=2) + "\n")
