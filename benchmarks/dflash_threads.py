@@ -7,7 +7,9 @@ under each condition, after a warm-up:
   alone     nothing else runs
   drafter   a thread runs the drafter's training step (dflash_step's drafter-compiled step, fwd + bwd)
             in a loop on --drafter-device: the engine's 1 target + 1 drafter split, without the queues
-  python    a thread spins in pure Python (no GPU work): how much of the slowdown is the GIL alone
+  python    (--spin, last, 1 forward) a thread spins in pure Python, no GPU work: the GIL alone. On the
+            H200 host 10 such forwards did not finish in 190 s: a CPU-bound Python thread starves a
+            thread that launches kernels (it waits a switch interval, 5 ms, for the GIL per hand-over)
   drafter, switch 0.1 ms   as `drafter` with `sys.setswitchinterval(1e-4)` (default 5 ms): does a
             shorter GIL hand-over interval help the thread that launches the target's kernels?
 
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-device", default="cuda:0" if torch.cuda.is_available() else "cpu")
     p.add_argument("--drafter-device", default="cuda:1" if torch.cuda.device_count() > 1 else "cpu")
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--spin", action="store_true", help="also time 1 forward beside a pure-Python thread (slow)")
     p.add_argument("--dump-after", type=float, default=0, help="dump every thread's stack after this many s (0: never)")
     a = p.parse_args(argv)
     if a.dump_after:
@@ -136,8 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     xs, n = beside(drafter_step, lambda: timed_loop(forward, tsync, a.iters))
     res["target_beside_drafter"] = {**summary(xs), "drafter_steps_meanwhile": n}
     log(f"target beside drafter {res['target_beside_drafter']}")
-    xs, n = beside(spin, lambda: timed_loop(forward, tsync, a.iters))
-    res["target_beside_python_spin"] = {**summary(xs), "spins_meanwhile": n}
     default_switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-4)
     try:
@@ -148,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     res["drafter_alone"] = summary(timed_loop(drafter_step, dsync, max(3, a.iters // 2)))
     xs, n = beside(forward, lambda: timed_loop(drafter_step, dsync, max(3, a.iters // 2)))
     res["drafter_beside_target"] = {**summary(xs), "target_forwards_meanwhile": n}
+    if a.spin:
+        xs, n = beside(spin, lambda: timed_loop(forward, tsync, 1))
+        res["target_beside_python_spin"] = {**summary(xs), "spins_meanwhile": n}
     barrier.close()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
