@@ -117,6 +117,29 @@ def build(s: Shape, device: torch.device):
     return drafter, embed, head, ids, taps, anchors
 
 
+def make_step(s: Shape, device: torch.device, backend: str, *, compile_layers: bool):
+    """One drafter training step (fwd + bwd, the trainer's `drafter_loss`) at shape `s` as a callable,
+    and its anchors. `compile_layers`: `torch.compile` every decoder layer (`train.compile_layers`)."""
+    drafter, embed, head, ids, taps, anchors = build(s, device)
+    if compile_layers:
+        for layer in drafter.layers:
+            layer.compile(dynamic=False)  # what train.compile_layers does
+    batch = Batch(input_ids=ids, loss_mask=torch.ones_like(ids, dtype=torch.bool),
+                  lengths=torch.full((s.batch,), s.seq, device=device), anchors=anchors,
+                  anchor_valid=torch.ones_like(anchors, dtype=torch.bool))
+    w = loss_weights(s.block, 7.0, device=device)
+    lowp = torch.bfloat16 if device.type == "cuda" else torch.float32
+    denom = weight_sum(make_blocks(ids, batch.loss_mask, batch.lengths, anchors, batch.anchor_valid, s.block,
+                                   s.vocab - 1), w)
+
+    def step():
+        out = drafter_loss(drafter, embed, head, taps, batch, mask_token_id=s.vocab - 1, weights=w,
+                           denominator=denom, backend=backend, compute_dtype=lowp)  # the trainer's step code
+        out.loss.backward()
+        drafter.zero_grad(set_to_none=True)
+    return step, anchors
+
+
 def profile_steps(step, device: torch.device, steps: int = 2, top: int = 15) -> list[dict]:
     """torch.profiler over `steps` calls of `step`: the ops with the most self device time, per step."""
     from torch.profiler import ProfilerActivity, profile
@@ -160,28 +183,12 @@ def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int,
     if device.type == "cuda":
         torch.cuda.empty_cache()
     masks.use_compiled_flex(mode != "flex-eager")
-    drafter, embed, head, ids, taps, anchors = build(s, device)
-    if mode in ("drafter-compiled", "sdpa-compiled"):
-        for layer in drafter.layers:
-            layer.compile(dynamic=False)  # what train.compile_layers does
     backend = "sdpa" if mode.startswith("sdpa") else "flex"
-    batch = Batch(input_ids=ids, loss_mask=torch.ones_like(ids, dtype=torch.bool),
-                  lengths=torch.full((s.batch,), s.seq, device=device), anchors=anchors,
-                  anchor_valid=torch.ones_like(anchors, dtype=torch.bool))
-    w = loss_weights(s.block, 7.0, device=device)
-    lowp = torch.bfloat16 if device.type == "cuda" else torch.float32
-    denom = weight_sum(make_blocks(ids, batch.loss_mask, batch.lengths, anchors, batch.anchor_valid, s.block,
-                                   s.vocab - 1), w)
+    step, anchors = make_step(s, device, backend, compile_layers=mode in ("drafter-compiled", "sdpa-compiled"))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times, mask_times = [], []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-    def step():
-        out = drafter_loss(drafter, embed, head, taps, batch, mask_token_id=s.vocab - 1, weights=w,
-                           denominator=denom, backend=backend, compute_dtype=lowp)  # the trainer's step code
-        out.loss.backward()
-        drafter.zero_grad(set_to_none=True)
 
     compiled = {}
     top: list[dict] = []

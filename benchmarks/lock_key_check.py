@@ -1,6 +1,6 @@
 """Check the fast system key against torch's own on this machine (run it on the GPU machine).
 
-    python benchmarks/lock_key_check.py            # prints both keys, the method, timings; exit 1 if they differ
+    python benchmarks/lock_key_check.py            # both keys, the method, timings, NVML vs torch GPU names; exit 1 if they differ
     python benchmarks/lock_key_check.py --json
 
 Order matters: the fast key and `compilewatch lock` are timed first, in fresh processes, before
@@ -24,7 +24,8 @@ import json, time
 t = time.perf_counter()
 from compilewatch.env import systemkey
 k = systemkey.key()
-print(json.dumps({"key": k.key, "method": k.method, "reason": k.reason, "device": k.device,
+view = systemkey.read_devices()
+print(json.dumps({"nvml_names": list(view.names) if view is not None else None, "key": k.key, "method": k.method, "reason": k.reason, "device": k.device,
                   "triton_memo": k.triton_memo, "seconds": time.perf_counter() - t}))
 """
 TORCH = """
@@ -33,7 +34,8 @@ t = time.perf_counter()
 import torch
 from torch._inductor.codecache import CacheBase
 s = CacheBase.get_system()
-print(json.dumps({"key": s["hash"], "system": {k: v for k, v in s.items() if k != "hash"}, "torch": torch.__version__,
+names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+print(json.dumps({"torch_names": names, "key": s["hash"], "system": {k: v for k, v in s.items() if k != "hash"}, "torch": torch.__version__,
                   "cuda_available": torch.cuda.is_available(), "seconds": time.perf_counter() - t}, default=str))
 """
 
@@ -66,7 +68,8 @@ def main() -> int:
         lock_s = [_time_lock(env) for _ in range(3)]
         real = _run(TORCH, env)
     report = {"fast_cold_memo": cold, "fast": warm, "torch": real, "lock_seconds": lock_s,
-              "equal": cold["key"] == real["key"] == warm["key"]}
+              "equal": cold["key"] == real["key"] == warm["key"],
+              "names_equal": (warm.get("nvml_names") or []) == real["torch_names"]}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -78,8 +81,10 @@ def main() -> int:
         print(f"fast key timings: {cold['seconds']:.2f} s with a cold triton-key memo, {warm['seconds']:.2f} s with it")
         print("compilewatch lock --json, fresh processes: "
               + ", ".join("-" if s is None else f"{s:.2f} s" for s in lock_s))
+        print(f"GPU names: NVML {warm.get('nvml_names')} vs torch {real['torch_names']}: "
+              + ("equal" if report["names_equal"] else "DIFFERENT"))
         print("EQUAL" if report["equal"] else "DIFFERENT: the fast path is wrong on this machine")
-    return 0 if report["equal"] else 1
+    return 0 if report["equal"] and report["names_equal"] else 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""benchmarks/dflash_step.py runs on CPU with --small and writes its JSON and Markdown (no timing asserted)."""
+"""benchmarks/dflash_step.py and dflash_e2e.py run on CPU with --small and write their results (no timing asserted)."""
 
 from __future__ import annotations
 
@@ -43,11 +43,7 @@ def test_flops_at_qwen3_8b_shapes_match_facts():
 def test_e2e_small_runs_the_trainer_step(tmp_path):
     """benchmarks/dflash_e2e.py --small: a random Qwen3 target from a config, the trainer's steps, a
     time split that adds up to the step, finite losses (no timing asserted)."""
-    path = SCRIPT.parent / "dflash_e2e.py"
-    spec = importlib.util.spec_from_file_location("dflash_e2e", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
+    mod = _e2e()
     assert mod.main(["--small", "--out", str(tmp_path), "--steps", "1", "--warmup", "1"]) == 0
     r = json.loads((tmp_path / "dflash_e2e.json").read_text())
     assert r["tokens_per_step"] == 4 * 64 and r["tokens_per_s"] > 0  # grad_accum 4 × one 64-token sequence
@@ -56,3 +52,62 @@ def test_e2e_small_runs_the_trainer_step(tmp_path):
     assert abs(sum(split.values()) - r["step_s"]) < 1e-6  # one timed step: its parts plus waiting = the step
     assert all(x == x and x > 0 for x in r["losses"])  # finite, positive CE
     assert "| tokens/s |" in (tmp_path / "dflash_e2e.md").read_text()
+
+
+def _e2e():
+    path = SCRIPT.parent / "dflash_e2e.py"
+    spec = importlib.util.spec_from_file_location("dflash_e2e", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_e2e_small_engine_mode_runs_train_multi_and_restores_the_loaders(tmp_path):
+    """--mode engine: dflash.program.train_multi with the random target and data swapped in for the
+    loaders; the engine's steps are committed, replicas identical; the loaders are restored after."""
+    import dflash.target
+    import dflash.trainer
+
+    before = (dflash.target.load_target, dflash.trainer.load_target, dflash.trainer.load_training_data,
+              dflash.trainer.Trainer.save)
+    mod = _e2e()
+    assert mod.main(["--small", "--mode", "engine", "--target-devices", "cpu", "--drafter-devices", "cpu",
+                     "--tag", "b", "--out", str(tmp_path), "--steps", "1", "--warmup", "1"]) == 0
+    r = json.loads((tmp_path / "dflash_e2e_b.json").read_text())
+    assert r["mode"] == "engine" and r["outcome"] == "ok" and r["failure"] is None
+    assert r["steps_done"] == 2 and r["tokens_per_step"] == 4 * 64  # grad_accum 4 × one 64-token sequence
+    assert r["max_param_diff"] == 0.0 and r["gpus"] == 1
+    assert not (tmp_path / "dflash_e2e_b.md").exists()  # a tag writes JSON only
+    assert (dflash.target.load_target, dflash.trainer.load_target, dflash.trainer.load_training_data,
+            dflash.trainer.Trainer.save) == before
+
+
+def test_e2e_small_overhead_and_counters(tmp_path):
+    """--overhead: every configuration measured on the real step, each with its own step count."""
+    mod = _e2e()
+    assert mod.main(["--small", "--out", str(tmp_path), "--steps", "1", "--warmup", "1", "--overhead", "1",
+                     "--overhead-steps", "1", "--tag", "o"]) == 0
+    r = json.loads((tmp_path / "dflash_e2e_o.json").read_text())
+    assert set(r["overhead"]) == {"plain", "watcher", "guard", "watcher+guard"}
+    assert all(v["n"] == 1 and v["median_s"] > 0 for v in r["overhead"].values())
+    assert r["overhead"]["plain"]["overhead_pct"] == 0.0
+    assert r["process_to_first_step_s"] >= r["first_step_s"] > 0
+
+
+def test_threads_small_times_every_condition(tmp_path):
+    """benchmarks/dflash_threads.py --small: the target forward alone and beside each background thread,
+    the drafter step alone and beside the target; the background ran while the foreground was timed."""
+    path = SCRIPT.parent / "dflash_threads.py"
+    spec = importlib.util.spec_from_file_location("dflash_threads", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    assert mod.main(["--small", "--iters", "2", "--spin", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "dflash_threads.json").read_text())
+    for key in ("target_alone", "target_beside_drafter", "target_beside_drafter_switch_0.1ms", "drafter_alone",
+                "drafter_beside_target"):
+        assert r[key]["n"] >= 2 and r[key]["median_ms"] > 0
+    assert r["target_beside_python_spin"]["n"] == 1
+    assert r["target_beside_drafter"]["drafter_steps_meanwhile"] >= 1
+    assert r["drafter_beside_target"]["target_forwards_meanwhile"] >= 1
