@@ -163,3 +163,21 @@ def test_in_flight_files_are_counted_not_hashed(tmp_path):
     write(root, "fxgraph/f0/.99.99.tmp", b"being written")
     fp = fp_mod.fingerprint(root)
     assert fp.in_flight == 1 and fp.content_hash == base.content_hash
+
+
+def test_a_cache_holding_only_precompiled_headers_is_a_cache(tmp_path):
+    """What torch leaves in the default dir after CPU compiles elsewhere: only precompiled_headers/
+    (`c<hash>.h` + `.h.gch`). It is torch's, so it is fingerprinted, not called "not a cache"."""
+    from compilewatch.cache import layout
+
+    root = tmp_path / "torchinductor_user"
+    name = "c2wne2o555rbgtohkgbuxoo64pc5rm5kbakdbsm7q6hiphbew3ng"
+    write(root, f"precompiled_headers/{name}.h", b"#include <x>\n")
+    write(root, f"precompiled_headers/{name}.h.gch", b"\0gch")
+    assert layout.cache_evidence(root) == ("precompiled_headers/c<hash>.h",)
+    assert layout.looks_like_cache(root) and layout.unknown_entries(root) == ()
+    assert fp_mod.fingerprint(root).files == 2
+    # a folder of that name holding anything else is no evidence
+    other = tmp_path / "project"
+    write(other, "precompiled_headers/stdafx.h", b"")
+    assert layout.cache_evidence(other) == () and not layout.looks_like_cache(other)

@@ -224,6 +224,9 @@ def cache_evidence(path: str | os.PathLike[str]) -> tuple[str, ...]:
         elif n == "triton":
             if any(_TRITON_KERNEL_DIR.match(k) for d in _listdir(full) for k in _listdir(os.path.join(full, d))):
                 found.append("triton/<device>/<kernel>/")
+        elif n == "precompiled_headers":  # inductor's C++ headers (CPU), named after their hash like code files
+            if any(_CODE_FILE.match(f) for f in _listdir(full)):
+                found.append("precompiled_headers/c<hash>.h")
         elif _TRITON_KERNEL_DIR.match(n):
             found.append("triton kernel folders")
         elif _HASH_DIR.match(n):

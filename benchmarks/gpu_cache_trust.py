@@ -1,0 +1,146 @@
+"""Does compilewatch accept a real GPU inductor cache? Layout recognition, pickle scan, save -> load.
+
+Builds a cache the way users do: `dflash train` (tiny recipe, compiled drafter layers and flex
+attention, `--device` on CUDA, a few steps) in a child process with a fresh TORCHINDUCTOR_CACHE_DIR,
+then asks compilewatch what a user's `cache` commands would:
+- layout: `cache_evidence`, `unknown_entries`, `looks_like_cache`, and any file in a two-character
+  code folder whose name the layout does not expect;
+- pickles: every file that starts like a pickle, scanned by `compilewatch.cache.picklescan` (nothing
+  is loaded); the globals it refuses, with counts and one file each;
+- `cache verify` findings by kind;
+- `cache save` to an archive, then `cache load` of it into a fresh dir (the seeds' lost-cache case).
+
+    GPU:  python benchmarks/gpu_cache_trust.py --out $OUT        (~1-2 min on an H200)
+    CPU:  python benchmarks/gpu_cache_trust.py --device cpu --out /tmp/ct
+Writes <out>/cache_trust.json; exit 1 when compilewatch refuses or misreads the cache it just watched torch write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TRAIN = """
+import sys
+from dflash.config import RECIPES, apply_overrides
+from dflash.run import train
+cfg = apply_overrides(RECIPES["tiny"](), {{"topology.device": {device!r}, "train.max_steps": {steps},
+                                        "checkpoint.out_dir": {out!r}, "eval.at_end": False}})
+out = train(cfg)
+print("trained", out.mode, out.result.steps if hasattr(out.result, "steps") else "")
+"""
+
+
+def build_cache(cache: Path, device: str, steps: int, work: Path) -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONPATH=f"{ROOT}{os.pathsep}" + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", TRAIN.format(device=device, steps=steps, out=str(work / "run"))],
+                       env=env, capture_output=True, text=True, cwd=ROOT)
+    return {"rc": p.returncode, "wall_s": round(time.perf_counter() - t0, 1),
+            "tail": (p.stdout + p.stderr)[-3000:]}
+
+
+def layout_facts(cache: Path) -> dict:
+    from compilewatch.cache import layout
+
+    odd: list[str] = []
+    for d in sorted(cache.iterdir()):
+        if d.is_dir() and layout._HASH_DIR.match(d.name):
+            odd += [f"{d.name}/{f.name}" for f in sorted(d.iterdir()) if not layout._CODE_FILE.match(f.name)]
+    return {"evidence": list(layout.cache_evidence(cache)), "unknown_entries": list(layout.unknown_entries(cache)),
+            "looks_like_cache": layout.looks_like_cache(cache), "unexpected_in_code_folders": odd[:40],
+            "top_level": sorted(p.name + ("/" if p.is_dir() else "") for p in cache.iterdir())[:60]}
+
+
+def pickle_facts(cache: Path) -> dict:
+    from compilewatch.cache import picklescan
+
+    refused: collections.Counter = collections.Counter()
+    example: dict[str, str] = {}
+    problems: list[str] = []
+    n = 0
+    for f in sorted(p for p in cache.rglob("*") if p.is_file()):
+        with open(f, "rb") as fh:
+            head = fh.read(2)
+        if not head or head[0] != 0x80:
+            continue
+        n += 1
+        r = picklescan.scan(f.read_bytes())
+        for g in r.refused:
+            refused[g] += 1
+            example.setdefault(g, str(f.relative_to(cache)))
+        if r.problem:
+            problems.append(f"{f.relative_to(cache)}: {r.problem}")
+    return {"pickles": n, "refused": [{"global": g, "count": c, "example": example[g]} for g, c in refused.most_common()],
+            "problems": problems[:20]}
+
+
+def verify_facts(cache: Path) -> dict:
+    from compilewatch.cache.verify import verify
+
+    rep = verify(cache)
+    kinds = collections.Counter(f.kind for f in rep.findings)
+    return {"ok": rep.ok, "kinds": dict(kinds), "first": [f"{f.kind}: {f.path}: {f.detail}" for f in rep.findings[:10]]}
+
+
+def roundtrip(cache: Path, work: Path) -> dict:
+    from compilewatch.cache import archive
+    from compilewatch.errors import CompilewatchError
+
+    arc = work / "cache.tar.gz"
+    out: dict = {}
+    try:
+        s = archive.save(arc, cache)
+        out["save"] = {"ok": True, "files": s.files, "bytes": arc.stat().st_size}
+    except CompilewatchError as e:
+        return {"save": {"ok": False, "error": e.message}}
+    except Exception as e:  # noqa: BLE001 - a benchmark reports what broke
+        return {"save": {"ok": False, "error": f"{type(e).__name__}: {e}"}}
+    try:
+        r = archive.load(arc, work / "loaded")
+        out["load"] = {"ok": True, "files": getattr(r, "files", None)}
+    except CompilewatchError as e:
+        out["load"] = {"ok": False, "error": e.message, "hint": getattr(e, "hint", None)}
+    except Exception as e:  # noqa: BLE001
+        out["load"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    ap.add_argument("--cache", help="inspect this existing cache instead of building one")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        cache = Path(a.cache) if a.cache else work / "inductor"
+        result: dict = {"device": a.device}
+        if not a.cache:
+            result["build"] = build_cache(cache, a.device, a.steps, work)
+        result["layout"] = layout_facts(cache)
+        result["pickles"] = pickle_facts(cache)
+        result["verify"] = verify_facts(cache)
+        result["roundtrip"] = roundtrip(cache, work)
+    (out / "cache_trust.json").write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps(result, indent=1, default=str)[:6000])
+    bad = (not result["layout"]["looks_like_cache"] or result["layout"]["unknown_entries"]
+           or result["pickles"]["refused"] or not result["roundtrip"].get("load", {}).get("ok"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
