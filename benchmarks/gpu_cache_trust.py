@@ -56,7 +56,8 @@ def layout_facts(cache: Path) -> dict:
     odd: list[str] = []
     for d in sorted(cache.iterdir()):
         if d.is_dir() and layout._HASH_DIR.match(d.name):
-            odd += [f"{d.name}/{f.name}" for f in sorted(d.iterdir()) if not layout._CODE_FILE.match(f.name)]
+            odd += [f"{d.name}/{f.name}" + ("/" if f.is_dir() else "") for f in sorted(d.iterdir())
+                    if not layout._CODE_FILE.match(f.name)]
     return {"evidence": list(layout.cache_evidence(cache)), "unknown_entries": list(layout.unknown_entries(cache)),
             "looks_like_cache": layout.looks_like_cache(cache), "unexpected_in_code_folders": odd[:40],
             "top_level": sorted(p.name + ("/" if p.is_dir() else "") for p in cache.iterdir())[:60]}
@@ -131,14 +132,17 @@ def main() -> int:
         result: dict = {"device": a.device}
         if not a.cache:
             result["build"] = build_cache(cache, a.device, a.steps, work)
-        result["layout"] = layout_facts(cache)
-        result["pickles"] = pickle_facts(cache)
-        result["verify"] = verify_facts(cache)
-        result["roundtrip"] = roundtrip(cache, work)
-    (out / "cache_trust.json").write_text(json.dumps(result, indent=1, default=str))
+        for name, fn in (("layout", layout_facts), ("pickles", pickle_facts), ("verify", verify_facts),
+                         ("roundtrip", lambda c: roundtrip(c, work))):
+            try:
+                result[name] = fn(cache)
+            except Exception as e:  # noqa: BLE001 - a check reports what broke and goes on
+                result[name] = {"error": f"{type(e).__name__}: {e}"}
+            (out / "cache_trust.json").write_text(json.dumps(result, indent=1, default=str))
     print(json.dumps(result, indent=1, default=str)[:6000])
-    bad = (not result["layout"]["looks_like_cache"] or result["layout"]["unknown_entries"]
-           or result["pickles"]["refused"] or not result["roundtrip"].get("load", {}).get("ok"))
+    bad = (not result["layout"].get("looks_like_cache") or result["layout"].get("unknown_entries")
+           or result["pickles"].get("refused") or "error" in result["pickles"] or "error" in result["verify"]
+           or not result["roundtrip"].get("load", {}).get("ok"))
     return 1 if bad else 0
 
 

@@ -181,3 +181,20 @@ def test_a_cache_holding_only_precompiled_headers_is_a_cache(tmp_path):
     other = tmp_path / "project"
     write(other, "precompiled_headers/stdafx.h", b"")
     assert layout.cache_evidence(other) == () and not layout.looks_like_cache(other)
+
+
+def test_a_cuda_code_folder_with_autotune_results_is_torchs(tmp_path):
+    """On CUDA, triton's autotuning writes `<sha256 hex>.best_config` beside the kernel's c<hash>.py in the
+    same two-character folder (torch/_inductor/runtime/autotune_cache.py). Such folders are torch's: a
+    real GPU cache was called "not an inductor cache (it holds 2q/, 3f/, ... which torch does not write)"."""
+    from compilewatch.cache import layout
+
+    root = tmp_path / "gpu_cache"
+    write(root, "2q/c2q" + "a" * 49 + ".py", b"# kernel\n")
+    write(root, "2q/" + "0123456789abcdef" * 4 + ".best_config", b'{"XBLOCK": 128}')
+    write(root, "fxgraph/ab/f" + "b" * 50 + "/entry", b"\x80\x04N.")
+    assert layout.unknown_entries(root) == () and layout.looks_like_cache(root)
+    assert fp_mod.fingerprint(root).files == 3
+    # other names in a code folder are still not torch's
+    write(root, "2q/notes.txt", b"mine")
+    assert layout.unknown_entries(root) == ("2q/",)

@@ -60,3 +60,16 @@ def test_computed_names_and_extension_codes_are_refused():
 def test_malformed_pickles_are_a_problem_not_an_exception(blob):
     r = picklescan.scan(blob)
     assert r.problem and not r.ok
+
+
+def test_a_make_fx_graph_module_passes():
+    """What AOTAutograd entries hold on CUDA for compiled flex_attention (issue 16: `cache load` of a real
+    Qwen3-8B-scale cache was refused): a GraphModule traced by make_fx names its tracer class,
+    torch.fx.experimental.proxy_tensor.PythonKeyTracer. Scanned only, never unpickled here."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: x.sin() + 1)(torch.randn(3))
+    r = picklescan.scan(pickle.dumps(gm))
+    assert r.ok, r
+    assert "torch.fx.experimental.proxy_tensor.PythonKeyTracer" in r.globals

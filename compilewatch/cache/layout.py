@@ -171,6 +171,9 @@ def walk(root: str | os.PathLike[str]) -> Walk:
 
 
 _CODE_FILE = re.compile(r"^c([a-z0-9]{2})[a-z0-9]{40,}(\.[A-Za-z0-9_.]+)?$")  # c<base32 key>[.main].py/.cpp/.so
+# triton autotuning's local cache, beside the kernel's c<hash>.py: sha256(cache key + torch key).best_config
+# (torch/_inductor/runtime/autotune_cache.py; CUDA caches only, so no CPU cache shows it)
+_AUTOTUNE_FILE = re.compile(r"^[0-9a-f]{64}\.best_config$")
 _FX_KEY_DIR = re.compile(r"^f[a-z0-9]{40,}$")
 _AOT_KEY_DIR = re.compile(r"^a[a-z0-9]{40,}$")
 _TRITON_KERNEL_DIR = re.compile(r"^[A-Z2-7]{52}$")  # triton's base32 kernel hash
@@ -246,7 +249,8 @@ def unknown_entries(path: str | os.PathLike[str]) -> tuple[str, ...]:
         if not _is_dir(full):
             out.append(n)
         elif not (n in _NAMED or n in _OTHER_TORCH_DIRS or _TRITON_KERNEL_DIR.match(n)
-                  or (_HASH_DIR.match(n) and all(_CODE_FILE.match(f) for f in _listdir(full)))):
+                  or (_HASH_DIR.match(n) and all(_CODE_FILE.match(f) or _AUTOTUNE_FILE.match(f)
+                                                 for f in _listdir(full)))):
             out.append(n + "/")
     return tuple(sorted(out))
 

@@ -27,7 +27,8 @@ import re
 from dataclasses import dataclass
 
 # Exact "module.name" globals seen in real inductor caches (CPU; fwd+bwd, dynamic shapes, buffers,
-# constants, SDPA, no_grad) of torch 2.11, 2.13 and 2.15. Functions are allowed by exact name only.
+# constants, SDPA, no_grad) of torch 2.11, 2.13 and 2.15, plus what a CUDA cache was seen to need
+# (benchmarks/gpu_cache_trust.py scans one). Functions are allowed by exact name only.
 ALLOWED_GLOBALS: frozenset[str] = frozenset({
     "builtins.list", "builtins.dict", "builtins.set", "builtins.frozenset", "builtins.tuple", "builtins.slice",
     "builtins.int", "builtins.float", "builtins.bool", "builtins.str", "builtins.bytes", "builtins.complex",
@@ -48,6 +49,10 @@ ALLOWED_GLOBALS: frozenset[str] = frozenset({
     # which is one reason a cache is code (module docstring)
     "torch.fx.graph_module.reduce_graph_module",
     "torch.fx.graph_module._forward_from_src",
+    # the tracer class a GraphModule body names (`_tracer_cls`; reduce_graph_module subclasses it to
+    # re-trace): compiled flex_attention's AOTAutograd entries on CUDA (torch 2.11, H200, issue 16)
+    "torch.fx.experimental.proxy_tensor.PythonKeyTracer",
+    "torch.fx._symbolic_trace.Tracer",
 })
 # Modules whose classes (CamelCase names) hold data: constructing one runs no user-chosen code.
 CLASS_MODULES: frozenset[str] = frozenset({
