@@ -157,3 +157,38 @@ def test_run_forwards_a_signal_to_the_program_group_and_still_reports(tmp_path, 
     kinds = [json.loads(line)["kind"] for line in report.read_text().splitlines()]
     assert kinds and kinds[0] == "start"  # the report was written from what the program recorded
     assert not list(tmp.glob("compilewatch-run-*"))  # the run dir was removed
+
+
+WAITS = textwrap.dedent("""
+    import os, sys, threading, torch  # torch: the watcher installs in this process
+    with open(sys.argv[1], "w") as ready:  # a FIFO: the test reads it, then kills compilewatch
+        ready.write(f"{os.getpid()}\\n")
+    threading.Event().wait()  # until a signal ends us
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_run_takes_its_program_down(tmp_path):
+    """SIGKILL (an OOM kill, Slurm after the grace period) leaves `run` no chance to forward anything:
+    the kernel's parent-death signal stops the program instead of leaving it running unwatched."""
+    script, fifo = tmp_path / "prog.py", tmp_path / "ready"
+    script.write_text(WAITS)
+    os.mkfifo(fifo)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--", sys.executable, str(script), str(fifo)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    reader.join(120)  # opening the FIFO blocks until the program (torch imported, watcher on) writes it
+    assert got, "the program never signalled readiness"
+    program = int(got[0])
+    proc.kill()
+    try:
+        # the program holds run's stdout/stderr pipes: EOF comes only when it has exited too
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.kill(program, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the program kept running after `compilewatch run` was killed")
+    assert proc.returncode == -signal.SIGKILL

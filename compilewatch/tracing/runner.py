@@ -15,6 +15,7 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 import subprocess
 import tempfile
 import threading
@@ -105,7 +106,7 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
         # exit, and still write the report.
         with _forward_signals(forwarded) as group:
             proc = subprocess.Popen(list(command), env=child_env(run_dir, stall_after, repair), stdout=stdout,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_die_with_parent())
             group.append(proc.pid)
             for sig in list(forwarded):  # arrived while the child was starting
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -151,6 +152,35 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
 
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec function that makes the child get SIGTERM when we die (Linux `PR_SET_PDEATHSIG`).
+
+    Forwarding covers the signals we can catch; SIGKILL (an OOM kill, Slurm's or Kubernetes' kill after
+    the grace period) stops us with no chance to forward, and the program, in its own session, would run
+    on unwatched. The kernel sends the signal when the thread that started the child exits; run_watched
+    waits for the child in that thread, so it is never early. Only the direct child gets it: torchrun
+    passes SIGTERM on to its workers; other programs' own children are theirs to stop. None (nothing
+    done) where prctl is not available."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    term = int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, term, 0, 0, 0)
+        if os.getppid() != parent:  # we died between fork and prctl: the signal will never come
+            os.kill(os.getpid(), term)
+
+    return preexec
 
 
 @contextlib.contextmanager
