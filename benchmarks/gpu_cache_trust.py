@@ -129,7 +129,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         cache = Path(a.cache) if a.cache else work / "inductor"
-        result: dict = {"device": a.device}
+        result: dict = {"device": a.device} if not a.cache else {"cache": str(cache)}
         if not a.cache:
             result["build"] = build_cache(cache, a.device, a.steps, work)
         for name, fn in (("layout", layout_facts), ("pickles", pickle_facts), ("verify", verify_facts),
