@@ -105,7 +105,7 @@ def train_distributed(cfg: Config, *, resume: bool = False, watch: bool = True, 
     devices, backend, timeout and engine settings come from `cfg.topology`. Raises BadInput for bad
     input, and when the ranks did not build the same run."""
     from compilewatch import atomic_write_json
-    from dflash.program import rank_dir, train_multi
+    from dflash.program import rank_dir, target_home, train_multi
 
     on_event = on_event or (lambda kind, data: None)
     info = info or require_rank_info()
@@ -122,7 +122,8 @@ def train_distributed(cfg: Config, *, resume: bool = False, watch: bool = True, 
         cfg = apply_overrides(cfg, {"checkpoint.out_dir": group.broadcast(str(default_run_dir(cfg)) if info.primary else None)})
     # replica 0 runs on this rank's first drafter device (rank_device's pick without device lists);
     # the run's config.toml keeps the user's spec ("auto": each rank resolves its own again on --resume)
-    trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event, lock=info.primary, device=drafters[0])
+    trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event, lock=info.primary, device=drafters[0],
+                                  target_device=target_home(targets, drafters))
     try:
         seen = group.all_gather((_facts(trainer, rr.params_digest(trainer.drafter)), info.host, cache))
         notes = check_agreement([s[0] for s in seen], [s[1] for s in seen])

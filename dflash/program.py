@@ -31,31 +31,10 @@ import time
 from typing import Any, Callable, Sequence
 
 import torch
-from torch import nn
 
 from dflash.engine import Engine, EngineConfig, EngineReport, Program, Replica, StepRecord
 from dflash.model import DFlashDrafter
 from dflash.trainer import RunLog, Trainer, TrainResult, build_drafter, drafter_loss, lr_at
-
-
-class EmbedHead(nn.Module):
-    """What a drafter device needs of the target: its frozen embedding and LM head, nothing else."""
-
-    def __init__(self, target_model: nn.Module, device: torch.device) -> None:
-        super().__init__()
-        embed, head = copy.deepcopy((target_model.get_input_embeddings(), target_model.get_output_embeddings()))
-        self.embed, self.head = embed.to(device), head.to(device)  # deepcopy of the pair keeps tied weights tied
-        self.config = target_model.config
-        self.requires_grad_(False)
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.embed
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.head
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("a drafter device holds no target body: taps come from the target workers")
 
 
 @dataclasses.dataclass
@@ -103,14 +82,27 @@ def _drafter_copy(trainer: Trainer, device: torch.device) -> DFlashDrafter:
 
 
 def _target_on(trainer: Trainer, device: torch.device):
-    if device == trainer.target.device:
-        return trainer.target
+    """The target a worker on `device` runs: the trainer's own full target where it lives (loaded once),
+    else a new one."""
+    if device == trainer.full_target.device:
+        return trainer.full_target
     from dflash.target import load_target
 
     target = load_target(trainer.cfg.target, trainer.cfg.drafter.num_layers, device)
     if target.mask_token_id != trainer.target.mask_token_id or target.layer_ids != trainer.target.layer_ids:
         raise RuntimeError(f"the target loaded on {device} differs from the trainer's (mask token or taps)")
     return target
+
+
+def target_home(target_devices: Sequence[str], drafter_devices: Sequence[str]) -> str | None:
+    """Where the engine's Trainer keeps the full target: None (its own device, the first drafter
+    device) when a target worker runs there too, else the first target device. Then the drafter
+    device holds only the embedding and LM head (issue 16: a split 8B run held a 15.3 GiB copy there,
+    13 GiB of it never used), and the target worker on that device reuses the Trainer's copy."""
+    first = torch.device(drafter_devices[0])
+    if any(torch.device(d) == first for d in target_devices):
+        return None
+    return target_devices[0]
 
 
 def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: int = 0,
@@ -136,8 +128,7 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
                 raise RuntimeError(f"replica 0 must run on the trainer's device {trainer.device}, not {device}")
             tr = trainer
         else:
-            side = trainer.target if dev == trainer.target.device else dataclasses.replace(
-                trainer.target, model=EmbedHead(trainer.target.model, dev), device=dev)
+            side = trainer.target if dev == trainer.target.device else trainer.target.embed_head_on(dev)
             tr = Trainer(cfg, side, trainer.dataset, _drafter_copy(trainer, dev), trainer.run_dir, notes=[])
             # resume: the same AdamW state, copied (load_state_dict keeps tensors that need no dtype/device
             # change by reference: replicas on one device would share moments and step counts)

@@ -81,14 +81,19 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
         return RunOutcome(mode, out.result, out.engine, out)
     from dflash.trainer import Trainer
 
-    trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event)
+    topo = cfg.topology
+    home = None
+    if mode == "engine":
+        from dflash.program import target_home
+
+        home = target_home(topo.target_devices, topo.drafter_devices)
+    trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event, target_device=home)
     try:
         on_event("notes", {"notes": list(trainer.notes)})
         if mode == "single":
             return RunOutcome(mode, trainer.train(until), None, None)
         from dflash.program import train_multi
 
-        topo = cfg.topology
         result, report = train_multi(trainer, topo.target_devices, topo.drafter_devices, stall_after=topo.stall_after,
                                      prewarm=topo.prewarm, guard=topo.guard, queue_depth=topo.queue_depth, until=until)
         return RunOutcome(mode, result, report, None)

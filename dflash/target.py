@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +78,16 @@ class Target:
             ids.append(tok_eos)
         return ids
 
+    @property
+    def has_body(self) -> bool:
+        """False for an `embed_head_on` view: it holds no decoder layers, so no taps."""
+        return not isinstance(self.model, EmbedHead)
+
+    def embed_head_on(self, device: torch.device) -> "Target":
+        """This target as a drafter device needs it: a copy of the frozen embedding and LM head on
+        `device` (tied weights stay tied), the same tokenizer, taps, mask token and config; no body."""
+        return dataclasses.replace(self, model=EmbedHead(self.model, device), device=device, notes=[])
+
     @torch.no_grad()
     def taps(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, S) right-padded ids -> (B, S, k·H) concatenated taps. Padding sits after the valid
@@ -85,6 +97,26 @@ class Target:
         except TypeError:  # a model class without logits_to_keep
             out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
         return torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+
+
+class EmbedHead(nn.Module):
+    """What a drafter device needs of the target: its frozen embedding and LM head, nothing else."""
+
+    def __init__(self, target_model: nn.Module, device: torch.device) -> None:
+        super().__init__()
+        embed, head = copy.deepcopy((target_model.get_input_embeddings(), target_model.get_output_embeddings()))
+        self.embed, self.head = embed.to(device), head.to(device)  # deepcopy of the pair keeps tied weights tied
+        self.config = target_model.config
+        self.requires_grad_(False)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.head
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("a drafter device holds no target body: taps come from the target workers")
 
 
 def resolve_device(spec: str) -> torch.device:

@@ -227,8 +227,13 @@ class RunLog:
 
 class Trainer:
     def __init__(self, cfg: Config, target: Target, dataset: ChatDataset, drafter: DFlashDrafter,
-                 run_dir: Path, *, eval_convs=None, notes: list[str] | None = None, on_event: Event | None = None) -> None:
+                 run_dir: Path, *, eval_convs=None, notes: list[str] | None = None, on_event: Event | None = None,
+                 full_target: Target | None = None) -> None:
+        """`target` is on the trainer's device; `full_target` (default: `target`) is the whole model
+        when `target` is only its embedding and LM head (`Target.embed_head_on`): end-of-run eval and
+        the engine's target worker use it where it lives."""
         self.cfg, self.target, self.dataset, self.drafter = cfg, target, dataset, drafter
+        self.full_target = full_target or target
         self.device = target.device
         self.run_dir = Path(run_dir)
         self.eval_convs, self.notes = eval_convs or [], list(notes or [])
@@ -251,11 +256,13 @@ class Trainer:
     # ------------------------------------------------------------ building
     @classmethod
     def from_config(cls, cfg: Config, *, resume: bool = False, on_event: Event | None = None, lock: bool = True,
-                    device: str | None = None) -> Trainer:
+                    device: str | None = None, target_device: str | None = None) -> Trainer:
         """Build everything from `cfg`; with `resume`, continue the latest checkpoint of its run dir.
         `lock`: hold the run directory's lock (dflash.runlock) until close(); the ranks of a torchrun
         job share one run directory, and only rank 0 holds it. `device`: default the config's
-        `topology.trainer_device` (a torchrun rank passes its own)."""
+        `topology.trainer_device` (a torchrun rank passes its own). `target_device`: load the full
+        target there instead, and keep only its embedding and LM head on the trainer's device (the
+        engine's split topology, `dflash.program.target_home`)."""
         on_event = on_event or (lambda kind, data: None)
         run_dir = Path(cfg.checkpoint.out_dir) if cfg.checkpoint.out_dir else default_run_dir(cfg)
         if run_dir.exists() and not run_dir.is_dir():
@@ -280,9 +287,13 @@ class Trainer:
             torch.set_num_threads(cfg.train.cpu_threads)  # restored by close()
         try:
             on_event("phase", {"name": "target", "source": cfg.target.path})
-            target = load_target(cfg.target, cfg.drafter.num_layers, device)
-            notes = list(target.notes)
-            dataset, eval_convs, data_notes = load_training_data(cfg, target, on_event)
+            home = resolve_device(target_device) if target_device is not None else device
+            full_target = load_target(cfg.target, cfg.drafter.num_layers, home)
+            target = full_target if target_device is None else full_target.embed_head_on(device)
+            notes = list(full_target.notes)
+            if target_device is not None:
+                notes.append(f"target on {home} (a target worker's device); {device} holds its embedding and LM head")
+            dataset, eval_convs, data_notes = load_training_data(cfg, full_target, on_event)
             notes += data_notes
             spec = drafter_spec(cfg, target)
             drafter = build_drafter(cfg, spec, device)
@@ -301,7 +312,8 @@ class Trainer:
                 if created and not any(run_dir.iterdir()):
                     run_dir.rmdir()  # bad input leaves nothing behind
             raise
-        trainer = cls(cfg, target, dataset, drafter, run_dir, eval_convs=eval_convs, notes=notes, on_event=on_event)
+        trainer = cls(cfg, target, dataset, drafter, run_dir, eval_convs=eval_convs, notes=notes, on_event=on_event,
+                      full_target=full_target)
         trainer._threads_before = threads_before
         trainer._lock = run_lock
         if state is not None:
@@ -460,10 +472,15 @@ class Trainer:
         self.drafter.eval()
         # decoding shapes change every round: run compiled layers eagerly instead of recompiling them
         stance = torch.compiler.set_stance("force_eager") if self.cfg.train.compile_layers else contextlib.nullcontext()
+        target = self.full_target
+        # the drafter decodes beside the target: a copy of it where the target lives, when the trainer
+        # holds only the target's embedding and head (the engine's split topology)
+        drafter = self.drafter if target is self.target else build_drafter(
+            self.cfg, self.drafter.spec, target.device, state=self.drafter.state_dict()).eval()
         try:
-            prompts = prompt_ids(self.target.tokenizer, self.eval_convs)
+            prompts = prompt_ids(target.tokenizer, self.eval_convs)
             with stance:
-                return evaluate(DrafterProposer(self.drafter, self.target), self.target, prompts,
+                return evaluate(DrafterProposer(drafter, target), target, prompts,
                                 self.cfg.eval.max_new_tokens, self.cfg.drafter.block_size,
                                 progress=lambda d, n: self.on_event("eval", {"done": d, "total": n}))
         finally:

@@ -150,3 +150,45 @@ def test_resuming_a_finished_engine_run_trains_nothing_and_exits_0(tmp_path, cha
     assert eng["outcome"] == "ok" and eng["start_step"] == eng["steps_done"] == data["steps"] == 2
     assert eng["steps"] == [] and eng["prewarm"] is None and eng["verdicts"][0].startswith("nothing to train")
     assert "ValueError" not in err
+
+
+def test_target_home_keeps_the_full_target_off_drafter_only_devices():
+    from dflash.program import target_home
+
+    assert target_home(["cuda:0", "cuda:1"], ["cuda:1", "cuda:2"]) is None  # a worker shares the trainer's device
+    assert target_home(["cuda:0", "cuda:1", "cuda:2"], ["cuda:3", "cuda:4"]) == "cuda:0"  # 3+2 split
+    assert target_home(["cpu"], ["cpu", "cpu"]) is None
+
+
+def test_a_split_trainer_holds_only_embedding_and_head_and_trains_and_evaluates_the_same(tmp_path, chat_file,
+                                                                                          monkeypatch):
+    """The engine's split topology (target workers on other devices than the drafters): the Trainer keeps
+    the full target where a worker runs it and only the embedding + LM head on its own device. On CPU
+    every "device" is the CPU, so the split is asked for explicitly; the math is the same as unsplit
+    (same weights, same kernels, same order on one machine): losses, weights and eval are bit-identical."""
+    kw = {"eval.at_end": True, "eval.num_prompts": 2, "eval.max_new_tokens": 8}
+    whole = Trainer.from_config(config(tmp_path / "whole", chat_file, **kw))
+    result_w, rep_w = train_multi(whole, ["cpu"], ["cpu", "cpu"])
+    whole.close()
+    split = Trainer.from_config(config(tmp_path / "split", chat_file, **kw), target_device="cpu")
+    assert not split.target.has_body and split.full_target.has_body
+    assert sum(p.numel() for p in split.target.model.parameters()) < sum(
+        p.numel() for p in split.full_target.model.parameters())
+    with pytest.raises(RuntimeError, match="no target body"):
+        split.target.taps(torch.zeros(1, 4, dtype=torch.long))
+    assert any("holds its embedding and LM head" in n for n in split.notes)
+    import dflash.target
+
+    loads = []
+    real_load = dflash.target.load_target
+    monkeypatch.setattr(dflash.target, "load_target", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    result_s, rep_s = train_multi(split, ["cpu"], ["cpu", "cpu"])
+    assert loads == []  # the target worker on the target's device runs the Trainer's full target
+    split.close()
+    assert rep_s.ok and rep_w.ok and rep_s.max_param_diff == 0.0
+    assert (result_s.first_loss, result_s.last_loss) == (result_w.first_loss, result_w.last_loss)
+    for a, b in zip(whole.drafter.parameters(), split.drafter.parameters()):
+        assert torch.equal(a, b)
+    assert result_s.eval is not None and result_w.eval is not None
+    assert result_s.eval.outputs_match and result_s.eval.tau == result_w.eval.tau
+    assert result_s.eval.acceptance_histogram == result_w.eval.acceptance_histogram
