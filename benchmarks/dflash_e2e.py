@@ -351,7 +351,7 @@ def engine_summary(report, a, cfg, fields: dict, seq: int, gpus: int) -> dict:
 
 def run_engine(a) -> dict:
     """(b): the engine as `dflash train --target-devices T --drafter-devices D` runs it."""
-    from dflash.program import train_multi
+    from dflash.program import target_home, train_multi
 
     cfg, fields, seq = setup(a)
     targets = tuple(a.target_devices.split(","))
@@ -362,7 +362,7 @@ def run_engine(a) -> dict:
     with random_target_and_data(fields, n_sequences(a, cfg, replicas=len(drafters)), seq), \
             tempfile.TemporaryDirectory() as run_dir:
         cfg = apply_overrides(cfg, {"checkpoint.out_dir": str(Path(run_dir) / "run")})
-        trainer = Trainer.from_config(cfg)
+        trainer = Trainer.from_config(cfg, target_device=target_home(targets, drafters))  # as dflash.run does
         build_s = time.perf_counter() - t0
         try:
             _, report = train_multi(trainer, targets, drafters, stall_after=a.stall_after)
@@ -372,7 +372,8 @@ def run_engine(a) -> dict:
     gpus = len([d for d in devices if d.startswith("cuda")]) or 1
     return {"mode": "engine", "env": {**env(dev0), "peak_tflops": a.peak_tflops},
             "setup": {"seq": seq, "grad_accum": cfg.train.grad_accum, "trainer_build_s": round(build_s, 2),
-                      "note": "replica 0 (the trainer) holds a full target on its device, as Trainer.from_config does"},
+                      "note": "replica 0 (the trainer) holds the target's embedding and head only when no target "
+                              "worker shares its device (dflash.program.target_home)"},
             "process_to_end_s": time.perf_counter() - T_PROCESS,
             **engine_summary(report, a, cfg, fields, seq, gpus), "peak_memory_gb": peak_memory(devices)}
 
