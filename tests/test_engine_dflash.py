@@ -192,3 +192,29 @@ def test_a_split_trainer_holds_only_embedding_and_head_and_trains_and_evaluates_
     assert result_s.eval is not None and result_w.eval is not None
     assert result_s.eval.outputs_match and result_s.eval.tau == result_w.eval.tau
     assert result_s.eval.acceptance_histogram == result_w.eval.acceptance_histogram
+
+
+# ----------------------------------------------------------------------------- GPU (run with -m gpu)
+from tests.helpers import requires_cuda  # noqa: E402
+
+
+@pytest.mark.gpu
+@requires_cuda(min_gpus=2)
+def test_a_split_run_on_two_gpus_keeps_the_target_body_off_the_drafter_gpu(tmp_path, chat_file):
+    """`--target-devices cuda:0 --drafter-devices cuda:1` as dflash.run builds it: the target's body lives on
+    cuda:0 only (loaded once, reused by the worker there); cuda:1 holds the drafter, its optimizer and the
+    target's embedding + head; training and end-of-run eval complete."""
+    from dflash.program import target_home
+
+    cfg = config(tmp_path / "split", chat_file, **{"topology.device": "auto", "eval.at_end": True,
+                                                   "eval.num_prompts": 2, "eval.max_new_tokens": 8})
+    home = target_home(["cuda:0"], ["cuda:1"])
+    assert home == "cuda:0"
+    trainer = Trainer.from_config(cfg, device="cuda:1", target_device=home)
+    body = {p.device for p in trainer.full_target.model.parameters()}
+    assert body == {torch.device("cuda:0")} and not trainer.target.has_body
+    assert {p.device for p in trainer.target.model.parameters()} == {torch.device("cuda:1")}
+    result, report = train_multi(trainer, ["cuda:0"], ["cuda:1"], stall_after=300)
+    trainer.close()
+    assert report.ok, report.verdicts
+    assert result.steps == 3 and result.eval is not None and result.eval.outputs_match
