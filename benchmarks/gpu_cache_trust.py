@@ -3,8 +3,7 @@
 Builds a cache the way users do: `dflash train` (tiny recipe, compiled drafter layers and flex
 attention, `--device` on CUDA, a few steps) in a child process with a fresh TORCHINDUCTOR_CACHE_DIR,
 then asks compilewatch what a user's `cache` commands would:
-- layout: `cache_evidence`, `unknown_entries`, `looks_like_cache`, and any file in a two-character
-  code folder whose name the layout does not expect;
+- layout: `cache_evidence`, `unknown_entries`, `looks_like_cache`, and what the unexpected entries hold;
 - pickles: every file that starts like a pickle, scanned by `compilewatch.cache.picklescan` (nothing
   is loaded); the globals it refuses, with counts and one file each;
 - `cache verify` findings by kind;
@@ -53,13 +52,12 @@ def build_cache(cache: Path, device: str, steps: int, work: Path) -> dict:
 def layout_facts(cache: Path) -> dict:
     from compilewatch.cache import layout
 
-    odd: list[str] = []
-    for d in sorted(cache.iterdir()):
-        if d.is_dir() and layout._HASH_DIR.match(d.name):
-            odd += [f"{d.name}/{f.name}" + ("/" if f.is_dir() else "") for f in sorted(d.iterdir())
-                    if not layout._CODE_FILE.match(f.name)]
-    return {"evidence": list(layout.cache_evidence(cache)), "unknown_entries": list(layout.unknown_entries(cache)),
-            "looks_like_cache": layout.looks_like_cache(cache), "unexpected_in_code_folders": odd[:40],
+    unknown = layout.unknown_entries(cache)
+    # what is inside the top-level names the layout does not expect (the names a fix has to learn)
+    inside = [f"{name}{f.name}" for name in unknown if name.endswith("/")
+              for f in sorted((cache / name).iterdir())][:40]
+    return {"evidence": list(layout.cache_evidence(cache)), "unknown_entries": list(unknown),
+            "looks_like_cache": layout.looks_like_cache(cache), "inside_unknown_entries": inside,
             "top_level": sorted(p.name + ("/" if p.is_dir() else "") for p in cache.iterdir())[:60]}
 
 
