@@ -68,8 +68,10 @@ SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_l
              rms_norm_eps=1e-6, tie_word_embeddings=False)
 
 
-def random_target(fields: dict, device: torch.device, dtype: torch.dtype, num_draft_layers: int) -> Target:
-    """A frozen Qwen3 of the given shape with random weights, built on `device` (no download)."""
+def random_target(fields: dict, device: torch.device, dtype: torch.dtype, num_draft_layers: int,
+                  compile_taps: bool = False) -> Target:
+    """A frozen Qwen3 of the given shape with random weights, built on `device` (no download);
+    `compile_taps` as `load_target` sets it (`target.compile` on CUDA)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(**fields)
@@ -84,7 +86,8 @@ def random_target(fields: dict, device: torch.device, dtype: torch.dtype, num_dr
     model.requires_grad_(False).eval()
     L = cfg.num_hidden_layers
     return Target(model=model, tokenizer=None, layer_ids=default_layer_ids(L, num_draft_layers),
-                  mask_token_id=cfg.vocab_size - 1, device=device, dtype=dtype, source="benchmark:random")
+                  mask_token_id=cfg.vocab_size - 1, device=device, dtype=dtype, source="benchmark:random",
+                  compile_taps=compile_taps and device.type == "cuda")
 
 
 def synthetic_dataset(n: int, seq: int, vocab: int, cfg, seed: int = 0) -> ChatDataset:
@@ -100,10 +103,12 @@ def synthetic_dataset(n: int, seq: int, vocab: int, cfg, seed: int = 0) -> ChatD
     return ChatDataset(samples, cfg.data, cfg.drafter.block_size, seed, stats)
 
 
-def target_flops(fields: dict, tokens: int, seq: int) -> float:
+def target_flops(fields: dict, tokens: int, seq: int, layers: int | None = None) -> float:
     """Forward FLOPs of the target over `tokens` tokens in sequences of `seq`: 2·params per token for
-    the decoder layers (the head reads one position: logits_to_keep=1) plus causal attention."""
-    h, L, i = fields["hidden_size"], fields["num_hidden_layers"], fields["intermediate_size"]
+    the decoder layers run (`layers`: the taps' forward stops after the last tapped layer; default
+    all) plus causal attention; no LM head (the taps need none)."""
+    h, i = fields["hidden_size"], fields["intermediate_size"]
+    L = layers if layers is not None else fields["num_hidden_layers"]
     q, kv = fields["num_attention_heads"] * fields["head_dim"], fields["num_key_value_heads"] * fields["head_dim"]
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * i
     attn = 2 * 2 * q * (seq * (seq + 1) / 2) * (tokens / seq)  # QK^T and PV over the causal half
@@ -115,7 +120,7 @@ def setup(a):
     fields = SMALL if a.small else QWEN3_8B
     seq = 64 if a.small else a.seq
     over = {"train.max_steps": a.warmup + a.steps, "metrics.log_every": 1, "data.max_length": seq,
-            "data.buckets": [seq], "checkpoint.every": 10**9}
+            "data.buckets": [seq], "checkpoint.every": 10**9, "target.compile": not a.no_target_compile}
     if a.small:
         over.update({"drafter.num_layers": 2, "drafter.block_size": 8, "data.num_anchors": 4})
     return apply_overrides(qwen3_8b(), over), fields, seq
@@ -139,7 +144,7 @@ def random_target_and_data(fields: dict, n_seq: int, seq: int):
 
     def load(tcfg, num_draft_layers, device):
         device = torch.device(device)
-        return random_target(fields, device, dtype_on(device), num_draft_layers)
+        return random_target(fields, device, dtype_on(device), num_draft_layers, compile_taps=tcfg.compile)
 
     def data(cfg_, target, on_event):
         return synthetic_dataset(n_seq, seq, fields["vocab_size"], cfg_), [], []
@@ -172,8 +177,11 @@ def peak_memory(devices) -> dict:
 
 
 def env(device: torch.device) -> dict:
+    import transformers
+
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
 
 
 def taps_probe(target: Target, dataset: ChatDataset, device: torch.device, sizes=(1, 4)) -> list[dict]:
@@ -199,13 +207,49 @@ def taps_probe(target: Target, dataset: ChatDataset, device: torch.device, sizes
     return out
 
 
+def target_ab(target: Target, fields: dict, ids: torch.Tensor, iters: int = 5, warmup: int = 2) -> list[dict]:
+    """The target forward three ways on the same ids: as trained (truncated at the last tap, compiled
+    when `target.compile`), truncated eager, and the whole model with output_hidden_states (the code
+    before: 36 layers, final norm, one row of logits). Median ms of `iters` after `warmup`; FLOPs of
+    the layers each one runs. The whole-model variant runs last: asking transformers for hidden
+    states puts capture hooks on the layers, which would break a later compile of them."""
+    import dataclasses
+
+    device = ids.device
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    eager = dataclasses.replace(target, compile_taps=False)
+
+    def whole(x):
+        out = target.model(input_ids=x, output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        return torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)
+
+    seq = ids.shape[1]
+    rows = []
+    for name, fn, layers in (("as trained" + (" (compiled)" if target.compile_taps else ""), target.taps, target.layers_run),
+                             ("truncated, eager", eager.taps, eager.layers_run),
+                             ("whole model, eager (before)", whole, target.num_layers)):
+        times = []
+        with torch.no_grad():
+            for k in range(warmup + iters):
+                sync()
+                t = time.perf_counter()
+                out = fn(ids)
+                sync()
+                times.append(time.perf_counter() - t)
+        ms = statistics.median(times[warmup:]) * 1e3
+        flops = target_flops(fields, ids.numel(), seq, layers)
+        rows.append({"variant": name, "layers": layers, "ms": round(ms, 2), "tflop": round(flops / 1e12, 3),
+                     "first_call_s": round(times[0], 2), "shape": list(out.shape)})
+    return rows
+
+
 def run_colocated(a) -> dict:
     device = torch.device(a.device)
     cfg, fields, seq = setup(a)
     cfg = apply_overrides(cfg, {"topology.device": str(device)})
     dtype = dtype_on(device)
     t0 = time.perf_counter()
-    target = random_target(fields, device, dtype, cfg.drafter.num_layers)
+    target = random_target(fields, device, dtype, cfg.drafter.num_layers, compile_taps=cfg.target.compile)
     build_s = time.perf_counter() - t0
     dataset = synthetic_dataset(n_sequences(a, cfg), seq, fields["vocab_size"], cfg)
     taps = taps_probe(target, dataset, device) if a.taps_probe else []
@@ -249,13 +293,16 @@ def run_colocated(a) -> dict:
                       file=sys.stderr, flush=True)
         if a.overhead:
             overhead = measure_overhead(one_step, a.overhead, a.overhead_steps)
+        ab = target_ab(target, fields, dataset.samples[0].input_ids[None].to(device)) if a.target_ab else []
+        for row in ab:
+            print(f"target forward {row['variant']}: {row['ms']} ms ({row['layers']} layers)", file=sys.stderr, flush=True)
         trainer.close()
     timed = steps[a.warmup:]
     med = statistics.median(s["seconds"] for s in timed)
     tokens = timed[0]["tokens"]
     split = {k: statistics.mean(s["split"][k] for s in timed) for k in timed[0]["split"]}
     d_flops = sum(step_flops(shape_of(fields, cfg, seq), anc) for anc in timed[-1]["anchors"])
-    t_flops = target_flops(fields, tokens, seq)
+    t_flops = target_flops(fields, tokens, seq, target.layers_run)
     peak = a.peak_tflops * 1e12
     return {
         "mode": "colocated", "env": {**env(device), "peak_tflops": a.peak_tflops},
@@ -271,6 +318,7 @@ def run_colocated(a) -> dict:
         "drafter_mfu": d_flops / split["drafter"] / peak if split["drafter"] > 0 else None,
         "step_mfu": (t_flops + d_flops) / med / peak,
         "peak_memory_gb": peak_memory([device]).get(str(device)), "taps_probe": taps, "overhead": overhead,
+        "target_layers_run": target.layers_run, "target_compiled": target.compile_taps, "target_ab": ab,
         "losses": [round(s["loss"], 4) for s in steps],
     }
 
@@ -329,7 +377,8 @@ def engine_summary(report, a, cfg, fields: dict, seq: int, gpus: int) -> dict:
     per_item_target = target_busy / items if items else None
     d_flops_item = step_flops(shape_of(fields, cfg, seq), sample_anchors(cfg, fields, seq))
     per_item_drafter = split["drafter_compute"] / cfg.train.grad_accum
-    t_flops_item = target_flops(fields, seq * cfg.data.batch_size, seq)
+    depth = max(default_layer_ids(fields["num_hidden_layers"], cfg.drafter.num_layers)) + 1  # taps stop there
+    t_flops_item = target_flops(fields, seq * cfg.data.batch_size, seq, depth)
     peak = a.peak_tflops * 1e12
     return {
         "outcome": report.outcome, "target_devices": list(report.target_devices),
@@ -443,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead", type=int, default=0, metavar="ROUNDS",
                    help="colocated: after the timed steps, ROUNDS rounds of plain / watcher / guard / both")
     p.add_argument("--overhead-steps", type=int, default=3, help="steps per configuration per round")
+    p.add_argument("--target-ab", action="store_true",
+                   help="colocated: after the steps, time the target forward as trained / truncated eager / whole model")
+    p.add_argument("--no-target-compile", action="store_true", help="run the target's layers eagerly (target.compile=false)")
     a = p.parse_args(argv)
     r = {"colocated": run_colocated, "engine": run_engine, "dist": run_dist}[a.mode](a)
     out = Path(a.out)

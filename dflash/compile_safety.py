@@ -17,14 +17,14 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 
 # --------------------------------------------------------------------------- prewarm
 @dataclass(frozen=True, slots=True)
 class PrewarmResult:
     ok: bool
-    devices: tuple[str, ...]  # unique drafter devices, in the order they were warmed
+    devices: tuple[str, ...]  # unique devices (target devices with a warm, then drafter devices), in the order warmed
     replicas: int
     wall_s: float
     via: str  # what warmed: "compilewatch.devices.warm"
@@ -42,21 +42,27 @@ def _unique(devices: Sequence[str]) -> list[str]:
 
 
 def prewarm_replicas(replicas: Sequence[Any], warm: Callable[[Any], None], *,
+                     targets: Mapping[str, Callable[[], None]] | None = None,
                      progress: Callable[[Any], None] | None = None) -> PrewarmResult:
     """Run `warm(replica)` for every replica in this thread, grouped by device, one device after
     another; then once more with compiling forbidden (nothing may compile the second time).
     `warm` must run forward and backward at every shape training will use, and not step the
-    optimizer. Gradients are cleared afterwards. Never raises for `warm`'s own errors."""
-    devices = _unique([r.device for r in replicas])
+    optimizer. `targets` (per target device) warms what produces the batches there, e.g. a compiled
+    target forward at every shape; it runs first on its device. Gradients are cleared afterwards.
+    Never raises for `warm`'s own errors."""
+    targets = dict(targets or {})
+    devices = _unique([*targets, *(r.device for r in replicas)])
 
     def run_device(device: str) -> None:
+        if device in targets:
+            targets[device]()
         for r in replicas:
             if r.device == device:
                 warm(r)
                 r.model.zero_grad(set_to_none=True)
 
     t0 = time.perf_counter()
-    with _room_for_every_replica(len(replicas)):
+    with _room_for_every_replica(len(replicas) + len(targets)):
         return _prewarm(replicas, devices, run_device, t0, progress)
 
 

@@ -44,6 +44,9 @@ class TargetConfig:
     """Target weights: auto = bf16 on GPU, fp32 on CPU (CPU bf16 matmuls are slow)."""
     mask_token: str = "<|MASK|>"
     """The block's mask token; added to the tokenizer when missing (never reuse pad)."""
+    compile: bool = True
+    """On CUDA, run the target's decoder layers compiled in the training forward (one graph per
+    bucket length, shared by every layer); eval and regen run the model eagerly."""
 
     def __post_init__(self) -> None:
         _need(bool(self.path), "target.path", "must be a model directory or embedded:tiny")

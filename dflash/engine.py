@@ -91,6 +91,9 @@ class Program:
     warm: Callable[[Replica], None] | None = None
     """Forward and backward at every shape training uses, without stepping (default: forward_backward
     on `produce(0)` of the first target device)."""
+    warm_producer: Callable[[str], None] | None = None
+    """Prewarm of a target device's producer (e.g. a compiled target forward at every shape), called
+    once per target device in the main thread during prewarm, before that device's replicas."""
     save: Callable[[Replica, int], Any] | None = None
     """Checkpoint: called with replica 0 and the number of completed steps, every `save_every` steps
     (inside the step barrier, while no replica moves), at the end of a successful run, and on
@@ -304,7 +307,9 @@ class Engine:
         with compile_safety.CompileBarrier(cfg.guard) as barrier:
             if cfg.prewarm:
                 warm = self.program.warm or self._default_warm(producers[0])
-                pre = compile_safety.prewarm_replicas(self.replicas, warm)
+                wp = self.program.warm_producer
+                targets = {d: (lambda d=d: wp(d)) for d in cfg.target_devices} if wp is not None else None
+                pre = compile_safety.prewarm_replicas(self.replicas, warm, targets=targets)
                 if not pre.ok:
                     return self._report("prewarm_failed", producers=0, wall=0.0, setup_s=setup_s, pre=pre,
                                         guard=barrier.kind, watch=None, dumped={})

@@ -112,9 +112,10 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
     plan = Plan(trainer, R * cfg.train.grad_accum, rank, world)
     total = cfg.train.max_steps or cfg.train.epochs * plan.steps_per_epoch
     one: dict[torch.device, torch.Tensor] = {}
+    targets: dict[str, Any] = {}
 
     def make_producer(device: str) -> Callable[[int], Any]:
-        target = _target_on(trainer, torch.device(device))
+        target = targets[device] = _target_on(trainer, torch.device(device))
 
         def produce(index: int) -> dict[str, Any]:
             batch = plan.batch(index).to(target.device)
@@ -162,6 +163,13 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
             taps = torch.zeros(*b.input_ids.shape, k_h, dtype=trainer.target.dtype, device=tr.device)  # as produced
             loss(tr, b, taps).loss.backward()
 
+    def warm_producer(device: str) -> None:
+        target = targets[device]
+        if not target.compile_taps:
+            return  # nothing to compile: the eager forward needs no warm-up
+        for b in trainer.warm_batches():  # the compiled target forward at every bucket length
+            target.taps(b.input_ids.to(target.device))
+
     def save(rep: Replica, steps_done: int) -> str | None:
         tr: Trainer = rep.state["trainer"]
         tr.step = steps_done
@@ -171,6 +179,7 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
 
     return Program(make_producer=make_producer, make_replica=make_replica, forward_backward=forward_backward,
                    optimizer_step=optimizer_step, warm=warm, save=save,
+                   warm_producer=warm_producer,
                    tokens=lambda item: item["batch"].tokens), plan
 
 

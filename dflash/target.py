@@ -3,7 +3,11 @@
 - A real target is any Hugging Face causal LM in a local directory, loaded with transformers
   (`local_files_only=True`: nothing is ever downloaded), frozen, in bf16 on GPU.
 - Taps: `hidden_states[layer_id + 1]` (entry 0 is the embedding output) for the configured ids, or
-  the default formula (dflash.model.default_layer_ids), concatenated on the last dim.
+  the default formula (dflash.model.default_layer_ids), concatenated on the last dim. The training
+  forward runs the decoder only up to the last tapped layer (the default taps of a 36-layer target
+  stop at layer 33: 34 of 36 layers, no final norm, no LM head), capturing the tapped layers' outputs
+  itself; with `target.compile` on CUDA those layers run compiled (one graph, shared by every layer,
+  per sequence length). Eval and regen use the whole model, eagerly.
 - The mask token `<|MASK|>` is added to the tokenizer when missing (never reuse pad) and the caller is
   told; embedding rows are only resized when the new id does not fit (Qwen3's table has spare rows).
 - `embedded:tiny` builds a small Qwen3 from a config with a fixed seed and a local word-level tokenizer
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +49,8 @@ class Target:
     dtype: torch.dtype
     source: str  # the directory, or embedded:tiny
     notes: list[str] = field(default_factory=list)  # things the user should be told (mask token added, ...)
+    compile_taps: bool = False  # run the tapped decoder layers compiled in `taps` (the whole model stays eager)
+    _tapper: "_Tapper | None" = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def config(self):
@@ -92,11 +99,101 @@ class Target:
     def taps(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, S) right-padded ids -> (B, S, k·H) concatenated taps. Padding sits after the valid
         tokens, so causal attention keeps it out of every valid position; no attention mask needed."""
+        tapper = self.tapper()
+        if tapper is not None:
+            return tapper(input_ids)
         try:  # logits_to_keep=1: skip the (S × vocab) logits nobody reads
             out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False, logits_to_keep=1)
         except TypeError:  # a model class without logits_to_keep
             out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
         return torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+
+    def tapper(self) -> "_Tapper | None":
+        """The truncated decoder `taps` runs (built once), or None for a model whose decoder is not
+        the usual `layers` + `norm` layout (then `taps` runs the whole model, as before)."""
+        if self._tapper is None and self.has_body:
+            with _TAPPER_LOCK:
+                if self._tapper is None:
+                    self._tapper = _Tapper.build(self.model, self.layer_ids, self.compile_taps)
+        return self._tapper or None
+
+    @property
+    def layers_run(self) -> int:
+        """Decoder layers one `taps` call runs (what its FLOPs count)."""
+        t = self.tapper()
+        return t.depth if t is not None else self.num_layers
+
+
+_TAPPER_LOCK = threading.Lock()
+
+
+class _TapLayer(nn.Module):
+    """One decoder layer of the truncated view: calls the layer (or its compiled forward) and keeps
+    its output when it is tapped. Attributes the decoder's loop reads (`attention_type`, ...) come
+    from the layer."""
+
+    def __init__(self, layer: nn.Module, index: int, tapper: "_Tapper", compiled: bool) -> None:
+        super().__init__()
+        self.layer = layer
+        self.index = index
+        # a compiled *forward*, not layer.compile(): the model's own modules stay eager (eval, regen),
+        # and hooks transformers may have put on the layer stay out of the graph
+        self._fn = torch.compile(layer.forward, dynamic=False) if compiled else layer.__call__
+        self._tapper = [tapper]  # in a list: not a submodule
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["layer"], name)
+
+    def forward(self, *args, **kwargs):
+        out = self._fn(*args, **kwargs)
+        self._tapper[0].keep(self.index, out[0] if isinstance(out, tuple) else out)
+        return out
+
+
+class _Tapper:
+    """A shallow view of the target's decoder that runs layers 0..max(taps) and nothing after them
+    (the final norm only when the last layer is tapped: `hidden_states[L]` is normed). It shares every
+    module and parameter with the model; the model itself is not changed."""
+
+    def __init__(self, view: nn.Module, layer_ids: tuple[int, ...], depth: int, last_normed: bool) -> None:
+        self.view, self.layer_ids, self.depth, self.last_normed = view, layer_ids, depth, last_normed
+        self._local = threading.local()  # per calling thread: the outputs of this call's tapped layers
+
+    @classmethod
+    def build(cls, model: nn.Module, layer_ids: tuple[int, ...], compiled: bool) -> "_Tapper | bool":
+        """The view, or False when the model's decoder is not `layers` (ModuleList) + `norm`."""
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        layers, norm = getattr(decoder, "layers", None), getattr(decoder, "norm", None)
+        L = int(model.config.num_hidden_layers)
+        if not (isinstance(layers, nn.ModuleList) and len(layers) == L and isinstance(norm, nn.Module)):
+            return False
+        depth = max(layer_ids) + 1
+        tapper = cls(None, layer_ids, depth, last_normed=depth == L)  # type: ignore[arg-type]
+        view = copy.copy(decoder)  # shares parameters, buffers and hooks; gets its own module table
+        view._modules = dict(decoder._modules)
+        view._modules["layers"] = nn.ModuleList(_TapLayer(layers[i], i, tapper, compiled) for i in range(depth))
+        if not tapper.last_normed:
+            view._modules["norm"] = nn.Identity()
+        tapper.view = view
+        return tapper
+
+    def keep(self, index: int, hidden: torch.Tensor) -> None:
+        kept = getattr(self._local, "kept", None)
+        if kept is not None and index in self.layer_ids:
+            kept[index] = hidden
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self._local.kept = kept = {}
+        try:
+            out = self.view(input_ids=input_ids, use_cache=False)
+        finally:
+            self._local.kept = None
+        if self.last_normed:  # hidden_states[L] of the whole model is the normed output
+            kept[self.depth - 1] = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return torch.cat([kept[i] for i in self.layer_ids], dim=-1)
 
 
 class EmbedHead(nn.Module):
@@ -291,4 +388,4 @@ def load_target(cfg: TargetConfig, num_draft_layers: int, device: torch.device,
     model.eval()
     model.to(device)
     return Target(model=model, tokenizer=tok, layer_ids=layer_ids, mask_token_id=mask_id, device=device,
-                  dtype=dtype, source=cfg.path, notes=notes)
+                  dtype=dtype, source=cfg.path, notes=notes, compile_taps=cfg.compile and device.type == "cuda")
