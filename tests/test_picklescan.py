@@ -73,3 +73,35 @@ def test_a_make_fx_graph_module_passes():
     r = picklescan.scan(pickle.dumps(gm))
     assert r.ok, r
     assert "torch.fx.experimental.proxy_tensor.PythonKeyTracer" in r.globals
+
+
+@pytest.mark.parametrize("protocol", range(2, pickle.HIGHEST_PROTOCOL + 1))
+def test_enum_members_by_getattr_pass(protocol):
+    """Python 3.12 pickles an enum member as getattr(EnumClass, "NAME"); a CUDA fxgraph entry of torch
+    2.11 holds inspect._ParameterKind and inductor's HeuristicType members that way (H200, issue 16)."""
+    import inspect
+
+    kind = _Call(getattr, inspect._ParameterKind, "POSITIONAL_OR_KEYWORD")
+    r = picklescan.scan(pickle.dumps(_Call(inspect.Parameter, "a", kind), protocol=protocol))
+    assert r.ok, r
+    assert "builtins.getattr" in r.globals
+
+
+@pytest.mark.parametrize("protocol", range(2, pickle.HIGHEST_PROTOCOL + 1))
+def test_getattr_reaches_nothing_but_members_of_allowed_classes(protocol):
+    import functools
+    import inspect
+
+    from torch._inductor.codecache import PyCodeCache
+
+    bad = [
+        _Call(getattr, PyCodeCache, "load_by_key_path"),  # a method of an allowed class: imports a file
+        _Call(getattr, inspect.Signature, "__init__"),  # a dunder
+        _Call(getattr, inspect.Signature, "X", "default"),  # three arguments
+        _Call(getattr, _Call(getattr, inspect.Signature, "A"), "B"),  # on something computed
+        functools.partial(getattr, inspect.Signature),  # getattr handed on, called later by someone else
+        [getattr],
+    ]
+    for obj in bad:
+        r = picklescan.scan(pickle.dumps(obj, protocol=protocol))
+        assert not r.ok and any("getattr" in x for x in r.refused), (obj, r)

@@ -5,7 +5,8 @@ A pickle is a program for a small stack machine: its GLOBAL / STACK_GLOBAL instr
 whatever its author chose (`os.system`, `subprocess.Popen`, ...). `scan` reads the opcodes with
 `pickletools.genops` (a parser: it never imports or calls anything) and checks every global the
 pickle names against `ALLOWED_GLOBALS` (exact names) and `CLASS_MODULES` (data classes of torch's
-cache modules): what torch's inductor caches really use, collected by compiling models on CPU with
+cache modules), and every call of a `CHECKED_CALLS` global (getattr: enum members only) against
+its arguments, following the pickle's stack: what torch's inductor caches really use, collected by compiling models on CPU with
 torch 2.11, 2.13 and 2.15 and scanning every fxgraph / aotautograd entry. `tests/test_picklescan.py`
 derives them again from a fresh cache, so a torch that needs a new global fails a test before it
 fails a user's `cache load` (which names the member and the global; `--trust` overrides).
@@ -53,7 +54,18 @@ ALLOWED_GLOBALS: frozenset[str] = frozenset({
     # re-trace): compiled flex_attention's AOTAutograd entries on CUDA (torch 2.11, H200, issue 16)
     "torch.fx.experimental.proxy_tensor.PythonKeyTracer",
     "torch.fx._symbolic_trace.Tracer",
+    # a CUDA fxgraph entry's statically launched Triton kernels (torch 2.11, H200: the triton bundler's
+    # "static autotuners"): the kernel objects and their signatures, as data
+    "triton.runtime.jit.JITFunction", "triton.runtime.jit.KernelParam", "triton.runtime.autotuner.Config",
+    "triton.language.core.constexpr",
+    "inspect.Signature", "inspect.Parameter", "inspect._ParameterKind", "inspect._empty",
 })
+# Allowed only as `getattr(<an allowed class>, "UPPER_CASE")`, i.e. how Python 3.12+ pickles an enum
+# member (inspect._ParameterKind.POSITIONAL_OR_KEYWORD, inductor's HeuristicType.POINTWISE): the
+# scan follows the pickle's stack and refuses any other use (a method, a dunder, a computed name,
+# getattr passed around instead of called).
+CHECKED_CALLS: frozenset[str] = frozenset({"builtins.getattr"})
+_MEMBER_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # Modules whose classes (CamelCase names) hold data: constructing one runs no user-chosen code.
 CLASS_MODULES: frozenset[str] = frozenset({
     "torch._dynamo.source",
@@ -70,6 +82,13 @@ CLASS_MODULES: frozenset[str] = frozenset({
     "torch._inductor.utils",
     "torch._inductor.codecache",
     "torch._inductor.ir",
+    # CUDA: the autotuner inductor pickles with its statically launched kernels (torch 2.11, H200)
+    "torch._inductor.runtime.triton_heuristics",
+    "torch._inductor.runtime.hints",
+    "torch._inductor.runtime.static_triton_launcher",
+    "torch._inductor.runtime.coordinate_descent_tuner",
+    "torch._inductor.runtime.autotune_cache",
+    "torch._inductor.remote_cache",
     "torch._subclasses.functional_tensor",
     "torch._subclasses.fake_tensor",
     "torch.utils._ordered_set",
@@ -119,20 +138,32 @@ _MEMO_GET = {"GET", "BINGET", "LONG_BINGET"}
 _REFUSED_OPS = {"EXT1", "EXT2", "EXT4"}
 
 
+class _Global(str):
+    """A global's "module.name" on the scan's model of the pickle stack."""
+
+
+class _Str(str):
+    """A string constant on the scan's model of the pickle stack."""
+
+
+_MARK = object()
+
+
 def scan(data: bytes, *, max_ops: int = 50_000_000) -> ScanResult:
-    """Every global a pickle names and which of them are not allowed; never imports or calls anything."""
+    """Every global a pickle names and which of them are not allowed; never imports or calls anything.
+    Follows the pickle's stack (with pickletools' opcode table: what each opcode pops and pushes) far
+    enough to know what each REDUCE calls with which arguments, for `CHECKED_CALLS`."""
     names: list[str] = []
     seen: set[str] = set()
     refused: list[str] = []
     memo: dict[int, object] = {}
-    memo_next = 0
-    last: list[object] = []  # values the last few opcodes pushed (strings; None for anything else)
+    stack: list[object] = []
     problem = None
 
-    def note(module: object, name: object) -> None:
+    def note(module: object, name: object) -> object:
         if not isinstance(module, str) or not isinstance(name, str):
             refused.append("<a global whose name is computed>")
-            return
+            return None
         if (module, name) in _compat_pickle.NAME_MAPPING:  # what pickle's fix_imports does for protocols < 3
             module, name = _compat_pickle.NAME_MAPPING[(module, name)]
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
@@ -140,8 +171,43 @@ def scan(data: bytes, *, max_ops: int = 50_000_000) -> ScanResult:
         if full not in seen:
             seen.add(full)
             names.append(full)
-            if not is_allowed(module, name):
+            if not is_allowed(module, name) and full not in CHECKED_CALLS:
                 refused.append(full)
+        return _Global(full)
+
+    def pop_args(op) -> list[object]:
+        """What `op` takes off the stack, bottom first (a mark's slice as one list)."""
+        before = op.stack_before
+        if pickletools.markobject in before:
+            k = before.index(pickletools.markobject)
+            sliced: list[object] = []
+            while stack and stack[-1] is not _MARK:
+                sliced.append(stack.pop())
+            if stack:
+                stack.pop()
+            sliced.reverse()
+            under = [stack.pop() if stack else None for _ in range(k)][::-1]
+            return [*under, sliced]
+        n = len(before)
+        taken = stack[len(stack) - n:] if n else []
+        del stack[len(stack) - n:]
+        return taken
+
+    def consumed(values: list[object], ok_callable: object = None) -> None:
+        """A checked global taken off the stack by anything but its own checked call is refused."""
+        for v in values:
+            items = v if isinstance(v, (list, tuple)) else (v,)
+            for x in items:
+                if isinstance(x, _Global) and x in CHECKED_CALLS and x is not ok_callable:
+                    refused.append(f"{x} used other than as getattr(<class>, 'MEMBER')")
+
+    def checked_call(fn: _Global, args: object) -> None:
+        if (isinstance(args, tuple) and len(args) == 2 and isinstance(args[0], _Global)
+                and is_allowed(*args[0].rsplit(".", 1)) and isinstance(args[1], _Str) and _MEMBER_NAME.match(args[1])):
+            return
+        what = (f"getattr({args[0] if isinstance(args, tuple) and args else '?'}, "
+                f"{args[1]!r})" if isinstance(args, tuple) and len(args) == 2 else "getattr(<computed arguments>)")
+        refused.append(f"{fn} call {what}: only getattr(<an allowed class>, 'MEMBER') is allowed")
 
     try:
         for n, (op, arg, _pos) in enumerate(pickletools.genops(io.BytesIO(data))):
@@ -149,34 +215,53 @@ def scan(data: bytes, *, max_ops: int = 50_000_000) -> ScanResult:
                 problem = f"more than {max_ops} pickle opcodes"
                 break
             opname = op.name
-            if opname in _STRING_OPS:
-                last.append(arg if isinstance(arg, str) else arg.decode("latin-1") if isinstance(arg, bytes) else None)
-            elif opname == "MEMOIZE":
-                memo[memo_next] = last[-1] if last else None
-                memo_next += 1
-            elif opname in _MEMO_PUT:
-                memo[int(arg)] = last[-1] if last else None
-            elif opname in _MEMO_GET:
-                last.append(memo.get(int(arg)))
-            elif opname == "GLOBAL" or opname == "INST":
-                module, _, name = str(arg).partition(" ")
-                note(module, name)
-                last.append(None)
-            elif opname == "STACK_GLOBAL":
-                module, name = (last[-2], last[-1]) if len(last) >= 2 else (None, None)
-                note(module, name)
-                last.append(None)
-            elif opname in _REFUSED_OPS:
-                refused.append(f"<copyreg extension code {arg}>")
-                last.append(None)
-            elif opname in ("FRAME", "PROTO"):
-                pass
-            else:
-                last.append(None)
-            if len(last) > 8:
-                del last[:-4]
+            if opname in ("FRAME", "PROTO"):
+                continue
             if opname == "STOP":
                 break
+            if opname in _REFUSED_OPS:
+                refused.append(f"<copyreg extension code {arg}>")
+            if opname == "MEMOIZE":
+                memo[len(memo)] = stack[-1] if stack else None
+                continue
+            if opname in _MEMO_PUT:
+                memo[int(arg)] = stack[-1] if stack else None
+                continue
+            if opname in _MEMO_GET:
+                stack.append(memo.get(int(arg)))
+                continue
+            if opname == "MARK":
+                stack.append(_MARK)
+                continue
+            args = pop_args(op)
+            if opname in _STRING_OPS:
+                stack.append(_Str(arg if isinstance(arg, str) else arg.decode("latin-1")))
+            elif opname == "GLOBAL":
+                module, _, name = str(arg).partition(" ")
+                stack.append(note(module, name))
+            elif opname == "INST":  # calls the class with the mark's slice
+                module, _, name = str(arg).partition(" ")
+                consumed(args)
+                note(module, name)
+                stack.append(None)
+            elif opname == "STACK_GLOBAL":
+                module, name = args if len(args) == 2 else (None, None)
+                stack.append(note(module, name))
+            elif opname in ("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "EMPTY_TUPLE"):
+                items = args[-1] if opname == "TUPLE" else args
+                consumed(items)
+                stack.append(tuple(items))
+            elif opname == "REDUCE":
+                fn, fargs = args if len(args) == 2 else (None, None)
+                if isinstance(fn, _Global) and fn in CHECKED_CALLS:
+                    checked_call(fn, fargs)
+                    consumed([fargs])
+                else:
+                    consumed(args)
+                stack.append(None)
+            else:
+                consumed(args)
+                stack.extend(None for _ in op.stack_after)
     except Exception as e:  # noqa: BLE001 - genops raises ValueError and friends on malformed input
         problem = f"not a valid pickle ({type(e).__name__}: {str(e)[:120]})"
     return ScanResult(tuple(names), tuple(dict.fromkeys(refused)), problem)
