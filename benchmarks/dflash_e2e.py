@@ -207,6 +207,22 @@ def taps_probe(target: Target, dataset: ChatDataset, device: torch.device, sizes
     return out
 
 
+def profiled(fn, into: dict, top: int = 40):
+    """fn() under cProfile; the `top` functions by cumulative and by own time into `into` (where
+    the first step's seconds go: dynamo tracing, cache loads, kernel loading, CUDA start-up)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    st = pstats.Stats(prof)
+    for key, col in (("cumulative", 3), ("self", 2)):  # stats values: (cc, nc, tt, ct, callers)
+        rows = sorted(st.stats.items(), key=lambda kv: kv[1][col], reverse=True)[:top]
+        into[key] = [{"function": f"{Path(f).name}:{line}({name})", "calls": nc, "self_s": round(tt, 3),
+                      "cum_s": round(ct, 3)} for (f, line, name), (cc, nc, tt, ct, _callers) in rows]
+    return out
+
+
 def target_ab(target: Target, fields: dict, ids: torch.Tensor, iters: int = 5, warmup: int = 2) -> list[dict]:
     """The target forward three ways on the same ids: as trained (truncated at the last tap, compiled
     when `target.compile`), truncated eager, and the whole model with output_hidden_states (the code
@@ -258,6 +274,7 @@ def run_colocated(a) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     steps = []
+    first_profile: dict = {}
     compiled: dict = {}
     first_counters: dict = {}
     to_first = 0.0
@@ -281,7 +298,7 @@ def run_colocated(a) -> dict:
                     "anchors": [b.anchors for b in batches]}
 
         for i in range(a.warmup + a.steps):
-            st = one_step()
+            st = profiled(one_step, first_profile) if i == 0 and a.profile_first else one_step()
             steps.append(st)
             if i == 0:
                 to_first = time.perf_counter() - T_PROCESS
@@ -318,6 +335,7 @@ def run_colocated(a) -> dict:
         "drafter_mfu": d_flops / split["drafter"] / peak if split["drafter"] > 0 else None,
         "step_mfu": (t_flops + d_flops) / med / peak,
         "peak_memory_gb": peak_memory([device]).get(str(device)), "taps_probe": taps, "overhead": overhead,
+        "first_step_profile": first_profile,
         "target_layers_run": target.layers_run, "target_compiled": target.compile_taps, "target_ab": ab,
         "losses": [round(s["loss"], 4) for s in steps],
     }
@@ -494,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead-steps", type=int, default=3, help="steps per configuration per round")
     p.add_argument("--target-ab", action="store_true",
                    help="colocated: after the steps, time the target forward as trained / truncated eager / whole model")
+    p.add_argument("--profile-first", action="store_true", help="colocated: cProfile the first step (top 40 by cumulative time)")
     p.add_argument("--no-target-compile", action="store_true", help="run the target's layers eagerly (target.compile=false)")
     a = p.parse_args(argv)
     r = {"colocated": run_colocated, "engine": run_engine, "dist": run_dist}[a.mode](a)
