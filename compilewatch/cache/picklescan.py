@@ -60,12 +60,15 @@ ALLOWED_GLOBALS: frozenset[str] = frozenset({
     "triton.language.core.constexpr",
     "inspect.Signature", "inspect.Parameter", "inspect._ParameterKind", "inspect._empty",
 })
-# Allowed only as `getattr(<an allowed class>, "UPPER_CASE")`, i.e. how Python 3.12+ pickles an enum
-# member (inspect._ParameterKind.POSITIONAL_OR_KEYWORD, inductor's HeuristicType.POINTWISE): the
-# scan follows the pickle's stack and refuses any other use (a method, a dunder, a computed name,
-# getattr passed around instead of called).
+# getattr is allowed in two forms only, checked by following the pickle's stack: `getattr(<an allowed
+# class>, "UPPER_CASE")`, how Python 3.12+ pickles an enum member (inspect._ParameterKind.POSITIONAL_
+# OR_KEYWORD, inductor's HeuristicType.POINTWISE), and `getattr(<object>, "lower_name")`, how a bound
+# method is pickled (a CUDA entry keeps `launcher.create_binder`, `cache.save`): a value that nothing
+# in the pickle may call, because no call of anything but a named, allowed global is allowed at all.
+# Refused: a dunder or private name, a computed name, getattr handed on instead of called.
 CHECKED_CALLS: frozenset[str] = frozenset({"builtins.getattr"})
 _MEMBER_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_ATTR_NAME = re.compile(r"^[a-z][A-Za-z0-9_]*$")
 # Modules whose classes (CamelCase names) hold data: constructing one runs no user-chosen code.
 CLASS_MODULES: frozenset[str] = frozenset({
     "torch._dynamo.source",
@@ -146,7 +149,15 @@ class _Str(str):
     """A string constant on the scan's model of the pickle stack."""
 
 
+class _Computed:
+    """A value some call made (its origin, for the message); None on the stack is any other value."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+
 _MARK = object()
+_CALLS = {"REDUCE": 0, "NEWOBJ": 0, "NEWOBJ_EX": 0, "OBJ": 0}  # opcode -> index of the callable in its pops
 
 
 def scan(data: bytes, *, max_ops: int = 50_000_000) -> ScanResult:
@@ -201,13 +212,18 @@ def scan(data: bytes, *, max_ops: int = 50_000_000) -> ScanResult:
                 if isinstance(x, _Global) and x in CHECKED_CALLS and x is not ok_callable:
                     refused.append(f"{x} used other than as getattr(<class>, 'MEMBER')")
 
-    def checked_call(fn: _Global, args: object) -> None:
-        if (isinstance(args, tuple) and len(args) == 2 and isinstance(args[0], _Global)
-                and is_allowed(*args[0].rsplit(".", 1)) and isinstance(args[1], _Str) and _MEMBER_NAME.match(args[1])):
-            return
-        what = (f"getattr({args[0] if isinstance(args, tuple) and args else '?'}, "
-                f"{args[1]!r})" if isinstance(args, tuple) and len(args) == 2 else "getattr(<computed arguments>)")
-        refused.append(f"{fn} call {what}: only getattr(<an allowed class>, 'MEMBER') is allowed")
+    def checked_call(fn: _Global, args: object) -> object:
+        """getattr's two allowed forms (see CHECKED_CALLS); what it pushes."""
+        if isinstance(args, tuple) and len(args) == 2 and isinstance(args[1], _Str):
+            obj, name = args
+            if isinstance(obj, _Global) and is_allowed(*obj.rsplit(".", 1)) and _MEMBER_NAME.match(name):
+                return None  # an enum member
+            if _ATTR_NAME.match(name) and not (isinstance(obj, _Global) and obj in CHECKED_CALLS):
+                return _Computed(f"getattr(..., {str(name)!r})")  # a bound method or attribute: never callable here
+        shown = (f"getattr({args[0] if isinstance(args[0], str) else '<object>'}, {args[1]!r})"
+                 if isinstance(args, tuple) and len(args) == 2 else "getattr(<computed arguments>)")
+        refused.append(f"{fn} call {shown}: only getattr(<class>, 'MEMBER') and getattr(<object>, 'name') are allowed")
+        return None
 
     try:
         for n, (op, arg, _pos) in enumerate(pickletools.genops(io.BytesIO(data))):
@@ -251,14 +267,23 @@ def scan(data: bytes, *, max_ops: int = 50_000_000) -> ScanResult:
                 items = args[-1] if opname == "TUPLE" else args
                 consumed(items)
                 stack.append(tuple(items))
-            elif opname == "REDUCE":
-                fn, fargs = args if len(args) == 2 else (None, None)
-                if isinstance(fn, _Global) and fn in CHECKED_CALLS:
-                    checked_call(fn, fargs)
+            elif opname in _CALLS:
+                fn = args[_CALLS[opname]] if args else None
+                if opname == "OBJ":  # MARK cls args... OBJ: the class is the first of the mark's slice
+                    fn = args[-1][0] if args and args[-1] else None
+                fargs = args[1] if opname == "REDUCE" and len(args) == 2 else None
+                if isinstance(fn, _Global) and fn in CHECKED_CALLS and opname == "REDUCE":
+                    result = checked_call(fn, fargs)
                     consumed([fargs])
-                else:
-                    consumed(args)
+                    stack.append(result)
+                    continue
+                if not isinstance(fn, _Global):
+                    what = fn.what if isinstance(fn, _Computed) else "a computed object"
+                    refused.append(f"<a call of {what}: only named, allowed globals may be called>")
+                consumed(args)
                 stack.append(None)
+            elif opname == "DUP":
+                stack.extend(args * 2)
             else:
                 consumed(args)
                 stack.extend(None for _ in op.stack_after)
