@@ -218,3 +218,20 @@ def test_a_split_run_on_two_gpus_keeps_the_target_body_off_the_drafter_gpu(tmp_p
     trainer.close()
     assert report.ok, report.verdicts
     assert result.steps == 3 and result.eval is not None and result.eval.outputs_match
+
+
+def test_an_engine_with_a_compiled_target_prewarms_it_before_the_guard_freezes(tmp_path, chat_file):
+    """`target.compile` on a GPU: the target's layers compile on their first forward. The engine's
+    guard refuses any compile after prewarm, so prewarm must run each target device's forward at
+    every bucket (Program.warm_producer); without it the target thread's first batch fails. CPU
+    inductor stands in for the GPU here (load_target compiles on CUDA only)."""
+    trainer = Trainer.from_config(config(tmp_path / "run", chat_file))
+    trainer.target.compile_taps = True  # what load_target sets on CUDA
+    try:
+        result, report = train_multi(trainer, ["cpu"], ["cpu"], stall_after=300)
+    finally:
+        trainer.close()
+    assert report.ok, report.verdicts
+    assert report.guard.startswith("compilewatch") and report.prewarm.ok
+    assert result.steps == 3
+    assert trainer.target.tapper() is not None and trainer.target.compile_taps
