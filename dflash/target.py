@@ -49,8 +49,8 @@ class Target:
     dtype: torch.dtype
     source: str  # the directory, or embedded:tiny
     notes: list[str] = field(default_factory=list)  # things the user should be told (mask token added, ...)
-    compile_taps: bool = False  # run the tapped decoder layers compiled in `taps` (the whole model stays eager)
-    _tapper: "_Tapper | None" = field(default=None, init=False, repr=False, compare=False)
+    compile_taps: bool = False  # run the tapped decoder layers compiled in `taps` (read at the first `taps`; the model stays eager)
+    _tapper: "_Tapper | bool | None" = field(default=None, init=False, repr=False, compare=False)  # False: not buildable
 
     @property
     def config(self):
@@ -136,8 +136,10 @@ class _TapLayer(nn.Module):
         super().__init__()
         self.layer = layer
         self.index = index
-        # a compiled *forward*, not layer.compile(): the model's own modules stay eager (eval, regen),
-        # and hooks transformers may have put on the layer stay out of the graph
+        # a compiled *forward*, not layer.compile(): the model's own modules stay eager (eval, regen) and
+        # the layer's own hooks stay out of the graph. (Hooks on its submodules run inside: transformers'
+        # output-capture hooks, installed once anyone asks the model for output_hidden_states, read a
+        # ContextVar dynamo cannot trace and break the graph; the training forward never asks.)
         self._fn = torch.compile(layer.forward, dynamic=False) if compiled else layer.__call__
         self._tapper = [tapper]  # in a list: not a submodule
 
