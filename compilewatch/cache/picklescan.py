@@ -5,8 +5,9 @@ A pickle is a program for a small stack machine: its GLOBAL / STACK_GLOBAL instr
 whatever its author chose (`os.system`, `subprocess.Popen`, ...). `scan` reads the opcodes with
 `pickletools.genops` (a parser: it never imports or calls anything) and checks every global the
 pickle names against `ALLOWED_GLOBALS` (exact names) and `CLASS_MODULES` (data classes of torch's
-cache modules), and every call of a `CHECKED_CALLS` global (getattr: enum members only) against
-its arguments, following the pickle's stack: what torch's inductor caches really use, collected by compiling models on CPU with
+cache modules), following the pickle's stack to check every call: only named, allowed globals are
+called, getattr only in the forms `CHECKED_CALLS` describes. The lists are what torch's inductor
+caches really use, collected by compiling models on CPU with
 torch 2.11, 2.13 and 2.15 and scanning every fxgraph / aotautograd entry. `tests/test_picklescan.py`
 derives them again from a fresh cache, so a torch that needs a new global fails a test before it
 fails a user's `cache load` (which names the member and the global; `--trust` overrides).
@@ -157,7 +158,7 @@ class _Computed:
 
 
 _MARK = object()
-_CALLS = {"REDUCE": 0, "NEWOBJ": 0, "NEWOBJ_EX": 0, "OBJ": 0}  # opcode -> index of the callable in its pops
+_CALLS = frozenset({"REDUCE", "NEWOBJ", "NEWOBJ_EX", "OBJ"})  # opcodes that call (or construct) what they pop first
 
 
 def scan(data: bytes, *, max_ops: int = 50_000_000) -> ScanResult:
@@ -268,7 +269,7 @@ def scan(data: bytes, *, max_ops: int = 50_000_000) -> ScanResult:
                 consumed(items)
                 stack.append(tuple(items))
             elif opname in _CALLS:
-                fn = args[_CALLS[opname]] if args else None
+                fn = args[0] if args else None
                 if opname == "OBJ":  # MARK cls args... OBJ: the class is the first of the mark's slice
                     fn = args[-1][0] if args and args[-1] else None
                 fargs = args[1] if opname == "REDUCE" and len(args) == 2 else None
