@@ -53,8 +53,8 @@ def make_target(path: Path, small: bool) -> float:
     if (path / "config.json").is_file():
         return 0.0
     tok = build_tiny_tokenizer()
-    fields = SMALL if small else QWEN3_8B
-    cfg = tiny_target_config(len(tok), **fields)
+    fields = dict(SMALL if small else QWEN3_8B)
+    cfg = tiny_target_config(fields.pop("vocab_size", len(tok)), **fields)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
