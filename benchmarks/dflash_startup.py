@@ -86,10 +86,10 @@ def make_data(path: Path, n: int, words_per_chat: int) -> None:
 
 def run(name: str, args: list[str], env: dict, out: Path, timeout: float, profile: Path | None = None) -> dict:
     """One `dflash train` process; every stderr/stdout line stamped with seconds since its start."""
-    cmd = [sys.executable]
-    if profile is not None:
-        cmd += ["-m", "cProfile", "-o", str(profile)]
-    cmd += ["-c", "import sys; from cli.dflash_main import main; sys.exit(main())", "train", *args]
+    code = "import sys; from cli.dflash_main import main; sys.exit(main())"
+    if profile is not None:  # cProfile's own CLI takes no -c; its run() keeps the profile on SystemExit
+        code = f"import cProfile; from cli.dflash_main import main; cProfile.run('main()', {str(profile)!r})"
+    cmd = [sys.executable, "-c", code, "train", *args]
     t0 = time.perf_counter()
     lines: list[tuple[float, str]] = []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
