@@ -16,6 +16,7 @@ class TrainProgress:
         self.progress = Progress(enabled=enabled)
         self.task = None
         self.sub = None
+        self.last_eval = ""  # the latest periodic eval's τ, shown on the step line
 
     def __enter__(self) -> TrainProgress:
         self.progress.__enter__()
@@ -58,10 +59,30 @@ class TrainProgress:
         elif kind == "step" and self.task is not None:
             m = data["metrics"]
             info = (f"loss {m.loss:.3f} acc₁ {m.accuracy[0]:.2f} τ≈{m.tau_estimate:.2f} "
-                    f"{m.tokens_per_s / 1000:,.1f}k tok/s {fmt_bytes(m.memory_bytes)}")
+                    f"{m.tokens_per_s / 1000:,.1f}k tok/s {fmt_bytes(m.memory_bytes)}{self.last_eval}")
             p.update(self.task, completed=m.step, info=info)
+        elif kind == "phase-done":
+            p.print(f"[dim]·[/] {data['name']}: {data['seconds']:.1f} s (at {data['at']:.1f} s since process start)",
+                    highlight=False)
+        elif kind == "disk":
+            p.print(f"[dim]·[/] checkpoints: {fmt_bytes(data['checkpoint_bytes'])} each "
+                    f"({'measured' if data['measured'] else 'estimated'}), {data['saves']} to write, at most "
+                    f"{fmt_bytes(data['peak_bytes'])} on disk at once (keep_last {data['keep_last']}); "
+                    f"{fmt_bytes(data['free_bytes'])} free", highlight=False)
         elif kind == "checkpoint":
-            p.print(f"[dim]·[/] checkpoint {data['path']}")
+            gone = f", removed {', '.join(data['removed'])}" if data.get("removed") else ""
+            gone += f", kept only the export of {', '.join(data['stripped'])}" if data.get("stripped") else ""
+            p.print(f"[dim]·[/] checkpoint {data['path']} ({fmt_bytes(data['bytes'])}; training paused "
+                    f"{data['blocked_s']:.2f} s, written in {data['write_s']:.1f} s beside it{gone})", highlight=False)
+            for note in data.get("notes") or ():
+                p.print(f"[yellow]warning:[/] {note}", highlight=False)
+        elif kind == "checkpoint-skipped":
+            p.print(f"[yellow]warning:[/] checkpoint at step {data['step']} NOT saved: {data['reason']}; newest "
+                    f"on disk: {data['newest'] or 'none'}; {data['then']}", highlight=False)
+        elif kind == "periodic_eval":
+            self.last_eval = f" eval τ {data['tau']:.2f}@{data['step']}"
+            p.print(f"[dim]·[/] eval at step {data['step']}: τ = {data['tau']:.2f} (max {data['max_tau']}), speedup "
+                    f"{data['speedup']:.2f}x on {data['prompts']} prompts, {data['seconds']:.1f} s", highlight=False)
 
 
 def render_skips(p: Progress, stats) -> None:

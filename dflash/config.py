@@ -274,9 +274,20 @@ class CheckpointConfig:
     """Run directory; None = runs/<recipe>-<timestamp>."""
     every: int = 500
     """Save (export + training state) every N steps; the last step is always saved."""
+    keep_last: int = 2
+    """Full checkpoints (training state + export) kept; older ones are removed once a newer one is
+    complete (at 8B each is ~14.7 GB: 2 keeps a run's disk use bounded and survives one bad save)."""
+    export_every: int = 0
+    """Older checkpoints whose step is a multiple of this keep their exported drafter (config.json +
+    model.safetensors, ~2 GB at 8B) when their training state is removed; 0 = keep none."""
+    background: bool = True
+    """Write checkpoints in a background thread: the loop only waits for a copy into pinned host
+    buffers (dflash/checkpoint/writer.py); false = write inline (the loop waits for the disk)."""
 
     def __post_init__(self) -> None:
         _need(self.every >= 1, "checkpoint.every", "must be >= 1")
+        _need(self.keep_last >= 1, "checkpoint.keep_last", "must be >= 1 (the newest checkpoint is what --resume reads)")
+        _need(self.export_every >= 0, "checkpoint.export_every", "must be >= 0 (0 = keep no older exports)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -300,10 +311,17 @@ class EvalConfig:
     dataset has more than twice as many), or held-out embedded prompts."""
     max_new_tokens: int = 128
     """Tokens generated per prompt (both plain and speculative decoding)."""
+    every: int = 0
+    """Also measure τ by real speculative decoding every N steps while training (metrics.jsonl event
+    "eval", the progress line); 0 = never. Its cost (seconds) is in the same row."""
+    every_prompts: int = 4
+    """Held-out prompts of each periodic eval (the first of the eval prompts): few, so it stays cheap."""
 
     def __post_init__(self) -> None:
         _need(self.num_prompts >= 1, "eval.num_prompts", "must be >= 1")
         _need(self.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
+        _need(self.every >= 0, "eval.every", "must be >= 0 (0 = no periodic eval)")
+        _need(self.every_prompts >= 1, "eval.every_prompts", "must be >= 1")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -9,16 +9,22 @@ Layout of a run directory:
         model.safetensors                layers.*, fc, hidden_norm, norm (reference names)
         training_state.pt                fp32 master weights, optimizer, step (for --resume)
         train_config.toml                the training config
+        manifest.json                    each file's size and checksum (written last)
     RUN/checkpoints/latest               the name of the newest complete checkpoint
 
-A checkpoint directory is written under a temporary name and renamed into place (atomic on POSIX),
-then `latest` is replaced atomically: a crash never leaves a half-written checkpoint behind. An
-existing directory of the same name is moved aside to `<name>.bak-<time>`, never deleted.
+A checkpoint directory is written under a temporary name (`.step_NNNNNN.partial-PID`, every file
+fsynced) and renamed into place (atomic on POSIX), then `latest` is replaced atomically: a crash
+never leaves a half-written checkpoint behind, and the next run that owns the run directory removes
+the staging directories of killed saves (dflash.checkpoint.retention). An existing directory of the
+same name is moved aside to `<name>.bak-<time>`, never deleted. Which checkpoints are kept:
+dflash.checkpoint.retention (`checkpoint.keep_last`, `checkpoint.export_every`); how a save runs
+beside training: dflash.checkpoint.writer.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -26,7 +32,7 @@ from typing import Any
 
 import torch
 
-from compilewatch import BadInput, FILE_MODE, atomic_write_bytes, atomic_write_json, atomic_write_text
+from compilewatch import BadInput, FILE_MODE, atomic_write_json, atomic_write_text
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 
 EXPORT_FILES = ("config.json", "model.safetensors")
@@ -117,6 +123,11 @@ def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
     return dict(rp)
 
 
+STAGE_RE = re.compile(r"^\.step_\d+\.partial-\d+$")  # a save in progress (or killed mid-way)
+DELETING_RE = re.compile(r"^\.step_\d+\.deleting-\d+$")  # a checkpoint retention is removing
+STEP_RE = re.compile(r"^step_(\d+)$")  # a published checkpoint (complete: renamed into place whole)
+
+
 def _stage_dir(final: Path) -> Path:
     stage = final.parent / f".{final.name}.partial-{os.getpid()}"
     if stage.exists():
@@ -125,41 +136,67 @@ def _stage_dir(final: Path) -> Path:
     return stage
 
 
-def _publish(stage: Path, final: Path) -> None:
-    for f in stage.iterdir():  # files written directly (training state) get the same mode as atomic ones
-        os.chmod(f, FILE_MODE)
-    if final.exists():
-        final.rename(final.with_name(f"{final.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}"))
-    os.replace(stage, final)
-    fd = os.open(final.parent, os.O_RDONLY)
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
+def _publish(stage: Path, final: Path) -> None:
+    for f in stage.iterdir():  # files written directly (training state) get the same mode as atomic ones
+        os.chmod(f, FILE_MODE)
+    fsync_dir(stage)
+    if final.exists():
+        final.rename(final.with_name(f"{final.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}"))
+    os.replace(stage, final)
+    fsync_dir(final.parent)
+
+
+def _write_synced(path: Path, write) -> None:
+    """Create `path` (inside a staging directory), write it with `write(fh)`, flush and fsync."""
+    with open(path, "wb") as fh:
+        write(fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def write_export(directory: Path, drafter: DFlashDrafter, dtype: torch.dtype) -> None:
-    """config.json + model.safetensors into an existing directory (each written atomically)."""
-    from safetensors.torch import save
-
-    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in drafter.state_dict().items()}
-    atomic_write_bytes(directory / "model.safetensors", save(tensors, metadata={"format": "pt"}))
-    atomic_write_json(directory / "config.json", export_config(drafter.spec, dtype))
+    """config.json + model.safetensors of a live drafter into an existing directory."""
+    write_export_state(directory, {k: v.detach().cpu() for k, v in drafter.state_dict().items()}, drafter.spec, dtype)
 
 
-def save_checkpoint(run_dir: Path, step: int, drafter: DFlashDrafter, export_dtype: torch.dtype,
-                    training_state: dict[str, Any], config_toml: str) -> Path:
-    """Write checkpoints/step_NNNNNN atomically and point `latest` at it; returns its path."""
+def write_export_state(directory: Path, model: dict[str, torch.Tensor], spec: DrafterSpec, dtype: torch.dtype) -> None:
+    """config.json + model.safetensors from host tensors (fp32 master weights, cast to `dtype` here)."""
+    from safetensors.torch import save_file
+
+    path = directory / "model.safetensors"
+    save_file({k: v.to(dtype).contiguous() for k, v in model.items()}, str(path), metadata={"format": "pt"})
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    atomic_write_json(directory / "config.json", export_config(spec, dtype))
+
+
+def save_checkpoint(run_dir: Path, step: int, model: dict[str, torch.Tensor], spec: DrafterSpec,
+                    export_dtype: torch.dtype, training_state: dict[str, Any], config_toml: str) -> Path:
+    """Write checkpoints/step_NNNNNN atomically and point `latest` at it; returns its path. `model`:
+    the drafter's weights on the host (the export); `training_state`: what `Trainer.state_dict` holds,
+    tensors on the host. The staging directory is fsynced file by file, its manifest (sizes and
+    checksums, dflash.checkpoint.manifest) is the last file written, then it is renamed into place."""
+    from dflash.checkpoint import manifest
+
     ckdir = Path(run_dir) / "checkpoints"
     final = ckdir / f"step_{step:06d}"
     stage = _stage_dir(final)
     try:
-        write_export(stage, drafter, export_dtype)
-        with open(stage / STATE_FILE, "wb") as fh:
-            torch.save(training_state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_export_state(stage, model, spec, export_dtype)
+        _write_synced(stage / STATE_FILE, lambda fh: torch.save(training_state, fh))
         atomic_write_text(stage / CONFIG_FILE, config_toml)
+        manifest.record(stage, [*EXPORT_FILES, STATE_FILE, CONFIG_FILE])
         _publish(stage, final)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -168,18 +205,22 @@ def save_checkpoint(run_dir: Path, step: int, drafter: DFlashDrafter, export_dty
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run directory, or None."""
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's resumable checkpoints (a published step_NNNNNN with its training state), oldest first."""
     ckdir = Path(run_dir) / "checkpoints"
-    pointer = ckdir / "latest"
-    if pointer.is_file():
-        with open(pointer, encoding="utf-8", errors="replace") as fh:
-            name = fh.read(256).strip()  # a step_NNNNNN name; never follow a path out of checkpoints/
-        cand = ckdir / name
-        if name and "/" not in name and "\\" not in name and name not in (".", "..") and (cand / STATE_FILE).is_file():
-            return cand
-    steps = sorted(p for p in ckdir.glob("step_*") if p.is_dir() and (p / STATE_FILE).is_file()
-                   and ".bak-" not in p.name)
+    if not ckdir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckdir.iterdir()
+             if (m := STEP_RE.match(p.name)) and p.is_dir() and (p / STATE_FILE).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run directory, or None. A checkpoint directory appears
+    only whole (renamed from its staging directory), so the newest step_NNNNNN with a training state
+    is the newest complete one, even when a kill came between that rename and the `latest` pointer's
+    update; `latest` names the same checkpoint otherwise (for people and tools)."""
+    steps = complete_checkpoints(run_dir)
     return steps[-1] if steps else None
 
 

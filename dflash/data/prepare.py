@@ -20,7 +20,8 @@ def load_training_data(cfg: Config, target: Target, on_event: Event) -> tuple[Ch
     from the data cache (dflash.data.cache) when its key matches, else is tokenized into it."""
     from dflash.data.cache import prepare
 
-    n_eval = cfg.eval.num_prompts if cfg.eval.at_end else 0
+    # periodic eval (eval.every) uses the first every_prompts of the same held-out prompts
+    n_eval = cfg.eval.num_prompts if cfg.eval.at_end else cfg.eval.every_prompts if cfg.eval.every else 0
     regen = None
     if cfg.data.regenerate:
         def regen(convs: list) -> list:

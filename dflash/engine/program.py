@@ -179,7 +179,7 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
         tr.step = steps_done
         if rank != 0:
             return None  # rank 0 writes checkpoints; every rank holds the same state
-        return str(tr.save())
+        return tr.save(final=steps_done == tr.total_steps)
 
     return Program(make_producer=make_producer, make_replica=make_replica, forward_backward=forward_backward,
                    optimizer_step=optimizer_step, warm=warm, save=save,
@@ -253,8 +253,10 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
              "drafter_devices": list(drafter_devices)}
     writer.write_event("start", {**start, "notes": trainer.notes})
     trainer.on_event("start", start)
+    if rank == 0:
+        trainer.preflight_disk()
     trainer.drafter.train()
-    log = RunLog(trainer, total, plan.steps_per_epoch)
+    log = RunLog(trainer, total, plan.steps_per_epoch, primary=rank == 0)
     holder: dict[str, Engine] = {}
 
     def on_step(rec: StepRecord) -> None:
@@ -276,6 +278,8 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
                               on_workers_start=group.barrier if group is not None else None)
     report = holder["engine"].run()
     trainer.step = report.steps_done
+    if report.ok or report.outcome == "interrupted":
+        trainer.saver.finish(trainer.step)  # the last write: waited for; CheckFailed when it failed
     writer.write_event("engine", {"report": report})
     result = log.result(t0, run_eval=report.ok and rank == 0)
     return result, report

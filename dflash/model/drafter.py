@@ -223,11 +223,14 @@ class DFlashDrafter(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (head_dim/2,), not exported
 
     def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
-        """Normal(0, std) linears, zero biases, ones for norms (Qwen3's init), from an explicit generator."""
+        """Normal(0, std) linears, zero biases, ones for norms (Qwen3's init), from an explicit generator.
+        The draws are made on the generator's device (a CPU generator: on the CPU, as always; a CUDA one:
+        on the GPU, no host work or copy) in module order."""
+        where = generator.device if generator is not None else None
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 with torch.no_grad():
-                    m.weight.copy_(torch.randn(m.weight.shape, generator=generator) * std)
+                    m.weight.copy_(torch.randn(m.weight.shape, generator=generator, device=where) * std)
                     if m.bias is not None:
                         m.bias.zero_()
             elif isinstance(m, RMSNorm):

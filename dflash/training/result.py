@@ -42,14 +42,18 @@ class RunLog:
     latest epoch's worth of metrics (for the epoch means). Shared by `Trainer.train` and the engine's
     `dflash.engine.program.train_multi`, so both log, report progress and build results the same way."""
 
-    def __init__(self, trainer: "Trainer", total: int, window: int) -> None:
-        self.trainer, self.total, self.window = trainer, total, window
+    def __init__(self, trainer: "Trainer", total: int, window: int, *, primary: bool = True) -> None:
+        """`primary`: this process writes the run (rank 0): it runs the periodic eval (eval.every)."""
+        self.trainer, self.total, self.window, self.primary = trainer, total, window, primary
         self.first: StepMetrics | None = None
         self.last: StepMetrics | None = None
         self.history: list[StepMetrics] = []
 
     def add(self, m: StepMetrics) -> None:
-        """Keep `m`, write it to the metrics log when due, and tell the progress listener."""
+        """Keep `m`, write it to the metrics log when due, and tell the progress listener; report the
+        saves that ended, the first step's time (a start phase) and run the periodic eval when due."""
+        if self.first is None and self.trainer.phases is not None:
+            self.trainer.phases.mark("first step", m.seconds)
         self.first = self.first or m
         self.last = m
         self.history.append(m)
@@ -58,6 +62,22 @@ class RunLog:
         if m.step % self.trainer.cfg.metrics.log_every == 0 or m.step == 1 or m.step == self.total:
             self.trainer._writer.write(m)
         self.trainer.on_event("step", {"metrics": m, "total_steps": self.total})
+        self.trainer.saver.poll()  # saves written in the background since the last step: reported now
+        ev = self.trainer.cfg.eval
+        if self.primary and ev.every and m.step % ev.every == 0 and self.trainer.eval_convs:
+            self.periodic_eval(m.step)
+
+    def periodic_eval(self, step: int) -> None:
+        """τ by real speculative decoding on a few held-out prompts (eval.every): a metrics.jsonl
+        "periodic_eval" event with its cost (seconds), and the same event for the progress line. On the engine
+        it runs inside the step barrier (every replica waits: the weights are the step's)."""
+        t = self.trainer
+        t0 = time.perf_counter()
+        r = t.evaluate(limit=t.cfg.eval.every_prompts)
+        data = {"step": step, "tau": r.tau, "max_tau": r.max_tau, "speedup": r.speedup, "prompts": r.prompts,
+                "outputs_match": r.outputs_match, "seconds": round(time.perf_counter() - t0, 3)}
+        t._writer.write_event("periodic_eval", data)
+        t.on_event("periodic_eval", data)
 
     def result(self, t0: float, *, run_eval: bool) -> "TrainResult":
         """Run the end-of-run eval (if configured, `run_eval` and the run reached its last step) and

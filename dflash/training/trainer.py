@@ -24,7 +24,9 @@ import torch
 
 from compilewatch import BadInput
 from dflash.checkpoint import store as ckpt
+from dflash.checkpoint import retention
 from dflash.checkpoint.runlock import RunLock
+from dflash.checkpoint.writer import Saver
 from dflash.config import Config, to_toml
 from dflash.data.dataset import Batch, ChatDataset
 from dflash.data.prepare import load_training_data
@@ -36,6 +38,7 @@ from dflash.model.target import Target, load_target, resolve_device, resolve_dty
 from dflash.training.metrics import MetricsWriter, StepMetrics, check_tensorboard, memory_bytes
 from dflash.training.result import RunLog, TrainResult
 from dflash.training.schedule import lr_at
+from dflash.training.startup import Phases
 
 Event = Callable[[str, dict[str, Any]], None]  # progress callback: (kind, data)
 
@@ -71,6 +74,8 @@ class Trainer:
         self.checkpoints: list[str] = []
         self._threads_before: int | None = None
         self._lock: RunLock | None = None
+        self.phases: Phases | None = None  # from_config's: the start's phases, the first step's time too
+        self.saver = Saver(self.run_dir, cfg.checkpoint, self.compute_dtype, self._saved)
 
     # ------------------------------------------------------------ building
     @classmethod
@@ -104,26 +109,37 @@ class Trainer:
         threads_before = torch.get_num_threads()
         if device.type == "cpu" and cfg.train.cpu_threads:
             torch.set_num_threads(cfg.train.cpu_threads)  # restored by close()
+        phases = Phases(on_event)
         try:
+            notes = []
+            if run_lock is not None:  # this trainer owns the run dir: what killed runs left is its to clean
+                notes += [run_lock.took_over] if run_lock.took_over else []
+                left = retention.clean_leftovers(run_dir)
+                if left:
+                    notes.append(f"removed what killed saves left in {run_dir / 'checkpoints'}: {', '.join(left)}")
             on_event("phase", {"name": "target", "source": cfg.target.path})
-            home = resolve_device(target_device) if target_device is not None else device
-            full_target = load_target(cfg.target, cfg.drafter.num_layers, home)
-            target = full_target if target_device is None else full_target.embed_head_on(device)
-            notes = list(full_target.notes)
+            with phases.phase("target"):
+                home = resolve_device(target_device) if target_device is not None else device
+                full_target = load_target(cfg.target, cfg.drafter.num_layers, home)
+                target = full_target if target_device is None else full_target.embed_head_on(device)
+            notes += list(full_target.notes)
             if target_device is not None:
                 notes.append(f"target on {home} (a target worker's device); {device} holds its embedding and LM head")
-            dataset, eval_convs, data_notes = load_training_data(cfg, full_target, on_event)
+            with phases.phase("data"):
+                dataset, eval_convs, data_notes = load_training_data(cfg, full_target, on_event)
             notes += data_notes
             spec = drafter_spec(cfg, target)
-            drafter = build_drafter(cfg, spec, device)
             state = None
             if start is not None:
-                state = ckpt.load_training_state(start)
-                saved = DrafterSpec(**state["spec"])
-                ckpt.check_compatible(saved, target.hidden_size, target.num_layers, target.layer_ids, str(start))
-                if saved != spec:
-                    raise BadInput(f"the drafter in {str(start)!r} differs from this config's drafter",
-                                   hint="resume with the run's own config (it is in the run directory's config.toml)")
+                with phases.phase("resume state"):
+                    state = ckpt.load_training_state(start)
+                    saved = DrafterSpec(**state["spec"])
+                    ckpt.check_compatible(saved, target.hidden_size, target.num_layers, target.layer_ids, str(start))
+                    if saved != spec:
+                        raise BadInput(f"the drafter in {str(start)!r} differs from this config's drafter",
+                                       hint="resume with the run's own config (it is in the run directory's config.toml)")
+            with phases.phase("drafter"):  # on resume: no init at all, the checkpoint's weights directly
+                drafter = build_drafter(cfg, spec, device, state=state["model"] if state is not None else None)
         except BaseException:
             torch.set_num_threads(threads_before)
             if run_lock is not None:
@@ -135,9 +151,11 @@ class Trainer:
                       full_target=full_target)
         trainer._threads_before = threads_before
         trainer._lock = run_lock
+        trainer.phases = phases
         if state is not None:
-            trainer.load_state_dict(state)
-            notes.append(f"resumed from {start} at step {trainer.step}")
+            trainer.optimizer.load_state_dict(state["optimizer"])
+            trainer.step = int(state["step"])
+            trainer.notes.append(f"resumed from {start} at step {trainer.step}")
         return trainer
 
     # ------------------------------------------------------------ state
@@ -246,12 +264,41 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------ the loop
-    def save(self) -> Path:
-        path = ckpt.save_checkpoint(self.run_dir, self.step, self.drafter, self.compute_dtype, self.state_dict(),
-                                    to_toml(self.cfg))
-        self.checkpoints.append(str(path))
-        self.on_event("checkpoint", {"step": self.step, "path": str(path)})
-        return path
+    def save(self, final: bool = False) -> str:
+        """Checkpoint the current step: a snapshot now, written in the background (dflash.checkpoint.writer);
+        returns the checkpoint's path (published when its write ends, reported by `saver.poll`)."""
+        return self.saver.save(self.step, self.drafter, self.optimizer, self.total_steps, to_toml(self.cfg),
+                               final=final, plan=self.disk_plan)
+
+    def disk_plan(self):
+        """This run's checkpoint disk use from its current step (dflash.checkpoint.diskspace)."""
+        from dflash.checkpoint import diskspace
+
+        c = self.cfg.checkpoint
+        n = sum(p.numel() for p in self.drafter.parameters())
+        return diskspace.plan(self.run_dir, n, self.compute_dtype.itemsize, step=self.step, total_steps=self.total_steps,
+                              every=c.every, keep_last=c.keep_last, export_every=c.export_every,
+                              newest=ckpt.latest_checkpoint(self.run_dir))
+
+    def preflight_disk(self) -> None:
+        """Before training: the run's projected disk use (event "disk"); BadInput with the numbers when
+        one more checkpoint cannot fit."""
+        from dataclasses import asdict
+
+        plan = self.disk_plan()
+        self.on_event("disk", {**asdict(plan), "keep_last": self.cfg.checkpoint.keep_last})
+        self.saver.preflight(plan)
+
+    def _saved(self, kind: str, data: dict[str, Any]) -> None:
+        """A save ended (the Saver reports it from the loop's thread): metrics.jsonl, notes, progress."""
+        if kind == "checkpoint":
+            self.checkpoints.append(data["path"])
+        else:
+            self.notes.append(f"checkpoint at step {data['step']} skipped: {data['reason']}; newest on disk: "
+                              f"{data['newest'] or 'none'}; {data['then']}")
+        if self._writer is not None:
+            self._writer.write_event(kind, data)
+        self.on_event(kind, data)
 
     def train(self, until: int | None = None) -> TrainResult:
         """Train to `total_steps` (or stop after step `until`; the schedule is unchanged),
@@ -269,6 +316,7 @@ class Trainer:
                                            "data": self.dataset.stats, "backend": self.backend, "device": str(self.device)})
         self.on_event("start", {"step": self.step, "total_steps": self.total_steps, "backend": self.backend,
                                 "device": str(self.device), "data": self.dataset.stats, "run_dir": str(self.run_dir)})
+        self.preflight_disk()
         self.drafter.train()
         log = RunLog(self, self.total_steps, self.steps_per_epoch)
         stop = min(self.total_steps, until) if until is not None else self.total_steps
@@ -281,13 +329,16 @@ class Trainer:
                                "time_split": {**m.time_split, "data": round(data_s, 6)}})
             log.add(m)
             if m.step % self.cfg.checkpoint.every == 0 or m.step == self.total_steps:
-                self.save()
+                self.save(final=m.step == stop)
+        self.saver.finish(self.step)
         return log.result(t0, run_eval=True)
 
-    def evaluate(self):
+    def evaluate(self, limit: int | None = None):
+        """Speculative decoding on the held-out prompts (the first `limit` of them) with this drafter."""
         from dflash.eval.evaluate import DrafterProposer, evaluate, prompt_ids
 
-        self.on_event("phase", {"name": "eval", "prompts": len(self.eval_convs)})
+        convs = self.eval_convs[:limit] if limit is not None else self.eval_convs
+        self.on_event("phase", {"name": "eval", "prompts": len(convs)})
         self.drafter.eval()
         # decoding shapes change every round: run compiled layers eagerly instead of recompiling them
         stance = torch.compiler.set_stance("force_eager") if self.cfg.train.compile_layers else contextlib.nullcontext()
@@ -297,7 +348,7 @@ class Trainer:
         drafter = self.drafter if target is self.target else build_drafter(
             self.cfg, self.drafter.spec, target.device, state=self.drafter.state_dict()).eval()
         try:
-            prompts = prompt_ids(target.tokenizer, self.eval_convs)
+            prompts = prompt_ids(target.tokenizer, convs)
             with stance:
                 return evaluate(DrafterProposer(drafter, target), target, prompts,
                                 self.cfg.eval.max_new_tokens, self.cfg.drafter.block_size,
@@ -315,6 +366,7 @@ class Trainer:
         return self._writer
 
     def close(self) -> None:
+        self.saver.close()  # a write still running is waited for, never dropped
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -1,0 +1,237 @@
+"""Checkpoints written beside training: snapshot into reused host buffers, then write in a thread.
+
+    saver = Saver(run_dir, cfg.checkpoint, export_dtype, report)
+    saver.preflight(plan)                       # before training: stops (BadInput) if one checkpoint cannot fit
+    saver.save(step, drafter, optimizer, ...)   # at a checkpoint step: blocks only for the snapshot
+    saver.poll()                                # every step: reports saves that finished (or failed)
+    saver.finish()                              # at the end: waits; CheckFailed if the final save failed
+
+The snapshot copies the drafter's fp32 weights and AdamW's state into host buffers allocated at the
+first save and reused by every later one (pinned on CUDA, so the copies run at PCIe speed and are
+waited for once), then a background thread casts the export, serializes, fsyncs, records the
+manifest, publishes the directory and applies retention (dflash.checkpoint.store, .retention). The
+loop loses only the snapshot's time, plus the previous write's remainder when a save is due while
+that write still runs (it is waited for, never dropped). Extra memory: host = one copy of the fp32
+weights and both AdamW moments (12 bytes per parameter: 12.6 GB for the 8B recipe's 1.05 B-parameter
+drafter), plus the export cast while it is written (2 bytes per parameter); GPU = none.
+
+Failure policy (a full disk, EIO, a run directory that vanished): no traceback, and the previous
+checkpoint stays intact. A periodic save that fails (or that would not fit: the free space is
+checked before each save) is reported as skipped with its reason and the newest checkpoint on disk;
+training goes on and the next interval tries again. When the run's last save fails, `finish` raises
+CheckFailed (exit 1) naming the newest checkpoint and the exact resume command. Failures other than
+OSError/RuntimeError (torch's writer reports a short write as RuntimeError) are bugs: re-raised.
+
+Why not `torch.distributed.checkpoint.async_save`: the trainer's state is replicated (rank 0 writes
+it whole, the other ranks hold the same bits), so DCP's per-rank sharding buys nothing here, and
+DCP's `.metadata` is a pickle: checkpoints cross machines and are loaded with `weights_only=True`
+(`dflash eval`, `--resume`, serving engines reading model.safetensors), which DCP's loader cannot
+offer. Its mechanism (stage into pinned memory, write in a thread) is what this module does, on the
+existing format.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from compilewatch import BadInput, CheckFailed, one_line
+from dflash.checkpoint import diskspace, retention
+from dflash.checkpoint import store as ckpt
+
+Report = Callable[[str, dict[str, Any]], None]
+
+
+class HostBuffers:
+    """One host tensor per key, allocated once (pinned when the source is on CUDA) and reused."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[Any, torch.Tensor] = {}
+
+    def copy(self, key: Any, t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        buf = self._bufs.get(key)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            buf = self._bufs[key] = torch.empty(t.shape, dtype=t.dtype, device="cpu",
+                                                pin_memory=t.device.type == "cuda")
+        buf.copy_(t, non_blocking=t.device.type == "cuda")
+        return buf
+
+    @property
+    def bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._bufs.values())
+
+
+@dataclass
+class Snapshot:
+    step: int
+    model: dict[str, torch.Tensor]  # host copies of the fp32 weights
+    state: dict[str, Any]  # Trainer.state_dict()'s format, tensors on the host
+    spec: Any
+    config_toml: str
+    final: bool
+    blocked_s: float = 0.0  # training time this save cost the loop (wait for the previous + snapshot)
+
+
+def snapshot(buffers: HostBuffers, step: int, drafter: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             total_steps: int, config_toml: str, final: bool) -> Snapshot:
+    """Copy the drafter's weights and the optimizer's state into `buffers` and wait for the copies."""
+    model = {k: buffers.copy(("model", k), v) for k, v in drafter.state_dict().items()}
+    opt = optimizer.state_dict()
+    state = {i: {k: buffers.copy(("opt", i, k), v) if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+             for i, s in opt["state"].items()}
+    devices = {p.device for p in drafter.parameters() if p.device.type == "cuda"}
+    for d in devices:
+        torch.cuda.synchronize(d)
+    spec = drafter.spec
+    full = {"step": step, "model": model, "optimizer": {"state": state, "param_groups": copy.deepcopy(opt["param_groups"])},
+            "spec": asdict(spec), "total_steps": total_steps}
+    return Snapshot(step, model, full, spec, config_toml, final)
+
+
+@dataclass
+class Outcome:
+    step: int
+    final: bool
+    path: str | None = None  # the published checkpoint, when it was written
+    error: str | None = None  # why it was not (one line)
+    bug: BaseException | None = None  # a failure that is not the disk's: re-raised by poll/finish
+    blocked_s: float = 0.0
+    write_s: float = 0.0
+    bytes: int = 0
+    removed: tuple[str, ...] = ()
+    stripped: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+
+class Saver:
+    """The checkpoints of one run directory (see the module docstring)."""
+
+    def __init__(self, run_dir: Path, cfg: Any, export_dtype: torch.dtype, report: Report) -> None:
+        self.run_dir, self.cfg, self.export_dtype, self.report = Path(run_dir), cfg, export_dtype, report
+        self.buffers = HostBuffers()
+        self._thread: threading.Thread | None = None
+        self._done: list[Outcome] = []
+        self._lock = threading.Lock()
+        self.last: Outcome | None = None  # the latest save that ended (written, failed or skipped)
+        self.saved: list[str] = []
+        self.blocked_s: list[float] = []
+
+    # ------------------------------------------------------------ before training
+    def preflight(self, p: diskspace.DiskPlan) -> None:
+        """BadInput with the numbers when not even one checkpoint fits on the run's filesystem."""
+        short = diskspace.shortfall(p)
+        if short is not None:
+            raise BadInput(f"not enough disk for a checkpoint in {str(self.run_dir)!r}: {short}; this run writes "
+                           f"{p.saves} checkpoint(s) and peaks at {diskspace.gb(p.peak_bytes)} with "
+                           f"checkpoint.keep_last={self.cfg.keep_last}",
+                           hint="free space there, choose another --out, or save less (checkpoint.keep_last, "
+                                "checkpoint.export_every)")
+
+    # ------------------------------------------------------------ a save
+    def save(self, step: int, drafter: torch.nn.Module, optimizer: torch.optim.Optimizer, total_steps: int,
+             config_toml: str, *, final: bool, plan: Callable[[], diskspace.DiskPlan]) -> str:
+        """Snapshot now, write in the background (or inline with `checkpoint.background = false`).
+        Returns the checkpoint's path (published when the write ends)."""
+        t0 = time.perf_counter()
+        self.wait()
+        self.poll()
+        target = str(self.run_dir / "checkpoints" / f"step_{step:06d}")
+        short = diskspace.shortfall(plan())
+        if short is not None:
+            self._finished(Outcome(step, final, error=f"not enough disk: {short}", blocked_s=time.perf_counter() - t0))
+            self.poll()
+            return target
+        snap = snapshot(self.buffers, step, drafter, optimizer, total_steps, config_toml, final)
+        snap.blocked_s = time.perf_counter() - t0
+        out = Outcome(step, final, blocked_s=snap.blocked_s)
+        if self.cfg.background:
+            self._thread = threading.Thread(target=self._write, args=(snap, out), name="dflash-checkpoint")
+            self._thread.start()
+        else:
+            self._write(snap, out)
+            out.blocked_s = time.perf_counter() - t0
+            self.poll()
+        return target
+
+    def _write(self, snap: Snapshot, out: Outcome) -> None:
+        t0 = time.perf_counter()
+        try:
+            path = ckpt.save_checkpoint(self.run_dir, snap.step, snap.model, snap.spec, self.export_dtype,
+                                        snap.state, snap.config_toml)
+            out.path, out.bytes = str(path), diskspace.dir_bytes(path)
+            out.write_s = time.perf_counter() - t0
+            try:
+                pruned = retention.prune(self.run_dir, self.cfg.keep_last, self.cfg.export_every)
+                out.removed, out.stripped = pruned.removed, pruned.stripped
+            except OSError as e:
+                out.notes.append(f"retention stopped: {one_line(e, 200)} (the next save tries again)")
+        except (OSError, RuntimeError) as e:
+            out.error = one_line(f"{type(e).__name__}: {e}", 300)
+            out.write_s = time.perf_counter() - t0
+        except BaseException as e:  # noqa: BLE001 - not the disk's fault: a bug, re-raised in the loop's thread
+            out.error, out.bug = one_line(f"{type(e).__name__}: {e}", 300), e
+        self._finished(out)
+
+    def _finished(self, out: Outcome) -> None:
+        with self._lock:
+            self._done.append(out)
+
+    # ------------------------------------------------------------ reporting
+    def poll(self) -> None:
+        """Report the saves that ended since the last call (from the calling thread)."""
+        with self._lock:
+            done, self._done = self._done, []
+        for out in done:
+            self.last = out
+            self.blocked_s.append(out.blocked_s)
+            if out.bug is not None:
+                raise out.bug
+            if out.path is not None:
+                self.saved.append(out.path)
+                self.report("checkpoint", {"step": out.step, "path": out.path, "blocked_s": round(out.blocked_s, 4),
+                                           "write_s": round(out.write_s, 3), "bytes": out.bytes,
+                                           "removed": list(out.removed), "stripped": list(out.stripped),
+                                           "notes": out.notes, "final": out.final})
+            else:
+                newest = ckpt.latest_checkpoint(self.run_dir) if self.run_dir.is_dir() else None
+                self.report("checkpoint-skipped", {
+                    "step": out.step, "reason": out.error, "final": out.final, "blocked_s": round(out.blocked_s, 4),
+                    "newest": str(newest) if newest is not None else None,
+                    "then": "the run stops" if out.final else f"training goes on; the next save is at step "
+                                                              f"{out.step + self.cfg.every - out.step % self.cfg.every}"})
+
+    def wait(self) -> None:
+        """Wait for the write in progress (if any); its outcome is reported by the next poll."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def finish(self, steps_done: int) -> None:
+        """Wait for the last write and report it; CheckFailed (exit 1) when the run's last save failed."""
+        self.wait()
+        self.poll()
+        out = self.last
+        if out is None or out.path is not None or out.step != steps_done:
+            return  # written, or an earlier save failed and a later state was saved
+        newest = ckpt.latest_checkpoint(self.run_dir) if self.run_dir.is_dir() else None
+        lost = steps_done - (int(newest.name.split("_")[1]) if newest is not None else 0)
+        where = (f"the newest checkpoint is {newest} ({lost} step(s) behind)" if newest is not None
+                 else "no checkpoint of this run is on disk")
+        raise CheckFailed(f"the final checkpoint (step {out.step}) could not be written: {out.error}; {where}",
+                          hint=f"free space on the run directory's filesystem (or fix it), then continue with "
+                               f"`dflash train --out {self.run_dir} --resume`")
+
+    def close(self) -> None:
+        """Wait for a write in progress without raising (the run is ending for another reason)."""
+        self.wait()
