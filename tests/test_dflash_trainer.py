@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from compilewatch.errors import BadInput
+from compilewatch.errors import BadInput, CheckFailed
 from dflash.checkpoint import store as ckpt
 from dflash.config import OptimConfig
 from dflash.training.schedule import lr_at
@@ -62,28 +62,46 @@ def test_kill_and_resume_gives_the_same_losses(tmp_path, chat_file):
     assert not (tmp_path / "b" / ".lock").exists()  # released by close()
 
 
-def test_one_trainer_per_run_dir_and_a_stale_lock_is_reported(tmp_path, chat_file):
+def test_one_trainer_per_run_dir_and_a_stale_lock_is_taken_over(tmp_path, chat_file):
+    import os
+    import socket
     import subprocess
     import sys
 
-    from dflash.checkpoint.runlock import RunLock
+    from dflash.checkpoint.runlock import RunLock, process_start
 
     a = Trainer.from_config(small_config(tmp_path, chat_file))
     try:
         lock = json.loads((tmp_path / ".lock").read_text())
-        assert lock["pid"] == __import__("os").getpid() and lock["host"]
+        assert lock["pid"] == os.getpid() and lock["host"]
         with pytest.raises(BadInput, match="in use by another trainer: pid"):
             Trainer.from_config(small_config(tmp_path, chat_file))
     finally:
         a.close()
     assert not (tmp_path / ".lock").exists()
+    # a SIGKILLed trainer's lock (its pid is gone): taken over with a note, not refused
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = {"pid": int(dead.stdout), "host": __import__("socket").gethostname(), "started": "then"}
+    stale = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": "then"}
     (tmp_path / ".lock").write_text(json.dumps(stale))
-    with pytest.raises(BadInput, match="stale lock: process") as e:
+    lk = RunLock(tmp_path).acquire()
+    assert "is gone" in lk.took_over and json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+    lk.release()
+    # a live pid whose start time differs from the lock's: the pid was reused, the lock is stale too
+    reused = {"pid": os.getpid(), "host": socket.gethostname(), "proc_start": process_start(os.getpid()) - 1}
+    (tmp_path / ".lock").write_text(json.dumps(reused))
+    lk = RunLock(tmp_path).acquire()
+    assert "now belongs to another process" in lk.took_over
+    lk.release()
+    # the same live pid and start time: held, refused, left alone
+    (tmp_path / ".lock").write_text(json.dumps({**reused, "proc_start": process_start(os.getpid())}))
+    with pytest.raises(BadInput, match="in use by another trainer"):
         RunLock(tmp_path).acquire()
-    assert "delete" in e.value.hint and "--resume" in e.value.hint
-    assert json.loads((tmp_path / ".lock").read_text()) == stale  # reported, not taken over
+    assert json.loads((tmp_path / ".lock").read_text())["proc_start"] == process_start(os.getpid())
+    # through the trainer: the takeover is a note of the run
+    (tmp_path / ".lock").write_text(json.dumps(stale))
+    t = Trainer.from_config(small_config(tmp_path, chat_file))
+    t.close()
+    assert any("took over the stale lock" in n for n in t.notes)
 
 
 def test_bad_input_leaves_no_run_dir_and_no_lock(tmp_path, chat_file):
@@ -125,7 +143,8 @@ def test_export_config_and_safetensors_names(tmp_path, chat_file):
     finally:
         t.close()
     ck = ckpt.latest_checkpoint(tmp_path)
-    assert {p.name for p in ck.iterdir()} == {"config.json", "model.safetensors", "training_state.pt", "train_config.toml"}
+    assert {p.name for p in ck.iterdir()} == {"config.json", "model.safetensors", "training_state.pt", "train_config.toml",
+                                         "manifest.json"}
     cfg = json.loads((ck / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
     assert cfg["block_size"] == 8 and cfg["num_target_layers"] == 6 and cfg["num_hidden_layers"] == 2
@@ -154,9 +173,10 @@ def test_checkpoint_write_is_atomic(tmp_path, chat_file, monkeypatch):
         raise boom
 
     monkeypatch.setattr(ckpt, "atomic_write_text", fail)  # fails after the weights were written
-    with pytest.raises(RuntimeError):
-        t.train()
+    with pytest.raises(CheckFailed, match="final checkpoint .step 1. could not be written: RuntimeError: disk full") as e:
+        t.train()  # the run's last save failed: a clear stop (exit 1), not a traceback
     t.close()
+    assert f"dflash train --out {tmp_path} --resume" in e.value.hint
     ckdir = tmp_path / "checkpoints"
     assert list(ckdir.iterdir()) == []  # no step dir, no staging dir, no `latest`
     assert ckpt.latest_checkpoint(tmp_path) is None
