@@ -132,6 +132,7 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_identical(ctx, soak_data
         latest = store.latest_checkpoint(run)
         if latest is not None:
             store.load_training_state(latest)
+    print(f"soak: {kills} kills, {killed_in_save} inside a save")
     assert kills >= 20, f"only {kills} trials were killed before the run ended"
     assert killed_in_save >= 5, f"only {killed_in_save} kills left a save in progress"
     assert run_child(ctx, trial, (cfg,)) == 0  # the last resume runs to the end
@@ -140,7 +141,7 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_identical(ctx, soak_data
     assert losses(run) == want_losses  # one row per step, the replayed steps' losses the same bits
     ck = run / "checkpoints"
     names = sorted(p.name for p in ck.iterdir())
-    assert names == [f"step_{STEPS - EVERY:06d}", f"step_{STEPS:06d}", "latest"], names  # keep_last 2, no leftovers
+    assert names == ["latest", f"step_{STEPS - EVERY:06d}", f"step_{STEPS:06d}"], names  # keep_last 2, no leftovers
     assert not (run / ".lock").exists()
 
 

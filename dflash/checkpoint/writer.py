@@ -20,7 +20,8 @@ checkpoint stays intact. A periodic save that fails (or that would not fit: the 
 checked before each save) is reported as skipped with its reason and the newest checkpoint on disk;
 training goes on and the next interval tries again. When the run's last save fails, `finish` raises
 CheckFailed (exit 1) naming the newest checkpoint and the exact resume command. Failures other than
-OSError/RuntimeError (torch's writer reports a short write as RuntimeError) are bugs: re-raised.
+a write's (OSError; RuntimeError from torch's zip writer, SafetensorError from safetensors': both
+report ENOSPC that way) are bugs: re-raised in the loop's thread.
 
 Why not `torch.distributed.checkpoint.async_save`: the trainer's state is replicated (rank 0 writes
 it whole, the other ranks hold the same bits), so DCP's per-rank sharding buys nothing here, and
@@ -46,6 +47,17 @@ from dflash.checkpoint import diskspace, retention
 from dflash.checkpoint import store as ckpt
 
 Report = Callable[[str, dict[str, Any]], None]
+
+
+def _write_errors() -> tuple[type[BaseException], ...]:
+    """What a failed write raises: OSError; torch's zip writer reports a short write as RuntimeError
+    ("unexpected pos"); safetensors' Rust writer as SafetensorError ("No space left on device")."""
+    from safetensors import SafetensorError
+
+    return (OSError, RuntimeError, SafetensorError)
+
+
+_WRITE_ERRORS = _write_errors()
 
 
 class HostBuffers:
@@ -172,7 +184,7 @@ class Saver:
                 out.removed, out.stripped = pruned.removed, pruned.stripped
             except OSError as e:
                 out.notes.append(f"retention stopped: {one_line(e, 200)} (the next save tries again)")
-        except (OSError, RuntimeError) as e:
+        except _WRITE_ERRORS as e:
             out.error = one_line(f"{type(e).__name__}: {e}", 300)
             out.write_s = time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 - not the disk's fault: a bug, re-raised in the loop's thread
