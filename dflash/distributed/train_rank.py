@@ -121,6 +121,7 @@ def train_distributed(cfg: Config, *, resume: bool = False, watch: bool = True, 
     group = ProcessGroup(info, backend, topo.dist_timeout).open()
     if not cfg.checkpoint.out_dir:  # every rank must write to rank 0's choice of run dir
         cfg = apply_overrides(cfg, {"checkpoint.out_dir": group.broadcast(str(default_run_dir(cfg)) if info.primary else None)})
+    resume = resume or restarted_with_checkpoint(cfg)
     # replica 0 runs on this rank's first drafter device (rank_device's pick without device lists);
     # the run's config.toml keeps the user's spec ("auto": each rank resolves its own again on --resume)
     trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event, lock=info.primary, device=drafters[0],
@@ -163,6 +164,23 @@ def train_distributed(cfg: Config, *, resume: bool = False, watch: bool = True, 
             f"{rr._ranks(v)}: {d[:16]}" for d, v in groups.items()))
     atomic_write_json(own_dir / "report.json", {"rank": mine, "ranks": ranks, "verdicts": verdicts})
     return DistributedResult(result, report, mine, ranks, tuple(verdicts), ok)
+
+
+def restarted_with_checkpoint(cfg: Config, env=None) -> bool:
+    """Whether torchrun restarted this job (`--max-restarts`: TORCHELASTIC_RESTART_COUNT > 0) and its
+    run directory holds a checkpoint: then every rank resumes from the newest complete one (a
+    checkpoint directory appears only whole, and only rank 0 writes them), with the same command line
+    the first attempt had. The ranks check that they all resume the same checkpoint (check_agreement)."""
+    import os
+
+    from dflash.checkpoint import store as ckpt
+
+    env = os.environ if env is None else env
+    try:
+        restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return False
+    return restarts > 0 and bool(cfg.checkpoint.out_dir) and ckpt.latest_checkpoint(cfg.checkpoint.out_dir) is not None
 
 
 class PeerFailed(CheckFailed):
