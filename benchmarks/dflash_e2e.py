@@ -12,7 +12,7 @@ download), synthetic 3072-token sequences (the first tenth prompt, the rest trai
                     --drafter-devices through the engine's queues; prewarm, guard and watcher on.
                     The trainer (replica 0) holds a full target copy on its device, as the CLI's
                     `Trainer.from_config` does.
-  --mode dist       (c) one rank of a torchrun job: `dflash.distributed.train_rank.train_distributed`
+  --mode dist       (c) one rank of a torchrun job: `dflash.train(cfg, distributed=True)`
                     (every rank co-located on cuda:LOCAL_RANK, its engine with one target thread and
                     one drafter thread, gradients summed over NCCL in every step barrier).
 
