@@ -62,7 +62,11 @@ def plan(run_dir: Path, num_params: int, export_itemsize: int, *, step: int, tot
 
 
 def gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+    """Bytes for a message: GB, MB or KB (decimal, as `df -H`)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n >= scale / 10:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e3:.1f} KB"
 
 
 def shortfall(p: DiskPlan) -> str | None:

@@ -1,0 +1,178 @@
+"""Long-run checkpoints (issue 28): retention, disk checks, the background writer's policy, leftovers,
+periodic eval. CPU, the small config of tests/dflash_helpers.py (a few steps each)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import threading
+
+import pytest
+import torch
+
+from compilewatch.errors import BadInput
+from dflash.checkpoint import diskspace, retention, writer
+from dflash.checkpoint import store as ckpt
+from dflash.training.trainer import Trainer
+from tests.dflash_helpers import chat_file, small_config, tiny_target  # noqa: F401 - fixtures
+
+
+def train(cfg, events=None, resume=False):
+    t = Trainer.from_config(cfg, resume=resume, on_event=(lambda k, d: events.append((k, d))) if events is not None else None)
+    try:
+        t.train()
+    finally:
+        t.close()
+    return t
+
+
+def names(run):
+    return sorted(p.name for p in (run / "checkpoints").iterdir())
+
+
+def test_keep_last_and_export_every_bound_the_checkpoints(tmp_path, chat_file):
+    (tmp_path / "checkpoints").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "my-notes.txt").write_text("mine")  # never touched
+    events = []
+    train(small_config(tmp_path, chat_file, **{"train.max_steps": 7, "checkpoint.every": 1, "checkpoint.keep_last": 2,
+                                              "checkpoint.export_every": 3}), events)
+    assert names(tmp_path) == ["latest", "my-notes.txt", "step_000003", "step_000006", "step_000007"]
+    assert {p.name for p in (tmp_path / "checkpoints" / "step_000007").iterdir()} >= {"training_state.pt", "manifest.json"}
+    exported = tmp_path / "checkpoints" / "step_000003"  # an older multiple of export_every: its export only
+    assert sorted(p.name for p in exported.iterdir()) == ["config.json", "manifest.json", "model.safetensors",
+                                                         "train_config.toml"]
+    assert "training_state.pt" not in json.loads((exported / "manifest.json").read_text())["files"]
+    assert ckpt.resolve_checkpoint(exported) == exported  # still an export `dflash eval` reads
+    assert [c.name for c in ckpt.complete_checkpoints(tmp_path)] == ["step_000006", "step_000007"]
+    saved = [d for k, d in events if k == "checkpoint"]
+    assert [d["step"] for d in saved] == list(range(1, 8))
+    assert saved[4]["stripped"] == ["step_000003"] and saved[2]["removed"] == ["step_000001"]  # once 4, 5 exist
+    disk = next(d for k, d in events if k == "disk")
+    assert disk["saves"] == 7 and disk["peak_bytes"] >= 3 * disk["checkpoint_bytes"]
+
+
+def test_not_enough_disk_before_training_stops_with_the_numbers(tmp_path, chat_file, monkeypatch):
+    monkeypatch.setattr(diskspace, "free_bytes", lambda path: 1000)
+    t = Trainer.from_config(small_config(tmp_path, chat_file))
+    with pytest.raises(BadInput, match=r"not enough disk for a checkpoint .*1.0 KB free, one checkpoint needs "
+                                       r"[0-9.]+ MB \(estimated") as e:
+        t.train()
+    t.close()
+    assert "keep_last" in e.value.message and "--out" in e.value.hint
+    assert ckpt.latest_checkpoint(tmp_path) is None and t.step == 0  # nothing trained
+
+
+def test_a_failed_periodic_save_is_skipped_training_goes_on_and_the_next_save_works(tmp_path, chat_file, monkeypatch):
+    real, calls = ckpt.save_checkpoint, []
+
+    def flaky(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(*a, **k)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", flaky)
+    events = []
+    t = train(small_config(tmp_path, chat_file, **{"train.max_steps": 6, "checkpoint.every": 2}), events)
+    skipped = [d for k, d in events if k == "checkpoint-skipped"]
+    assert len(skipped) == 1 and skipped[0]["step"] == 4 and "Input/output error" in skipped[0]["reason"]
+    assert skipped[0]["newest"].endswith("step_000002") and "next save is at step 6" in skipped[0]["then"]
+    assert t.step == 6 and names(tmp_path) == ["latest", "step_000002", "step_000006"]
+    assert any("checkpoint at step 4 skipped" in n for n in t.notes)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("event") == "checkpoint-skipped"] == [4]
+
+
+def test_a_bug_in_the_background_write_is_raised_in_the_loop(tmp_path, chat_file, monkeypatch):
+    def broken(*a, **k):
+        raise TypeError("not a disk problem")
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", broken)
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{"checkpoint.every": 1}))
+    with pytest.raises(TypeError, match="not a disk problem"):
+        t.train()
+    t.close()
+
+
+def test_a_save_still_running_when_the_next_is_due_is_waited_for(tmp_path, chat_file, monkeypatch):
+    real, order = ckpt.save_checkpoint, []
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(run_dir, step, *a, **k):
+        if step == 1:
+            entered.set()
+            assert release.wait(60)
+        out = real(run_dir, step, *a, **k)
+        order.append(f"written {step}")
+        return out
+
+    real_snapshot = writer.snapshot
+
+    def snap(buffers, step, *a, **k):
+        order.append(f"snapshot {step}")
+        return real_snapshot(buffers, step, *a, **k)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", slow)
+    monkeypatch.setattr(writer, "snapshot", snap)
+    helper = threading.Thread(target=lambda: (entered.wait(60), release.set()))
+    helper.start()
+    t = train(small_config(tmp_path, chat_file, **{"train.max_steps": 3, "checkpoint.every": 1}))
+    helper.join()
+    assert order == ["snapshot 1", "written 1", "snapshot 2", "written 2", "snapshot 3", "written 3"]
+    assert len(t.checkpoints) == 3 and len(t.saver.blocked_s) == 3
+
+
+def test_host_buffers_are_reused_and_background_equals_inline(tmp_path, chat_file):
+    a = train(small_config(tmp_path / "bg", chat_file, **{"checkpoint.every": 2}))
+    b = train(small_config(tmp_path / "inline", chat_file, **{"checkpoint.every": 2, "checkpoint.background": False}))
+    sa, sb = (ckpt.load_training_state(ckpt.latest_checkpoint(r)) for r in (tmp_path / "bg", tmp_path / "inline"))
+    assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
+    assert all(torch.equal(sa["optimizer"]["state"][i][k], sb["optimizer"]["state"][i][k])
+               for i in sa["optimizer"]["state"] for k in sa["optimizer"]["state"][i])
+    bufs = writer.HostBuffers()
+    x = torch.arange(6.0)
+    first = bufs.copy("x", x)
+    x += 1
+    again = bufs.copy("x", x)
+    assert again is first and torch.equal(first, x) and bufs.bytes == 24
+    assert a.saver.buffers.bytes == 3 * 4 * sum(p.numel() for p in a.drafter.parameters()) + 4 * len(
+        a.optimizer.state)  # fp32 weights + two AdamW moments (+ the step counters)
+
+
+def test_leftovers_of_killed_saves_are_cleaned_by_the_next_owner_and_a_stale_pointer_is_ignored(tmp_path, chat_file):
+    train(small_config(tmp_path, chat_file, **{"train.max_steps": 4, "checkpoint.every": 2}))
+    ck = tmp_path / "checkpoints"
+    (ck / ".step_000006.partial-999999").mkdir()
+    (ck / ".step_000006.partial-999999" / "model.safetensors").write_bytes(b"half")
+    (ck / ".step_000002.deleting-12").mkdir()
+    (ck / ".latest.x1y2.tmp").write_text("step_000")
+    (ck / "latest").write_text("step_000002\n")  # killed between publishing step 4 and updating `latest`
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000004"
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{"train.max_steps": 6}), resume=True)
+    t.close()
+    assert t.step == 4 and names(tmp_path) == ["latest", "step_000002", "step_000004"]
+    assert any("removed what killed saves left" in n and ".step_000006.partial-999999" in n for n in t.notes)
+    assert retention.clean_leftovers(tmp_path) == []
+
+
+def test_periodic_eval_reports_tau_and_its_cost(tmp_path, chat_file):
+    events = []
+    train(small_config(tmp_path, chat_file, **{"train.max_steps": 4, "eval.every": 2, "eval.every_prompts": 2,
+                                              "eval.max_new_tokens": 8}), events)
+    evals = [d for k, d in events if k == "periodic_eval"]
+    assert [e["step"] for e in evals] == [2, 4] and all(e["prompts"] == 2 and e["seconds"] > 0 for e in evals)
+    assert all(1.0 <= e["tau"] <= e["max_tau"] for e in evals)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("event") == "periodic_eval"] == [2, 4]
+
+
+def test_startup_phases_are_timed(tmp_path, chat_file):
+    events = []
+    train(small_config(tmp_path, chat_file, **{"train.max_steps": 2}), events)
+    done = [d["name"] for k, d in events if k == "phase-done"]
+    assert done == ["target", "data", "drafter", "first step"]
+    events = []
+    train(small_config(tmp_path, chat_file, **{"train.max_steps": 3}), events, resume=True)
+    assert [d["name"] for k, d in events if k == "phase-done"] == ["target", "data", "resume state", "drafter",
+                                                                  "first step"]
+    assert all(d["at"] >= d["seconds"] >= 0 for k, d in events if k == "phase-done")
