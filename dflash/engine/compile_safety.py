@@ -15,6 +15,7 @@ per-device and per-instance compile state, and the verify pass proves nothing co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -31,6 +32,8 @@ class PrewarmResult:
     error: str | None  # first failure, "Type: message"
     verdicts: tuple[str, ...]
     report: Any = None  # compilewatch.WarmReport
+    replica_s: tuple[float, ...] = ()  # warm pass, seconds per replica in replica order: identical replicas
+    # on one device that reuse the first one's compiled code take a step's time; one that recompiles, a compile's
 
 
 def _unique(devices: Sequence[str]) -> list[str]:
@@ -53,17 +56,24 @@ def prewarm_replicas(replicas: Sequence[Any], warm: Callable[[Any], None], *,
     targets = dict(targets or {})
     devices = _unique([*targets, *(r.device for r in replicas)])
 
+    seconds: dict[int, float] = {}
+
     def run_device(device: str) -> None:
         if device in targets:
             targets[device]()
-        for r in replicas:
+        for i, r in enumerate(replicas):
             if r.device == device:
+                t = time.perf_counter()
                 warm(r)
                 r.model.zero_grad(set_to_none=True)
+                seconds.setdefault(i, time.perf_counter() - t)  # the first (warm) pass, not verify's
 
     t0 = time.perf_counter()
     with _room_for_every_replica(len(replicas) + len(targets)):
-        return _prewarm(replicas, devices, run_device, t0, progress)
+        out = _prewarm(replicas, devices, run_device, t0, progress)
+    per = tuple(round(seconds.get(i, 0.0), 3) for i in range(len(replicas)))
+    verdicts = out.verdicts + ((f"warm pass per replica: {', '.join(f'{s:.2f} s' for s in per)}",) if len(per) > 1 else ())
+    return dataclasses.replace(out, replica_s=per, verdicts=verdicts)
 
 
 @contextlib.contextmanager

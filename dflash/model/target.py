@@ -294,13 +294,20 @@ def _check_dir(path: Path) -> None:
                        hint="point target.path at the folder holding config.json, tokenizer and weights")
 
 
-def _load_dir(path: Path, dtype: torch.dtype):
+def _load_dir(path: Path, dtype: torch.dtype, device: torch.device | None = None):
+    """(model, tokenizer) from a local HF directory. On a GPU with transformers 5, the weights are read
+    straight onto `device` (`device_map`: no full copy in host memory, then a second one to the GPU);
+    transformers 4 needs accelerate for that, so there the model is loaded on the CPU and moved."""
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _check_dir(path)
+    where = {}
+    if device is not None and device.type == "cuda" and int(transformers.__version__.split(".")[0]) >= 5:
+        where = {"device_map": {"": device}}
     try:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype, **where)
     except (OSError, ValueError) as e:
         raise BadInput(f"could not load the target from {str(path)!r}: {e}") from None
     return model, tok
@@ -382,7 +389,7 @@ def load_target(cfg: TargetConfig, num_draft_layers: int, device: torch.device,
     elif cfg.path.startswith("embedded:"):
         raise BadInput(f"unknown embedded target {cfg.path!r}", hint=f"the embedded target is {EMBEDDED_TARGET}")
     else:
-        model, tok = _load_dir(Path(cfg.path).expanduser(), dtype)
+        model, tok = _load_dir(Path(cfg.path).expanduser(), dtype, device)
     _check_template(tok, cfg.path)
     layer_ids = choose_taps(cfg.layer_ids, int(model.config.num_hidden_layers), num_draft_layers)
     mask_id, notes = ensure_mask_token(model, tok, cfg.mask_token)
