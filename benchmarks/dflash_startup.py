@@ -1,20 +1,29 @@
-"""Where a long dflash run's wall time goes outside the steps: process start -> first optimizer step
-(cold and warm inductor cache, and --resume), and the training time a checkpoint costs.
+"""Where a long dflash run's wall time goes outside the steps (issue 28): process start -> first
+optimizer step (cold and warm inductor cache, and --resume), the training time and disk a checkpoint
+costs, and the engine's prewarm of 1 vs 3 drafter replicas on one device.
 
 Runs the real `dflash train` CLI in subprocesses on a Qwen3-8B-shaped target with random bf16 weights
 saved as a local Hugging Face directory (the tiny word-level tokenizer; no download) and 64 long
 synthetic chats, the `qwen3_8b` recipe:
 
-  1. cold:   an empty TORCHINDUCTOR_CACHE_DIR, `--max-steps 1` (one step, then the end checkpoint)
-  2. warm:   a new run directory, the cache from 1 (cProfile of the whole process with --profile)
-  3. resume: `--resume --max-steps 2` on the run of 2
+  1. cold:    an empty TORCHINDUCTOR_CACHE_DIR, `--max-steps 1` (one step, then the end checkpoint)
+  2. warm:    a new run directory, the cache from 1 (cProfile of the whole process with --profile)
+  3. resume:  `--resume --max-steps 2` on the run of 2
+  4. stall:   `--max-steps S --set checkpoint.every=E --set checkpoint.keep_last=1`: the trainer's own
+              report of the time each save blocked the loop (metrics.jsonl "checkpoint" events:
+              blocked_s, write_s, bytes), step times after each save vs the median, disk at the end
+  5. engine1: `--target-devices D --drafter-devices D` (1 replica), `--max-steps 2`
+  6. engine3: `--drafter-devices D,D,D` (3 identical replicas on one device): prewarm wall and each
+              replica's warm time (metrics.jsonl "engine" event)
 
-Every stderr line of each process is stamped with the seconds since that process started, so the
-phases the CLI prints show where startup goes; the metrics.jsonl of each run gives the step times.
+Every stderr line of each process is stamped with the seconds since that process started; the CLI
+prints each start phase with its time ("· first step: 2.1 s (at 14.3 s since process start)"). Run
+directories are deleted once measured (an 8B checkpoint is 14.7 GB; the disk is 64 GiB).
 Results: <out>/dflash_startup.json (+ <out>/startup_<run>.log, and warm.prof.txt with --profile).
 
-GPU (H200):       python benchmarks/dflash_startup.py --out $OUT --profile
-CPU smoke (tiny): python benchmarks/dflash_startup.py --small --out /tmp/startup
+GPU (H200), all in one call:  python benchmarks/dflash_startup.py --out $OUT
+                  or in two:  ... --skip engine1,engine3   then   ... --skip cold,warm,resume,stall
+CPU smoke (tiny):             python benchmarks/dflash_startup.py --small --out /tmp/startup
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ import argparse
 import json
 import os
 import random
+import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -109,10 +120,10 @@ def run(name: str, args: list[str], env: dict, out: Path, timeout: float, profil
     th.join(5)
     wall = time.perf_counter() - t0
     (out / f"startup_{name}.log").write_text("\n".join(f"{t:8.2f}  {s}" for t, s in lines) + "\n")
-    return {"name": name, "rc": rc, "wall_s": round(wall, 2), "lines": lines[-60:]}
+    return {"name": name, "rc": rc, "wall_s": round(wall, 2), "lines": lines[-60:], "all_lines": lines}
 
 
-def steps_of(run_dir: Path) -> list[dict]:
+def rows_of(run_dir: Path) -> list[dict]:
     p = run_dir / "metrics.jsonl"
     if not p.is_file():
         return []
@@ -125,6 +136,38 @@ def steps_of(run_dir: Path) -> list[dict]:
     return rows
 
 
+PHASE = re.compile(r"· ([a-z][a-z ]*): ([0-9.]+) s \(at ([0-9.]+) s since process start\)")
+
+
+def phases_of(r: dict) -> dict:
+    """The start phases the CLI printed: name -> {seconds, at (since process start), stamp}."""
+    out = {}
+    for stamp, line in r["all_lines"]:
+        m = PHASE.search(line)
+        if m:
+            out[m.group(1)] = {"seconds": float(m.group(2)), "at": float(m.group(3)), "stamp": stamp}
+    return out
+
+
+def dir_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
+
+
+def stall_summary(rows: list[dict], every: int) -> dict:
+    steps = [r for r in rows if "event" not in r and "seconds" in r]
+    saves = [r for r in rows if r.get("event") == "checkpoint"]
+    skipped = [r for r in rows if r.get("event") == "checkpoint-skipped"]
+    times = sorted(r["seconds"] for r in steps[1:])  # the first step compiles
+    median = statistics.median(times) if times else None
+    after = []
+    for c in saves:
+        nxt = [r["seconds"] for r in steps if c["step"] < r["step"] <= c["step"] + min(5, every - 1)]
+        after.append(round(statistics.mean(nxt), 4) if nxt else None)
+    return {"median_step_s": median, "saves": [{k: c.get(k) for k in ("step", "blocked_s", "write_s", "bytes", "removed",
+                                                                      "final")} for c in saves],
+            "mean_step_s_after_each_save": after, "skipped": skipped}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
@@ -132,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", action="store_true", help="tiny target on CPU (smoke test)")
     p.add_argument("--profile", action="store_true", help="cProfile the warm run (top 60 by cumulative time)")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds per process")
-    p.add_argument("--skip", default="", help="comma list of runs to skip: cold,warm,resume")
+    p.add_argument("--skip", default="", help="comma list of runs to skip: cold,warm,resume,stall,engine1,engine3")
+    p.add_argument("--stall-steps", type=int, default=60, help="steps of the stall run")
+    p.add_argument("--stall-every", type=int, default=20, help="checkpoint.every of the stall run (at 8B a save "
+                                                               "writes ~15 s: space saves wider than that)")
+    p.add_argument("--device", default=None, help="the engine runs' device (default cuda:0, cpu with --small)")
     a = p.parse_args(argv)
     out, work = Path(a.out), Path(a.work)
     out.mkdir(parents=True, exist_ok=True)
@@ -145,16 +192,40 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1", "COLUMNS": "200",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     base = ["--recipe", "qwen3_8b", "--target", str(target), "--data", str(data)]
+    dev = a.device or ("cpu" if a.small else "cuda:0")
     if a.small:
         base = ["--target", str(target), "--data", str(data), "--set", "data.max_length=512",
-                "--set", "data.buckets=[256,512]"]
+                "--set", "data.buckets=[256,512]", "--set", "eval.at_end=false"]
     skip = set(a.skip.split(","))
+    import shutil
+
+    def measure(name: str, run_dir: Path, args: list[str], prof: Path | None = None, keep: bool = False) -> dict:
+        r = run(name, args, env, out, a.timeout, prof)
+        r["phases"] = phases_of(r)
+        rows = rows_of(run_dir)
+        r["metrics"] = [m for m in rows if "step" in m and "event" not in m][-3:]
+        ck = run_dir / "checkpoints"
+        r["checkpoint_bytes"] = {d.name: dir_bytes(d) for d in ck.glob("step_*")} if ck.is_dir() else {}
+        r["checkpoint_events"] = [m for m in rows if m.get("event") in ("checkpoint", "checkpoint-skipped")]
+        eng = [m for m in rows if m.get("event") == "engine"]
+        if eng:
+            pre = (eng[-1].get("report") or {}).get("prewarm") or {}
+            r["prewarm"] = {k: pre.get(k) for k in ("wall_s", "replicas", "replica_s", "verdicts")}
+        r["rows"] = rows
+        del r["all_lines"]
+        if not keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return r
+
     runs = []
     if "cold" not in skip:
-        runs.append(run("cold", [*base, "--out", str(work / "run-cold"), "--max-steps", "1"], env, out, a.timeout))
+        shutil.rmtree(cache, ignore_errors=True)
+        runs.append(measure("cold", work / "run-cold", [*base, "--out", str(work / "run-cold"), "--max-steps", "1"]))
     if "warm" not in skip:
+        shutil.rmtree(work / "run-warm", ignore_errors=True)
         prof = work / "warm.prof" if a.profile else None
-        runs.append(run("warm", [*base, "--out", str(work / "run-warm"), "--max-steps", "1"], env, out, a.timeout, prof))
+        runs.append(measure("warm", work / "run-warm", [*base, "--out", str(work / "run-warm"), "--max-steps", "1"],
+                            prof, keep="resume" not in skip))
         if prof is not None and prof.is_file():
             import io
             import pstats
@@ -164,19 +235,56 @@ def main(argv: list[str] | None = None) -> int:
             st.sort_stats("cumulative").print_stats(60)
             st.sort_stats("tottime").print_stats(30)
             (out / "warm.prof.txt").write_text(s.getvalue())
-    if "resume" not in skip:
-        runs.append(run("resume", ["--out", str(work / "run-warm"), "--resume", "--max-steps", "2"], env, out, a.timeout))
+    if "resume" not in skip and (work / "run-warm").is_dir():
+        runs.append(measure("resume", work / "run-warm", ["--out", str(work / "run-warm"), "--resume", "--max-steps", "2"]))
+    if "stall" not in skip:
+        rd = work / "run-stall"
+        shutil.rmtree(rd, ignore_errors=True)
+        r = run_stall = measure("stall", rd, [*base, "--out", str(rd), "--max-steps", str(a.stall_steps),
+                                              "--set", f"checkpoint.every={a.stall_every}", "--set", "checkpoint.keep_last=1"],
+                                keep=True)
+        r["stall"] = stall_summary(r["rows"], a.stall_every)
+        r["disk_after_s_checkpoints"] = dir_bytes(rd / "checkpoints")
+        shutil.rmtree(rd, ignore_errors=True)
+        runs.append(run_stall)
+    for name, replicas in (("engine1", 1), ("engine3", 3)):
+        if name in skip:
+            continue
+        rd = work / f"run-{name}"
+        shutil.rmtree(rd, ignore_errors=True)
+        runs.append(measure(name, rd, [*base, "--out", str(rd), "--max-steps", "2", "--target-devices", dev,
+                                       "--drafter-devices", ",".join([dev] * replicas)]))
     for r in runs:
-        rd = work / f"run-{r['name'] if r['name'] != 'resume' else 'warm'}"
-        r["metrics"] = [m for m in steps_of(rd) if "step" in m][-3:]
-        ck = rd / "checkpoints"
-        r["checkpoint_bytes"] = {d.name: sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
-                                 for d in ck.glob("step_*")} if ck.is_dir() else {}
+        r.pop("rows", None)
     result["runs"] = runs
+    result["summary"] = summarize(runs)
     (out / "dflash_startup.json").write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps(result["summary"], indent=1, default=str))
     for r in runs:
         print(r["name"], r["rc"], r["wall_s"], "s")
     return 0
+
+
+def summarize(runs: list[dict]) -> dict:
+    """The numbers issue 28 asks for, one place: first step (since process start) per run, each
+    run's start phases, checkpoint stall and size, disk after the stall run, prewarm 1 vs 3 replicas."""
+    by = {r["name"]: r for r in runs}
+    out: dict = {"first_step_done_at_s": {n: (r["phases"].get("first step") or {}).get("at") for n, r in by.items()},
+                 "phases_s": {n: {k: v["seconds"] for k, v in r["phases"].items()} for n, r in by.items()},
+                 "rc": {n: r["rc"] for n, r in by.items()}}
+    if "stall" in by:
+        st = by["stall"]["stall"]
+        out["checkpoint"] = {"blocked_s": [c["blocked_s"] for c in st["saves"]], "write_s": [c["write_s"] for c in st["saves"]],
+                             "bytes": [c["bytes"] for c in st["saves"]], "median_step_s": st["median_step_s"],
+                             "mean_step_s_after_each_save": st["mean_step_s_after_each_save"],
+                             "disk_after_run_bytes": by["stall"]["disk_after_s_checkpoints"], "skipped": len(st["skipped"])}
+    pre = {n: by[n].get("prewarm") for n in ("engine1", "engine3") if n in by}
+    if pre:
+        out["prewarm"] = pre
+        w1, w3 = ((pre.get(n) or {}).get("wall_s") for n in ("engine1", "engine3"))
+        if w1 and w3:
+            out["prewarm"]["ratio_3_vs_1"] = round(w3 / w1, 3)
+    return out
 
 
 if __name__ == "__main__":
