@@ -123,6 +123,40 @@ def run(name: str, args: list[str], env: dict, out: Path, timeout: float, profil
     return {"name": name, "rc": rc, "wall_s": round(wall, 2), "lines": lines[-60:], "all_lines": lines}
 
 
+IMPORT_PROBE = r"""
+import collections, json, sys, time, traceback
+t0 = time.perf_counter()
+import torch, torch.library as tl
+calls = collections.Counter()
+def counted(real):
+    def f(*a, **k):
+        st = traceback.extract_stack(limit=16)[:-1]
+        who = next((x.filename.split("site-packages/")[-1] for x in reversed(st)
+                    if "torch/library.py" not in x.filename and "torch/_library" not in x.filename), "?")
+        calls[who] += 1
+        return real(*a, **k)
+    return f
+tl.Library.define = counted(tl.Library.define)
+tl.custom_op = counted(tl.custom_op)
+t1 = time.perf_counter()
+import cli.dflash_main, dflash.run, dflash.training.trainer, transformers.models.qwen3.modeling_qwen3
+import torch._dynamo, torch._inductor.compile_fx
+print(json.dumps({"torch_s": round(t1 - t0, 2), "rest_s": round(time.perf_counter() - t1, 2),
+                  "registrations": sum(calls.values()), "by_file": calls.most_common(25)}))
+"""
+
+
+def import_probe(env: dict, timeout: float) -> dict:
+    """Import what `dflash train` imports, counting torch.library op registrations by the file that
+    makes them (issue 28: 141 registrations took 5.6 s on the GPU image)."""
+    p = subprocess.run([sys.executable, "-c", IMPORT_PROBE], env=env, cwd=str(ROOT), capture_output=True, text=True,
+                       timeout=timeout)
+    try:
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"rc": p.returncode, "stderr": p.stderr[-2000:]}
+
+
 def rows_of(run_dir: Path) -> list[dict]:
     p = run_dir / "metrics.jsonl"
     if not p.is_file():
@@ -179,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-steps", type=int, default=60, help="steps of the stall run")
     p.add_argument("--stall-every", type=int, default=20, help="checkpoint.every of the stall run (at 8B a save "
                                                                "writes ~15 s: space saves wider than that)")
+    p.add_argument("--no-bytecode", action="store_true", help="keep PYTHONDONTWRITEBYTECODE as the environment has it "
+                                                             "(default: bytecode cached under --work/pycache)")
     p.add_argument("--device", default=None, help="the engine runs' device (default cuda:0, cpu with --small)")
     a = p.parse_args(argv)
     out, work = Path(a.out), Path(a.work)
@@ -198,6 +234,13 @@ def main(argv: list[str] | None = None) -> int:
                 "--set", "data.buckets=[256,512]", "--set", "eval.at_end=false"]
     skip = set(a.skip.split(","))
     import shutil
+
+    if not a.no_bytecode:  # the GPU image sets PYTHONDONTWRITEBYTECODE=1: every process recompiled every module
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    t = time.perf_counter()
+    result["imports"] = import_probe(env, a.timeout)  # also fills the bytecode cache before the timed runs
+    result["imports"]["first_import_process_s"] = round(time.perf_counter() - t, 2)
 
     def measure(name: str, run_dir: Path, args: list[str], prof: Path | None = None, keep: bool = False) -> dict:
         r = run(name, args, env, out, a.timeout, prof)
@@ -257,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         r.pop("rows", None)
     result["runs"] = runs
-    result["summary"] = summarize(runs)
+    result["summary"] = {**summarize(runs), "library_registrations": result["imports"].get("registrations")}
     (out / "dflash_startup.json").write_text(json.dumps(result, indent=1, default=str))
     print(json.dumps(result["summary"], indent=1, default=str))
     for r in runs:

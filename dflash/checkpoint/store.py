@@ -270,7 +270,8 @@ def load_training_state(path: Path) -> dict[str, Any]:
 
     where = str(path / STATE_FILE)
     try:
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        # mmap: tensors are paged in as they are copied to the device (no full 12 GB host copy first, at 8B)
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
     except (OSError, RuntimeError, EOFError, ValueError, TypeError, AttributeError, ImportError, KeyError, IndexError,
             pickle.UnpicklingError) as e:
         from compilewatch import one_line
