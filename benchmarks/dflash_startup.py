@@ -242,9 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     result["imports"] = import_probe(env, a.timeout)  # also fills the bytecode cache before the timed runs
     result["imports"]["first_import_process_s"] = round(time.perf_counter() - t, 2)
 
-    def measure(name: str, run_dir: Path, args: list[str], prof: Path | None = None, keep: bool = False) -> dict:
-        r = run(name, args, env, out, a.timeout, prof)
+    def measure(name: str, run_dir: Path, args: list[str], prof: Path | None = None, keep: bool = False,
+                extra_env: dict | None = None) -> dict:
+        r = run(name, args, {**env, **(extra_env or {})}, out, a.timeout, prof)
         r["phases"] = phases_of(r)
+        # TORCH_LOGS=recompiles (engine runs): why a replica compiled again, in torch's words
+        r["recompiles"] = [line for _, line in r["all_lines"] if "Recompiling function" in line
+                           or "triggered by the following guard failure" in line or line.lstrip().startswith("- ")][:80]
         rows = rows_of(run_dir)
         r["metrics"] = [m for m in rows if "step" in m and "event" not in m][-3:]
         ck = run_dir / "checkpoints"
@@ -296,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         rd = work / f"run-{name}"
         shutil.rmtree(rd, ignore_errors=True)
         runs.append(measure(name, rd, [*base, "--out", str(rd), "--max-steps", "2", "--target-devices", dev,
-                                       "--drafter-devices", ",".join([dev] * replicas)]))
+                                       "--drafter-devices", ",".join([dev] * replicas)],
+                            extra_env={"TORCH_LOGS": "recompiles"}))
     for r in runs:
         r.pop("rows", None)
     result["runs"] = runs
@@ -324,6 +329,8 @@ def summarize(runs: list[dict]) -> dict:
     pre = {n: by[n].get("prewarm") for n in ("engine1", "engine3") if n in by}
     if pre:
         out["prewarm"] = pre
+        for n in pre:
+            pre[n] = {**(pre[n] or {}), "recompile_log_lines": len(by[n]["recompiles"])}
         w1, w3 = ((pre.get(n) or {}).get("wall_s") for n in ("engine1", "engine3"))
         if w1 and w3:
             out["prewarm"]["ratio_3_vs_1"] = round(w3 / w1, 3)
