@@ -135,6 +135,8 @@ def test_host_buffers_are_reused_and_background_equals_inline(tmp_path, chat_fil
     x += 1
     again = bufs.copy("x", x)
     assert again is first and torch.equal(first, x) and bufs.bytes == 24
+    bufs.reserve({"y": torch.zeros(3, 2)})  # allocated ahead (on CUDA: beside training), filled by copy
+    assert bufs.copy("y", torch.ones(3, 2)) is bufs._bufs["y"] and bufs.bytes == 48
     assert a.saver.buffers.bytes == 3 * 4 * sum(p.numel() for p in a.drafter.parameters()) + 4 * len(
         a.optimizer.state)  # fp32 weights + two AdamW moments (+ the step counters)
 

@@ -8,7 +8,8 @@
 
 The snapshot copies the drafter's fp32 weights and AdamW's state into host buffers allocated at the
 first save and reused by every later one (pinned on CUDA, so the copies run at PCIe speed and are
-waited for once), then a background thread casts the export, serializes, fsyncs, records the
+waited for once; on CUDA they are allocated beside training after the first step, `Saver.reserve`),
+then a background thread casts the export, serializes, fsyncs, records the
 manifest, publishes the directory and applies retention (dflash.checkpoint.store, .retention). The
 loop loses only the snapshot's time, plus the previous write's remainder when a save is due while
 that write still runs (it is waited for, never dropped). Extra memory: host = one copy of the fp32
@@ -66,14 +67,24 @@ class HostBuffers:
     def __init__(self) -> None:
         self._bufs: dict[Any, torch.Tensor] = {}
 
-    def copy(self, key: Any, t: torch.Tensor) -> torch.Tensor:
-        t = t.detach()
+    def _buffer(self, key: Any, t: torch.Tensor) -> torch.Tensor:
         buf = self._bufs.get(key)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             buf = self._bufs[key] = torch.empty(t.shape, dtype=t.dtype, device="cpu",
                                                 pin_memory=t.device.type == "cuda")
+        return buf
+
+    def copy(self, key: Any, t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        buf = self._buffer(key, t)
         buf.copy_(t, non_blocking=t.device.type == "cuda")
         return buf
+
+    def reserve(self, tensors: dict[Any, torch.Tensor]) -> None:
+        """Allocate (not fill) the buffers for these tensors: pinning 12.6 GB takes seconds, better
+        spent beside training than inside the first save."""
+        for key, t in tensors.items():
+            self._buffer(key, t)
 
     @property
     def bytes(self) -> int:
@@ -91,11 +102,19 @@ class Snapshot:
     blocked_s: float = 0.0  # training time this save cost the loop (wait for the previous + snapshot)
 
 
+def _tensors(drafter: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[Any, torch.Tensor]:
+    """Every tensor a snapshot copies, by its buffer key (the same keys `snapshot` uses)."""
+    out: dict[Any, torch.Tensor] = {("model", k): v for k, v in drafter.state_dict().items()}
+    for i, st in optimizer.state_dict()["state"].items():
+        out.update({("opt", i, k): v for k, v in st.items() if isinstance(v, torch.Tensor)})
+    return out
+
+
 def snapshot(buffers: HostBuffers, step: int, drafter: torch.nn.Module, optimizer: torch.optim.Optimizer,
              total_steps: int, config_toml: str, final: bool) -> Snapshot:
     """Copy the drafter's weights and the optimizer's state into `buffers` and wait for the copies."""
     model = {k: buffers.copy(("model", k), v) for k, v in drafter.state_dict().items()}
-    opt = optimizer.state_dict()
+    opt = optimizer.state_dict()  # keys as in _tensors
     state = {i: {k: buffers.copy(("opt", i, k), v) if isinstance(v, torch.Tensor) else v for k, v in s.items()}
              for i, s in opt["state"].items()}
     devices = {p.device for p in drafter.parameters() if p.device.type == "cuda"}
@@ -128,6 +147,7 @@ class Saver:
     def __init__(self, run_dir: Path, cfg: Any, export_dtype: torch.dtype, report: Report) -> None:
         self.run_dir, self.cfg, self.export_dtype, self.report = Path(run_dir), cfg, export_dtype, report
         self.buffers = HostBuffers()
+        self._reserving: threading.Thread | None = None
         self._thread: threading.Thread | None = None
         self._done: list[Outcome] = []
         self._lock = threading.Lock()
@@ -146,12 +166,24 @@ class Saver:
                            hint="free space there, choose another --out, or save less (checkpoint.keep_last, "
                                 "checkpoint.export_every)")
 
+    def reserve(self, drafter: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """On CUDA, allocate the pinned host buffers in a background thread now (after the first step,
+        when AdamW's state exists), so that the first save only copies. The next save waits for it."""
+        on_gpu = any(p.device.type == "cuda" for p in drafter.parameters())
+        if not (on_gpu and self.cfg.background) or self._reserving is not None:
+            return
+        tensors = {k: v.detach() for k, v in _tensors(drafter, optimizer).items()}  # shapes only are read
+        self._reserving = threading.Thread(target=self.buffers.reserve, args=(tensors,), name="dflash-pin", daemon=True)
+        self._reserving.start()
+
     # ------------------------------------------------------------ a save
     def save(self, step: int, drafter: torch.nn.Module, optimizer: torch.optim.Optimizer, total_steps: int,
              config_toml: str, *, final: bool, plan: Callable[[], diskspace.DiskPlan]) -> str:
         """Snapshot now, write in the background (or inline with `checkpoint.background = false`).
         Returns the checkpoint's path (published when the write ends)."""
         t0 = time.perf_counter()
+        if self._reserving is not None:
+            self._reserving.join()
         self.wait()
         self.poll()
         target = str(self.run_dir / "checkpoints" / f"step_{step:06d}")

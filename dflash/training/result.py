@@ -52,8 +52,11 @@ class RunLog:
     def add(self, m: StepMetrics) -> None:
         """Keep `m`, write it to the metrics log when due, and tell the progress listener; report the
         saves that ended, the first step's time (a start phase) and run the periodic eval when due."""
-        if self.first is None and self.trainer.phases is not None:
-            self.trainer.phases.mark("first step", m.seconds)
+        if self.first is None:
+            if self.trainer.phases is not None:
+                self.trainer.phases.mark("first step", m.seconds)
+            if self.primary:  # the process that saves: pin its snapshot buffers beside the next steps
+                self.trainer.saver.reserve(self.trainer.drafter, self.trainer.optimizer)
         self.first = self.first or m
         self.last = m
         self.history.append(m)
