@@ -178,3 +178,20 @@ def test_startup_phases_are_timed(tmp_path, chat_file):
     assert [d["name"] for k, d in events if k == "phase-done"] == ["target", "data", "resume state", "drafter",
                                                                   "first step"]
     assert all(d["at"] >= d["seconds"] >= 0 for k, d in events if k == "phase-done")
+
+
+def test_engine_saves_in_the_background_and_evaluates_periodically(tmp_path, chat_file):
+    """The engine (1 target worker, 2 drafter replicas on CPU): saves from inside its step barrier go
+    through the same writer, the periodic eval runs there too, and the run waits for the last write."""
+    from dflash.run import train as run_train
+
+    cfg = small_config(tmp_path, chat_file, **{"train.max_steps": 4, "checkpoint.every": 2, "eval.every": 2,
+                                              "eval.every_prompts": 2, "eval.max_new_tokens": 8,
+                                              "topology.target_devices": "cpu", "topology.drafter_devices": "cpu,cpu"})
+    events = []
+    out = run_train(cfg, on_event=lambda k, d: events.append((k, d)))
+    assert out.engine.outcome == "ok" and out.engine.max_param_diff == 0.0
+    assert [d["step"] for k, d in events if k == "checkpoint"] == [2, 4]
+    assert [d["step"] for k, d in events if k == "periodic_eval"] == [2, 4]
+    assert names(tmp_path) == ["latest", "step_000002", "step_000004"]
+    assert len(out.engine.prewarm.replica_s) == 2
