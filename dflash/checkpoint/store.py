@@ -9,6 +9,7 @@ Layout of a run directory:
         model.safetensors                layers.*, fc, hidden_norm, norm (reference names)
         training_state.pt                fp32 master weights, optimizer, step (for --resume)
         train_config.toml                the training config
+        manifest.json                    size + xxh3-128 of each file above (dflash/checkpoint/manifest.py)
     RUN/checkpoints/latest               the name of the newest complete checkpoint
 
 A checkpoint directory is written under a temporary name and renamed into place (atomic on POSIX),
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from compilewatch import BadInput, FILE_MODE, atomic_write_bytes, atomic_write_json, atomic_write_text
+from dflash.checkpoint import manifest
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 
 EXPORT_FILES = ("config.json", "model.safetensors")
@@ -160,6 +162,7 @@ def save_checkpoint(run_dir: Path, step: int, drafter: DFlashDrafter, export_dty
             fh.flush()
             os.fsync(fh.fileno())
         atomic_write_text(stage / CONFIG_FILE, config_toml)
+        manifest.record(stage, [*EXPORT_FILES, STATE_FILE, CONFIG_FILE])  # last: sizes + checksums of the above
         _publish(stage, final)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
