@@ -35,7 +35,7 @@ CHUNK = 8 << 20  # bytes hashed per read
 _HEX128 = re.compile(r"[0-9a-f]{32}")
 
 
-def _open_regular(path: Path, what: str) -> tuple[int, os.stat_result]:
+def open_regular(path: Path, what: str) -> tuple[int, os.stat_result]:
     """An fd for reading `path` and its stat, or BadInput when it is missing or not a regular file.
     O_NONBLOCK: opening a FIFO returns at once (and is then refused) instead of waiting for a writer."""
     try:
@@ -80,7 +80,7 @@ def _digest(fd: int, size: int) -> str:
 def file_entry(path: str | os.PathLike[str]) -> dict[str, Any]:
     """{"bytes": size, "xxh3_128": digest} of one regular file (BadInput if it is not one)."""
     p = Path(path)
-    fd, st = _open_regular(p, "checkpoint file")
+    fd, st = open_regular(p, "checkpoint file")
     try:
         return {"bytes": st.st_size, ALGORITHM: _digest(fd, st.st_size)}
     finally:
@@ -120,7 +120,7 @@ def read(directory: Path) -> dict[str, dict[str, Any]] | None:
     where = str(path)
     if not os.path.lexists(path):
         return None
-    fd, _st = _open_regular(path, "the checkpoint manifest")
+    fd, _st = open_regular(path, "the checkpoint manifest")
     try:
         with os.fdopen(fd, "rb", closefd=False) as fh:
             raw = fh.read(MAX_MANIFEST_BYTES + 1)
@@ -169,7 +169,7 @@ def check(directory: Path, names: Iterable[str] | None = None) -> str | None:
         if name not in files:
             raise BadInput(f"{str(path)!r} is not listed in {MANIFEST}: its contents cannot be verified", hint=hint)
         want = files[name]
-        fd, st = _open_regular(path, "checkpoint file")
+        fd, st = open_regular(path, "checkpoint file")
         try:
             if st.st_size != want["bytes"]:
                 raise BadInput(f"{str(path)!r} is {st.st_size} bytes, {MANIFEST} says {want['bytes']}", hint=hint)
