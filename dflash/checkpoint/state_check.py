@@ -149,6 +149,8 @@ def check_optimizer(opt_state: Any, optimizer: torch.optim.Optimizer) -> list[st
         for key in g.keys() - live.keys():  # a newer torch's option: kept only if it is a plain value
             if not (g[key] is None or isinstance(g[key], (bool, int, float, str))):
                 problems.append(f"{name}: {str(key)[:40]!r} is {_describe(g[key])}, not an optimizer option")
+    if problems:  # the groups do not fit: per-parameter state cannot be matched to parameters
+        return problems
     adam = isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW))
     for pid, entry in opt_state["state"].items():
         if isinstance(pid, bool) or not isinstance(pid, int) or pid not in params_of:

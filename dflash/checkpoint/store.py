@@ -76,8 +76,8 @@ def export_config(spec: DrafterSpec, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def spec_from_config(cfg: Any) -> DrafterSpec:
-    """Read a DrafterSpec back from an exported config.json (every field type-checked: BadInput)."""
+def spec_from_config(cfg: Any, where: str = "config.json") -> DrafterSpec:
+    """Read a DrafterSpec back from an exported config.json (every field type-checked and bounded: BadInput)."""
     try:
         d = cfg["dflash_config"]
         rope = cfg.get("rope_parameters")
@@ -94,9 +94,9 @@ def spec_from_config(cfg: Any) -> DrafterSpec:
             "rope_scaling": _rope_scaling(cfg), "attention_bias": cfg.get("attention_bias", False),
         }
     except (KeyError, TypeError, AttributeError) as e:
-        raise BadInput(f"config.json is not a DFlash drafter config (missing or bad {e})",
+        raise BadInput(f"{where} is not a DFlash drafter config (missing or bad {e})",
                        hint="export a checkpoint with `dflash train`; it writes config.json with dflash_config") from None
-    return checked_spec(fields, "config.json")
+    return checked_spec(fields, where)
 
 
 def checked_spec(fields: Any, where: str) -> DrafterSpec:
@@ -255,7 +255,7 @@ def read_export_spec(path: Path) -> DrafterSpec:
     fd, _st = manifest.open_regular(path / "config.json", "drafter config.json")  # a FIFO is never read
     os.close(fd)
     cfg = loads_json(read_text(path / "config.json", limit=16 << 20, what="drafter config.json"), str(path / "config.json"))
-    spec = spec_from_config(cfg)
+    spec = spec_from_config(cfg, str(path / "config.json"))
     check_weights(path / "model.safetensors", spec)
     return spec
 

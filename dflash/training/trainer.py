@@ -132,7 +132,7 @@ class Trainer:
                           full_target=full_target)
             trainer._threads_before = threads_before
             if state is not None:
-                trainer.load_state_dict(state)  # checked against the drafter and optimizer before anything changes
+                trainer.load_state_dict(state, where=str(start / ckpt.STATE_FILE))  # checked against the drafter and optimizer before anything changes
                 trainer.notes.append(f"resumed from {start} at step {trainer.step}")
         except BaseException:  # every failure once the lock is held: release it (the next --resume must work)
             torch.set_num_threads(threads_before)
@@ -151,10 +151,10 @@ class Trainer:
         return {"step": self.step, "model": {k: v.detach().cpu().clone() for k, v in self.drafter.state_dict().items()},
                 "optimizer": self.optimizer.state_dict(), "spec": asdict(self.drafter.spec), "total_steps": self.total_steps}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], where: str = "the training state") -> None:
         """Continue from `state` (Trainer.state_dict's); BadInput, with nothing changed, when it does not
         fit this drafter, optimizer and run length (dflash.checkpoint.state_check)."""
-        check_training_state(state, self.drafter, self.optimizer, self.total_steps, "the training state")
+        check_training_state(state, self.drafter, self.optimizer, self.total_steps, where)
         self.drafter.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
