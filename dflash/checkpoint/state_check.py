@@ -14,7 +14,8 @@ What is checked:
 - `optimizer`: {"state", "param_groups"}; as many groups as the optimizer, each listing as many
   parameter ids as the live group, every id once; each hyperparameter the live group has is there
   (lr, betas, eps and weight_decay are required: torch does not default them) with a value of its
-  type and range; per-parameter state only for listed ids, each a dict whose tensors (exp_avg,
+  type and range, and what the step computes (maximize, amsgrad, decoupled_weight_decay) as the
+  live optimizer's (how it runs: foreach, fused, capturable, are kept from the live one on load); per-parameter state only for listed ids, each a dict whose tensors (exp_avg,
   exp_avg_sq, ...) are floating point and shaped like their parameter, and whose `step` is one
   finite number >= 0; an Adam/AdamW entry has both moments (and max_exp_avg_sq under amsgrad).
 """
@@ -29,6 +30,9 @@ import torch
 from compilewatch import BadInput
 
 REQUIRED_GROUP_KEYS = ("lr", "betas", "eps", "weight_decay")  # torch's Adam.__setstate__ defaults the rest
+# group options that say how this process runs the step, not what it computes: a checkpoint written on
+# CUDA (fused) resumes on CPU, so the live optimizer's values are kept (load_optimizer_state)
+IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 SHOWN = 4  # problems listed in the message (the count says how many more)
 
 
@@ -88,8 +92,10 @@ def check_model(model_state: Any, expected: dict[str, torch.Tensor]) -> list[str
 
 def _group_value_problem(key: str, got: Any, live: Any) -> str | None:
     """Why `got` cannot stand for the live group's `live` value of `key` (None: it can)."""
-    if isinstance(live, bool) or (live is None and key in ("foreach", "fused")):
+    if key in IMPLEMENTATION_FLAGS:  # how this process runs the step: the live value is kept on load
         return None if got is None or isinstance(got, bool) else "true/false"
+    if isinstance(live, bool):  # what the step computes (maximize, amsgrad, decoupled weight decay)
+        return None if got is live else f"{live}, as this run's optimizer"
     if key == "betas" or isinstance(live, tuple):
         n = len(live) if isinstance(live, tuple) else 2
         if not isinstance(got, (tuple, list)) or len(got) != n or any(_number(b) is None for b in got):
@@ -195,3 +201,17 @@ def check_training_state(state: dict[str, Any], model: torch.nn.Module, optimize
         raise BadInput(f"{where!r} does not fit this run's drafter and optimizer: " + "; ".join(problems[:SHOWN]) + more,
                        hint="it is damaged or from another run: resume from another checkpoint "
                             "(write its name into checkpoints/latest)")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, opt_state: dict[str, Any]) -> None:
+    """`optimizer.load_state_dict(opt_state)` (checked by check_optimizer first), keeping this
+    optimizer's IMPLEMENTATION_FLAGS: torch would take them from the file, and a CUDA run's
+    `fused`/`capturable` fail on CPU parameters."""
+    live = [{k: g[k] for k in IMPLEMENTATION_FLAGS if k in g} for g in optimizer.param_groups]
+    optimizer.load_state_dict(opt_state)
+    for g, flags in zip(optimizer.param_groups, live):
+        for k in IMPLEMENTATION_FLAGS:
+            if k in flags:
+                g[k] = flags[k]
+            else:
+                g.pop(k, None)

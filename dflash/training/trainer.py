@@ -25,7 +25,7 @@ import torch
 from compilewatch import BadInput
 from dflash.checkpoint import manifest, store as ckpt
 from dflash.checkpoint.runlock import RunLock
-from dflash.checkpoint.state_check import check_training_state
+from dflash.checkpoint.state_check import check_training_state, load_optimizer_state
 from dflash.config import Config, to_toml
 from dflash.data.dataset import Batch, ChatDataset
 from dflash.data.prepare import load_training_data
@@ -156,7 +156,7 @@ class Trainer:
         fit this drafter, optimizer and run length (dflash.checkpoint.state_check)."""
         check_training_state(state, self.drafter, self.optimizer, self.total_steps, where)
         self.drafter.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.step = int(state["step"])
 
     # ------------------------------------------------------------ one step
