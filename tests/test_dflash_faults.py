@@ -488,3 +488,17 @@ def _tokenizer(build):
     if "tok" not in _TOK:
         _TOK["tok"] = build()
     return _TOK["tok"]
+
+
+def test_a_lock_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch):
+    """A full disk between creating RUN/.lock and writing it: bad input, and no lock that would make
+    the next start refuse."""
+    from dflash.checkpoint import runlock
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runlock.json, "dump", full)
+    with pytest.raises(BadInput, match="No space left"):
+        runlock.RunLock(tmp_path).acquire()
+    assert not (tmp_path / runlock.LOCK_NAME).exists()
