@@ -4,8 +4,8 @@
     check(directory)              # every file the manifest lists; BadInput names the first that differs
     check(directory, ["config.json", "model.safetensors"])   # only these (each must be listed)
 
-`record` streams each file through xxh3-128 (bounded memory, ~10 GB/s: a few seconds for the largest
-training state) and writes the manifest atomically, so a checkpoint directory holds either no
+`record` streams each file through xxh3-128 (1 MiB of memory; benchmarks/dflash_manifest.py measures
+the rate) and writes the manifest atomically, so a checkpoint directory holds either no
 manifest or a complete one. `check` compares sizes first (no reading), then digests; a bit flip, a
 truncation, a missing file or something that is not a regular file (a directory, a FIFO: never
 opened for reading, so never blocks) is BadInput naming that file. A checkpoint without
@@ -18,6 +18,7 @@ the names it lists must be plain file names inside the checkpoint (never a path 
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import stat
@@ -31,7 +32,7 @@ FORMAT = "dflash-checkpoint-manifest"
 VERSION = 1
 ALGORITHM = "xxh3_128"
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists a handful of files: a few hundred bytes
-CHUNK = 8 << 20  # bytes hashed per read
+CHUNK = 1 << 20  # bytes hashed per read (one reused buffer)
 _HEX128 = re.compile(r"[0-9a-f]{32}")
 
 
@@ -63,17 +64,19 @@ def _kind(mode: int) -> str:
 
 def _digest(fd: int, size: int) -> str:
     """xxh3-128 of the first `size` bytes of `fd` (the size fstat gave: a file that grows while it
-    is hashed does not make this read forever)."""
+    is hashed does not make this read forever). One reused buffer: no allocation per chunk."""
     import xxhash
 
     h = xxhash.xxh3_128()
+    buf = memoryview(bytearray(max(1, min(CHUNK, size))))
     left = size
-    while left > 0:
-        chunk = os.read(fd, min(CHUNK, left))
-        if not chunk:
-            break
-        h.update(chunk)
-        left -= len(chunk)
+    with io.FileIO(fd, "rb", closefd=False) as f:
+        while left > 0:
+            n = f.readinto(buf[: min(len(buf), left)])
+            if not n:
+                break
+            h.update(buf[:n])
+            left -= n
     return h.hexdigest()
 
 
