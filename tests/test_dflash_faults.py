@@ -9,11 +9,9 @@ BadInput, nothing else, each example inside a generous time limit (a hang or a b
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import tracemalloc
 from pathlib import Path
 
@@ -27,26 +25,11 @@ from dflash.checkpoint import manifest, store as ckpt
 from dflash.checkpoint.export_check import spec_problems
 from dflash.checkpoint.state_check import check_training_state, load_optimizer_state
 from tests.dflash_helpers import small_config, write_jsonl, write_word_chats
-from tests.helpers import invoke
+from tests.helpers import invoke, time_limit
 
 PROPS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                  suppress_health_check=list(HealthCheck))
 STEP = "step_000002"
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    """Fail (TimeoutError) when the block runs longer than `seconds`: a hang is a failure, not a stuck CI job."""
-    def fire(signum, frame):
-        raise TimeoutError(f"over the {seconds} s limit")
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _exit_2(args, *words, limit: float = 60):
