@@ -15,9 +15,11 @@ What is checked:
   parameter ids as the live group, every id once; each hyperparameter the live group has is there
   (lr, betas, eps and weight_decay are required: torch does not default them) with a value of its
   type and range, and what the step computes (maximize, amsgrad, decoupled_weight_decay) as the
-  live optimizer's (how it runs: foreach, fused, capturable, are kept from the live one on load); per-parameter state only for listed ids, each a dict whose tensors (exp_avg,
-  exp_avg_sq, ...) are floating point and shaped like their parameter, and whose `step` is one
-  finite number >= 0; an Adam/AdamW entry has both moments (and max_exp_avg_sq under amsgrad).
+  live optimizer's (how it runs, foreach/fused/capturable/differentiable, is kept from the live
+  optimizer on load: `load_optimizer_state`); per-parameter state only for listed ids, each a dict
+  whose tensors (exp_avg, exp_avg_sq, ...) are floating point and shaped like their parameter, and
+  whose `step` is one finite number >= 0; an Adam/AdamW entry has both moments (and
+  max_exp_avg_sq under amsgrad).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def _dense(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_meta
 
 
-def check_step(step: Any, total_steps: int | None, where: str) -> list[str]:
+def check_step(step: Any, total_steps: int | None) -> list[str]:
     if isinstance(step, bool) or not isinstance(step, int):
         return [f"'step' is {_describe(step)}, not an int"]
     if step < 0:
@@ -190,7 +192,7 @@ def check_training_state(state: dict[str, Any], model: torch.nn.Module, optimize
                          total_steps: int | None, where: str) -> None:
     """BadInput listing what in `state` does not fit `model` and `optimizer` (module docstring);
     nothing is modified."""
-    problems = check_step(state.get("step"), total_steps, where)
+    problems = check_step(state.get("step"), total_steps)
     saved_total = state.get("total_steps")
     if saved_total is not None and (isinstance(saved_total, bool) or not isinstance(saved_total, int) or saved_total < 0):
         problems.append(f"'total_steps' is {_describe(saved_total)}, not a step count")

@@ -132,7 +132,8 @@ class Trainer:
                           full_target=full_target)
             trainer._threads_before = threads_before
             if state is not None:
-                trainer.load_state_dict(state, where=str(start / ckpt.STATE_FILE))  # checked against the drafter and optimizer before anything changes
+                # checked against the drafter and optimizer before anything changes
+                trainer.load_state_dict(state, where=str(start / ckpt.STATE_FILE))
                 trainer.notes.append(f"resumed from {start} at step {trainer.step}")
         except BaseException:  # every failure once the lock is held: release it (the next --resume must work)
             torch.set_num_threads(threads_before)
