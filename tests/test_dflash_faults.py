@@ -365,15 +365,29 @@ _json = st.recursive(_scalars, lambda c: st.lists(c, max_size=3) | st.dictionari
 
 
 def _mutated(data, doc, leaves):
-    """`doc` with one to three nodes replaced by `leaves` values or dropped."""
+    """`doc` with one to three nodes below the top replaced by `leaves` values or dropped."""
     for _ in range(data.draw(st.integers(1, 3))):
-        doc = _mutate_one(data, doc, leaves)
+        doc = _mutate_one(data, doc, leaves, top=True)
     return doc
 
 
-def _mutate_one(data, doc, leaves):
-    if not isinstance(doc, (dict, list, tuple)) or not doc or data.draw(st.integers(0, 4)) == 0:
-        return data.draw(leaves)
+def _near(v):
+    """Values close to `v`: what a damaged or foreign file most likely holds in its place."""
+    if isinstance(v, torch.Tensor):
+        shape = tuple(v.shape)
+        return st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.int64]).flatmap(
+            lambda dt: st.sampled_from([torch.zeros(shape, dtype=dt), torch.full(shape, float("nan")).to(dt),
+                                        torch.zeros((*shape, 1), dtype=dt), torch.zeros(shape[1:], dtype=dt)]))
+    if isinstance(v, bool):
+        return st.booleans() | st.none()
+    if isinstance(v, (int, float)):
+        return st.sampled_from([0, 1, -1, 2, 3, 4, 0.5, -0.5, 1e30, float("nan"), float("inf"), 2**63])
+    return st.nothing()
+
+
+def _mutate_one(data, doc, leaves, top=False):
+    if not isinstance(doc, (dict, list, tuple)) or not doc or (not top and data.draw(st.integers(0, 4)) == 0):
+        return data.draw(leaves | _near(doc))
     if isinstance(doc, dict):
         key = data.draw(st.sampled_from(sorted(doc, key=str)))
         if data.draw(st.integers(0, 3)) == 0:
