@@ -499,3 +499,27 @@ def test_a_lock_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch)
     with pytest.raises(BadInput, match="No space left"):
         runlock.RunLock(tmp_path).acquire()
     assert not (tmp_path / runlock.LOCK_NAME).exists()
+
+
+@PROPS
+@given(data=st.data())
+def test_property_bit_flipped_checkpoint_files_load_or_are_bad_input(good_run, tmp_path_factory, data):
+    """Real training_state.pt / model.safetensors bytes with a few flipped bits or cut short, and no
+    manifest to catch them: each loader gives a value or BadInput (torch's zip reader, the pickle
+    and safetensors' header parser all see damage)."""
+    name = data.draw(st.sampled_from([ckpt.STATE_FILE, "model.safetensors"]))
+    ck = tmp_path_factory.mktemp("flip") / "ck"
+    shutil.copytree(good_run / "checkpoints" / STEP, ck)
+    (ck / manifest.MANIFEST).unlink()
+    raw = bytearray((ck / name).read_bytes())
+    reach = len(raw) if name == ckpt.STATE_FILE else min(len(raw), 8 + int.from_bytes(raw[:8], "little") + 64)
+    for pos in data.draw(st.lists(st.integers(0, reach - 1), min_size=1, max_size=6)):
+        raw[pos] ^= 1 << data.draw(st.integers(0, 7))
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw)))]
+    (ck / name).write_bytes(raw)
+    with time_limit(20):
+        try:
+            ckpt.load_training_state(ck) if name == ckpt.STATE_FILE else ckpt.load_export(ck)
+        except BadInput as e:
+            assert "\n" not in e.message
