@@ -233,7 +233,7 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     from dflash.model.target import load_target, resolve_device
 
     ck = resolve_checkpoint(path)
-    unverified = manifest.check(ck, EXPORT_FILES)
+    unverified = manifest.check(ck, [*EXPORT_FILES, *([CONFIG_FILE] if (ck / CONFIG_FILE).exists() else [])])
     if unverified and on_note is not None:
         on_note(unverified)
     overrides = {}
