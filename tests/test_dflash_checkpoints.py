@@ -148,8 +148,13 @@ def test_leftovers_of_killed_saves_are_cleaned_by_the_next_owner_and_a_stale_poi
     (ck / ".step_000006.partial-999999" / "model.safetensors").write_bytes(b"half")
     (ck / ".step_000002.deleting-12").mkdir()
     (ck / ".latest.x1y2.tmp").write_text("step_000")
-    (ck / "latest").write_text("step_000002\n")  # killed between publishing step 4 and updating `latest`
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_000004"
+    import os
+
+    (ck / "latest").write_text("step_000002\n")  # written after step 4 was published: a deliberate rewind, kept
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000002"
+    published = (ck / "step_000004").stat().st_mtime_ns
+    os.utime(ck / "latest", ns=(published - 10**9, published - 10**9))  # a kill between publishing step 4 and
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000004"       # rewriting `latest`: the newer one wins
     t = Trainer.from_config(small_config(tmp_path, chat_file, **{"train.max_steps": 6}), resume=True)
     t.close()
     assert t.step == 4 and names(tmp_path) == ["latest", "step_000002", "step_000004"]

@@ -107,18 +107,31 @@ class RunLock:
     def _create(self, me: dict) -> None:
         """Create the lock with its contents in one step: written to a private file, then hard-linked
         to `.lock` (atomic, fails if it exists), so a kill never leaves an empty lock that names no
-        one. Filesystems without hard links: O_CREAT|O_EXCL, then the write."""
+        one. Filesystems without hard links: O_CREAT|O_EXCL, then the write. A write that fails (a
+        full disk) leaves no lock behind: BadInput."""
         tmp = self.path.with_name(f"{LOCK_NAME}.new-{os.getpid()}")
-        tmp.write_text(json.dumps(me), encoding="utf-8")
         try:
-            os.link(tmp, self.path)
-            return
-        except FileExistsError:
-            raise
-        except OSError:  # no hard links here
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(me, fh)
+            try:
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    json.dump(me, fh)
+            except OSError as e:
+                raise BadInput(f"cannot write the run lock {str(self.path)!r}: {e.strerror or e}") from None
+            try:
+                os.link(tmp, self.path)
+                return
+            except FileExistsError:
+                raise
+            except OSError:  # no hard links here
+                pass
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)  # FileExistsError: held
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(me, fh)
+            except BaseException as e:  # the half-written lock is ours (O_EXCL), never left behind
+                self.path.unlink(missing_ok=True)
+                if isinstance(e, OSError):
+                    raise BadInput(f"cannot write the run lock {str(self.path)!r}: {e.strerror or e}") from None
+                raise
         finally:
             tmp.unlink(missing_ok=True)
 

@@ -44,8 +44,9 @@ def empty_drafter(spec: DrafterSpec, device: torch.device | str) -> DFlashDrafte
 
 
 def build_drafter(cfg: Config, spec: DrafterSpec, device: torch.device,
-                  state: dict[str, torch.Tensor] | None = None) -> DFlashDrafter:
-    """A drafter on `device`: seeded init (or `state`'s weights, without any init), and on CUDA with
+                  state: dict[str, torch.Tensor] | None = None, *, init: bool = True) -> DFlashDrafter:
+    """A drafter on `device`: seeded init (or `state`'s weights, without any init; `init=False`: left
+    uninitialized, for a caller that loads a checked state into it next), and on CUDA with
     `train.compile_layers` every decoder layer compiled (parameters and state_dict keep their names;
     each copy gets its own compiled wrappers).
 
@@ -55,10 +56,10 @@ def build_drafter(cfg: Config, spec: DrafterSpec, device: torch.device,
     one torch build), where the CPU init of an 8B-sized drafter took ~14 s plus a 4.2 GB copy."""
     device = torch.device(device)
     drafter = empty_drafter(spec, device)
-    if state is None:
-        drafter.init_weights(torch.Generator(device=device).manual_seed(cfg.train.seed))
-    else:
+    if state is not None:
         drafter.load_state_dict(state)
+    elif init:
+        drafter.init_weights(torch.Generator(device=device).manual_seed(cfg.train.seed))
     if cfg.train.compile_layers and device.type == "cuda":
         for layer in drafter.layers:
             layer.compile(dynamic=False)
