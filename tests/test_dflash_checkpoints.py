@@ -200,3 +200,28 @@ def test_engine_saves_in_the_background_and_evaluates_periodically(tmp_path, cha
     assert [d["step"] for k, d in events if k == "periodic_eval"] == [2, 4]
     assert names(tmp_path) == ["latest", "step_000002", "step_000004"]
     assert len(out.engine.prewarm.replica_s) == 2
+
+
+def test_a_run_directory_that_vanished_fails_the_saves_cleanly(tmp_path, chat_file):
+    """The run directory deleted under a running trainer: the periodic save is skipped (training goes
+    on), the final one stops the run with CheckFailed; nothing is recreated in its place."""
+    import shutil
+
+    from compilewatch.errors import CheckFailed
+
+    run = tmp_path / "run"
+    events = []
+
+    def on_event(kind, data):
+        events.append((kind, data))
+        if kind == "step" and data["metrics"].step == 1:
+            shutil.rmtree(run)
+
+    t = Trainer.from_config(small_config(run, chat_file, **{"train.max_steps": 4, "checkpoint.every": 2}),
+                            on_event=on_event)
+    with pytest.raises(CheckFailed, match=r"final checkpoint \(step 4\) could not be written: FileNotFoundError.*"
+                                          r"no checkpoint of this run is on disk"):
+        t.train()
+    t.close()
+    assert [d["step"] for k, d in events if k == "checkpoint-skipped"] == [2, 4] and t.step == 4
+    assert not run.exists()

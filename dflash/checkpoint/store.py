@@ -135,7 +135,8 @@ def _stage_dir(final: Path) -> Path:
     stage = final.parent / f".{final.name}.partial-{os.getpid()}"
     if stage.exists():
         shutil.rmtree(stage)  # our own leftover staging dir from this pid, never a user's checkpoint
-    stage.mkdir(parents=True)
+    final.parent.mkdir(exist_ok=True)  # RUN/checkpoints; RUN itself must still be there: a run directory
+    stage.mkdir()  # that vanished (deleted, unmounted) fails the save instead of being recreated elsewhere
     return stage
 
 
