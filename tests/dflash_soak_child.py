@@ -5,9 +5,9 @@ Qwen3, dflash and the CLI; the tiny target built once to load transformers' lazy
 trial starts in a fraction of a second instead of the seconds a fresh interpreter takes.
 
 Faults, in the child only:
-- `kill_io=k`: the k-th file operation (fsync, replace, rename, link, unlink, rmtree) of the process,
-  in whichever thread makes it (mostly the background checkpoint writer), SIGKILLs the process first:
-  a kill at an exact point, most of them inside a save;
+- `kill_io=k`: the k-th file operation (fsync, replace, rename, link, unlink, rmtree) of the process
+  (or, `writer_only`, of the background checkpoint writer: inside a save) SIGKILLs the process first:
+  a kill at an exact point;
 - `fill_at=n` with `fill_dir`: before the n-th save is written, a filler file takes the filesystem's
   free space down to a quarter of a checkpoint (a real full disk, mid-save: ENOSPC from the kernel);
 - `enospc_at=n`: from the n-th save on, every fsync raises ENOSPC (the same, injected, where no small
@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 
 import torch
 
@@ -33,14 +34,15 @@ from dflash.training.trainer import Trainer
 build_tiny_target()  # loads transformers' lazy Qwen3 modules in the forkserver, not in every trial
 
 
-def _kill_at(k: int) -> None:
+def _kill_at(k: int, writer_only: bool) -> None:
     count = [0]
 
     def wrap(fn):
         def counted(*a, **kw):
-            count[0] += 1
-            if count[0] >= k:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if not writer_only or threading.current_thread().name == "dflash-checkpoint":
+                count[0] += 1
+                if count[0] >= k:
+                    os.kill(os.getpid(), signal.SIGKILL)
             return fn(*a, **kw)
         return counted
 
@@ -83,11 +85,13 @@ def config(overrides: dict):
     return apply_overrides(tiny(), overrides)
 
 
-def trial(overrides: dict, started=None, kill_io: int | None = None) -> None:
-    """Train the run (resuming when it has a checkpoint); `started` (an Event) is set at the first step."""
+def trial(overrides: dict, started=None, kill_io: int | None = None, writer_only: bool = False) -> None:
+    """Train the run (resuming when it has a checkpoint); `started` (an Event) is set at the first step.
+    `kill_io`: SIGKILL at that file operation of the process (`writer_only`: of the background
+    checkpoint writer's thread: inside a save)."""
     torch.set_num_threads(1)
     if kill_io:
-        _kill_at(kill_io)
+        _kill_at(kill_io, writer_only)
     cfg = config(overrides)
     resume = store.latest_checkpoint(cfg.checkpoint.out_dir) is not None
 
