@@ -41,7 +41,10 @@ def torch_floor() -> str:
     spec = next(d for d in deps if re.match(r"torch\b", d))
     floor = re.search(r">=\s*([\d.]+)", spec)
     assert floor, spec
-    return f"torch ≥ {floor.group(1)}\n"
+    ci = (ROOT / ".ci" / "run").read_text()
+    tested = sorted(set(re.findall(r"torch==([\d.]+)", ci)) | set(re.findall(r"for v in ([\d. ]+);", ci)[0].split()),
+                    key=lambda v: tuple(int(x) for x in v.split(".")))
+    return f"torch ≥ {floor.group(1)}; CI tests {', '.join(tested)}.\n"
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
