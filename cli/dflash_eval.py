@@ -30,8 +30,10 @@ def eval_cmd(
         --data data/test.jsonl -n 64 --json
     """
     from cli.dflash_progress import TrainProgress
+    from dflash.checkpoint.store import resolve_checkpoint
     from dflash.eval.evaluate import eval_checkpoint  # torch and transformers: only when evaluating
 
+    resolve_checkpoint(checkpoint)  # a wrong path is bad input before any progress line
     with TrainProgress() as progress:
         progress("phase", {"name": "eval", "prompts": prompts or "the configured"})
         result = eval_checkpoint(checkpoint, target_path=target, data_path=data, num_prompts=prompts,

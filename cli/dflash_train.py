@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from cli import output
+from cli.dflash_next import print_next_steps
 from cli.dflash_dist import DistBackendOpt, DistributedOpt, DistTimeoutOpt
 from cli.dflash_engine import NoGuardOpt, NoPrewarmOpt, StallOpt, finish, render_engine
 from cli.dflash_progress import TrainProgress
@@ -199,6 +200,7 @@ def _render(r: dict) -> None:
     if r["checkpoints"]:
         o.print(f"export: {r['checkpoints'][-1]} (config.json + model.safetensors)")
     o.print(f"run dir: {r['run_dir']} (metrics.jsonl, config.toml)")
+    print_next_steps(r)
 
 
 def _render_dry(r) -> None:

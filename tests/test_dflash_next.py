@@ -37,3 +37,42 @@ def test_the_embedded_target_says_why_there_is_nothing_to_serve():
 def test_no_checkpoint_no_commands():
     ((cmd, note),) = next_steps(_result("/models/t", checkpoints=()))
     assert cmd == "" and "no checkpoint" in note
+
+
+def test_eval_of_a_missing_path_is_bad_input_before_any_progress(tmp_path):
+    from cli.dflash_main import app
+    from tests.helpers import invoke
+
+    r = invoke(app, ["eval", str(tmp_path / "nonexistent")])
+    assert r.exit_code == 2
+    assert "is not a dflash checkpoint or run directory" in r.stderr
+    assert "[progress]" not in r.stderr and "speculative decoding on" not in r.stderr, r.stderr
+
+
+def test_train_prints_the_next_steps_on_stderr(monkeypatch):
+    import io
+
+    from cli import dflash_train, output
+
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(output, "out", output.make_console(file=out))
+    monkeypatch.setattr(output, "err", output.make_console(file=err))
+    dflash_train._render({"steps": 1, "total_steps": 1, "seconds": 1.0, "first_epoch_loss": 1.0,
+                          "last_epoch_loss": 1.0, "last_epoch_tau_estimate": 1.0, **_result("/models/t")})
+    assert "next:" in err.getvalue() and "dflash eval runs/q8 -n 64" in err.getvalue()
+    assert "vllm serve /models/t" in err.getvalue() and "next:" not in out.getvalue()  # stdout is the result
+
+
+def test_docs_show_what_print_next_steps_prints(monkeypatch):
+    import io
+    from pathlib import Path
+
+    from cli import output
+    from cli.dflash_next import print_next_steps
+    from tests.test_dflash_default_run import checked_block
+
+    err = io.StringIO()
+    monkeypatch.setattr(output, "err", output.make_console(file=err))
+    print_next_steps(_result("/models/Qwen3-8B"))
+    doc = Path(__file__).resolve().parents[1] / "docs" / "dflash.md"
+    assert [x.rstrip() for x in err.getvalue().strip().splitlines()] == checked_block(doc, "dflash-next-steps").splitlines()
