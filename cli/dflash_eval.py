@@ -10,7 +10,7 @@ from cli import output
 from cli.options import DeviceOpt, JsonOpt
 
 if TYPE_CHECKING:
-    from dflash.eval.evaluate import EvalResult
+    from dflash import EvalResult
 
 
 def eval_cmd(
@@ -30,15 +30,16 @@ def eval_cmd(
         --data data/test.jsonl -n 64 --json
     """
     from cli.dflash_progress import TrainProgress
-    from dflash.checkpoint.store import resolve_checkpoint
-    from dflash.eval.evaluate import eval_checkpoint  # torch and transformers: only when evaluating
+    import dflash  # torch and transformers: only when evaluating
 
-    resolve_checkpoint(checkpoint)  # a wrong path is bad input before any progress line
     with TrainProgress() as progress:
-        progress("phase", {"name": "eval", "prompts": prompts or "the configured"})
-        result = eval_checkpoint(checkpoint, target_path=target, data_path=data, num_prompts=prompts,
-                                 max_new_tokens=max_new_tokens, device=device,
-                                 progress=lambda d, n: progress("eval", {"done": d, "total": n}))
+        def on_progress(done: int, total: int) -> None:
+            if done == 0:  # the checkpoint, target and prompts loaded: a bad path was an error before any line
+                progress("phase", {"name": "eval", "prompts": total})
+            progress("eval", {"done": done, "total": total})
+
+        result = dflash.evaluate(checkpoint, target_path=target, data_path=data, num_prompts=prompts,
+                                  max_new_tokens=max_new_tokens, device=device, progress=on_progress)
     output.emit(result, as_json, _render)
 
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import pytest
 
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 from compilewatch.cache import archive, fingerprint as fp_mod, layout, stamps, verify as verify_mod
 
 SCRIPT = '''
@@ -140,7 +140,7 @@ def test_every_subcache_of_a_fresh_cache_is_named(real_compile, monkeypatch):
     """Every file torch wrote for one CPU inductor compile, in the cache dir and in torch's default dir
     (precompiled headers: 150 MB on 2.13, ~600 MB on 2.15), belongs to a named sub-cache, not "other";
     `locate` shows the header dir outside TORCHINDUCTOR_CACHE_DIR (not saved or cleared with it)."""
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     named = {layout.subcache_of(f.rel) for f in layout.walk(real_compile.cache).files}
     assert "other" not in named and {"fxgraph", "aotautograd", "codegen"} <= named, named

@@ -362,7 +362,7 @@ def looks_like_cache(path: str | os.PathLike[str]) -> bool:
 def header_dir() -> Path:
     """Where torch keeps precompiled C++ headers: `<torch's default cache dir>/precompiled_headers`,
     whatever TORCHINDUCTOR_CACHE_DIR says (torch's `codecache._HEADER_DIR`, torch 2.11-2.15)."""
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     return Path(torchinfo.default_cache_dir()) / "precompiled_headers"
 
@@ -377,7 +377,7 @@ def default_root(env: Mapping[str, str] | None = None) -> tuple[Path, str]:
     variable is set in `env`, else "default". `env` defaults to os.environ; `compilewatch doctor`
     passes the variables as they were before torch ran (torch sets TORCHINDUCTOR_CACHE_DIR itself
     when it first resolves the dir, which would make a default look chosen)."""
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     env = os.environ if env is None else env
     return torchinfo.inductor_cache_dir(), "TORCHINDUCTOR_CACHE_DIR" if env.get("TORCHINDUCTOR_CACHE_DIR") else "default"
