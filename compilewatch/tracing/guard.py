@@ -300,14 +300,15 @@ class CompileGuard:
         Works before and after `freeze()` (it warms inside `allow_compiles()`)."""
         import warnings
 
-        from compilewatch.devices.warm import prewarm
+        import compilewatch  # the public name it forwards to (tracing does not import the devices room)
 
         warnings.warn("CompileGuard.warm(entry_points, devices) is deprecated and will be removed in the next "
                       "release: use compilewatch.prewarm(devices, entry_points) (same entry points, same "
                       "verify pass; inside guard.allow_compiles() after freeze())", DeprecationWarning, stacklevel=2)
         self.install()
         with self.allow_compiles():
-            return prewarm(list(devices) if not isinstance(devices, str) else devices, entry_points, verify=verify)
+            return compilewatch.prewarm(list(devices) if not isinstance(devices, str) else devices, entry_points,
+                                        verify=verify)
 
     def freeze(self) -> None:
         """From now on, a compile in any thread (outside `allow_compiles()`) raises GuardError."""
