@@ -77,7 +77,7 @@ KINDS: tuple[SubCacheKind, ...] = (
                  "torch's per-kernel file locks (empty files, safe to lose)", "nothing", _EVERY,
                  "every C++ / kernel build"),
     SubCacheKind("precompiled_headers", "precompiled_headers/c<hash>.h{,.gch}, precompiled_headers/locks/",
-                 "precompiled C++ headers for CPU kernels (cpp_prefix.h: 150-750 MB a header)",
+                 "precompiled C++ headers for CPU kernels (cpp_prefix.h; 150 MB and more each)",
                  "the host compiler, its version and flags (in the hash); not the system key or device; "
                  "always under torch's default dir, not TORCHINDUCTOR_CACHE_DIR", _EVERY,
                  "the first CPU C++ compile (config.cpp_cache_precompile_headers, on by default)"),
