@@ -88,7 +88,7 @@ def run_cmd(
     raise typer.Exit(exit_code(result, strict_risks=strict_risks))
 
 
-EXIT_RULE = ("the program's own when it is not 0 (killed by signal N: 128+N); otherwise 1 when the watcher "
+EXIT_RULE = ("the program's own code when it is not 0 (killed by signal N: 128+N); otherwise 1 when the watcher "
              "saw a failure or could not watch fully, and with --strict-risks also when it saw a risk; else 0.")
 run_cmd.__doc__ = run_cmd.__doc__.replace("EXIT_RULE", EXIT_RULE)
 

@@ -132,3 +132,16 @@ def test_the_checks_see_what_they_should():
     assert slug("Library: `compilewatch.prewarm`") == "library-compilewatchprewarm"
     assert "library-compilewatchprewarm" in anchors(ROOT / "docs" / "warm.md")
     assert "library-compilewatchwarmprewarm" not in anchors(ROOT / "docs" / "warm.md")  # guard.md's old link
+
+
+def test_run_exit_rule_is_stated_the_same_in_help_readme_and_run_md():
+    """`compilewatch run`'s one exit rule (cli/run.py EXIT_RULE) in its --help, README and docs/run.md."""
+    from cli.run import EXIT_RULE
+
+    def flat(text: str) -> str:
+        return " ".join(text.replace("**", "").replace("`", "").split())
+
+    rule = "otherwise 1 when the watcher saw a failure or could not watch fully"
+    for text in (EXIT_RULE, (ROOT / "README.md").read_text(), (ROOT / "docs" / "run.md").read_text()):
+        text = flat(text)
+        assert rule in text and "the program's own code when it is not 0" in text and "--strict-risks" in text, text[:200]

@@ -21,11 +21,14 @@ import torch
 
 from dflash.model import mask
 
+from tests import conftest
+
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = tuple(str(ROOT / d) for d in ("compilewatch", "dflash", "cli"))
 
 
-def project_warnings(records, dirs=PROJECT) -> list[str]:
+def project_warnings(records, dirs=None) -> list[str]:
+    if dirs is None:
+        return conftest.project_warnings(records)
     return [f"{r.filename}:{r.lineno}: {r.message}" for r in records
             if str(r.filename).startswith(dirs) or any(d in str(r.message) for d in dirs)]
 
