@@ -162,3 +162,15 @@ def test_without_the_reflow_the_root_help_is_ragged(monkeypatch):
     monkeypatch.setattr(cli.app, "reflow_group", lambda group: None)
     found = ragged_lines(_help(compilewatch_app, [], 80), 80)
     assert any("torch build," in f and "⏎ │           triton," in f for f in found), found
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_examples_right_under_their_heading_keep_their_indent(width):
+    """typer dedents the text after the first paragraph (inspect.cleandoc): when that text is only
+    "Examples:" and indented lines, reflow keeps them indented (dflash eval / prepare / train)."""
+    doc = "Do a thing.\n\nExamples:\n  tool run a \\\n    --flag\n  tool run b\n"
+    raw = "\n".join(line.rstrip() for line in _help(_sample_app(doc), [], width).splitlines())
+    fixed = "\n".join(line.rstrip() for line in _help(_sample_app(reflow(doc)), [], width).splitlines())
+    assert "\n tool run a \\\n   --flag" in raw  # what typer does alone: the examples lose their indent
+    assert "\n   tool run a \\\n     --flag\n   tool run b" in fixed
+    assert ragged_lines(fixed, width) == []
