@@ -39,7 +39,8 @@ def eval_cmd(
             progress("eval", {"done": done, "total": total})
 
         result = dflash.evaluate(checkpoint, target_path=target, data_path=data, num_prompts=prompts,
-                                  max_new_tokens=max_new_tokens, device=device, progress=on_progress)
+                                  max_new_tokens=max_new_tokens, device=device, progress=on_progress,
+                                  on_note=lambda note: output.err.print(f"[dim]note:[/] {note}"))
     output.emit(result, as_json, _render)
 
 
