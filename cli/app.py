@@ -16,12 +16,17 @@ from typer.core import TyperGroup
 
 from compilewatch.errors import CompilewatchError
 from cli import output
+from cli.helptext import reflow_command
 
 
 MAX_MESSAGE = 2000  # a message quoting a crafted file stays readable (the library cuts quotes too)
 
 
 class CompilewatchGroup(TyperGroup):
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        reflow_group(self)
+
     def invoke(self, ctx):  # type: ignore[override]
         try:
             return super().invoke(ctx)
@@ -37,6 +42,15 @@ class CompilewatchGroup(TyperGroup):
         except KeyboardInterrupt:
             output.err.print("interrupted")
             raise typer.Exit(130) from None
+
+
+def reflow_group(group: TyperGroup) -> None:
+    """Help text as rich wraps it (cli/helptext.py): this group's and each of its commands' (sub-groups
+    are CompilewatchGroups too and reflow their own)."""
+    reflow_command(group)
+    for cmd in group.commands.values():
+        if not isinstance(cmd, TyperGroup):
+            reflow_command(cmd)
 
 
 def make_root_app(name: str, help: str, version: str, doc: str) -> typer.Typer:
