@@ -111,3 +111,26 @@ def test_threads_small_times_every_condition(tmp_path):
     assert r["target_beside_python_spin"]["n"] == 1
     assert r["target_beside_drafter"]["drafter_steps_meanwhile"] >= 1
     assert r["drafter_beside_target"]["target_forwards_meanwhile"] >= 1
+
+
+def test_startup_benchmark_reads_what_the_cli_prints_and_the_trainer_writes():
+    """benchmarks/dflash_startup.py parses the phase lines the CLI prints (cli/dflash_progress.py renders
+    the library's phase-done events) and the checkpoint events of metrics.jsonl; a format drift breaks here,
+    not in the lead's GPU run."""
+    from cli.dflash_progress import TrainProgress
+
+    spec = importlib.util.spec_from_file_location("dflash_startup", SCRIPT.with_name("dflash_startup.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    printed = []
+    progress = TrainProgress(enabled=False)
+    from rich.text import Text
+
+    progress.progress.print = lambda text, **kw: printed.append(Text.from_markup(text).plain)  # as the terminal shows it
+    progress("phase-done", {"name": "first step", "seconds": 2.125, "at": 14.3})
+    phases = bench.phases_of({"all_lines": [(14.31, line) for line in printed]})
+    assert phases == {"first step": {"seconds": 2.1, "at": 14.3, "stamp": 14.31}}
+    rows = [{"step": s, "seconds": 1.0 + (s == 3)} for s in range(1, 7)]
+    rows.insert(2, {"event": "checkpoint", "step": 2, "blocked_s": 0.4, "write_s": 15.0, "bytes": 10, "removed": []})
+    st = bench.stall_summary(rows, every=2)
+    assert st["median_step_s"] == 1.0 and st["saves"][0]["blocked_s"] == 0.4 and st["mean_step_s_after_each_save"] == [2.0]
