@@ -225,3 +225,21 @@ def test_a_run_directory_that_vanished_fails_the_saves_cleanly(tmp_path, chat_fi
     t.close()
     assert [d["step"] for k, d in events if k == "checkpoint-skipped"] == [2, 4] and t.step == 4
     assert not run.exists()
+
+
+def test_a_newest_checkpoint_deleted_under_the_run_does_not_stop_the_next_save(tmp_path, chat_file):
+    """Someone removes the newest checkpoint while training runs (`latest` then names nothing): the
+    next save estimates its size without it and writes; only --resume reports a damaged newest one."""
+    import shutil
+
+    def on_event(kind, data):
+        if kind == "checkpoint" and data["step"] == 2:
+            shutil.rmtree(data["path"])
+
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{"train.max_steps": 4, "checkpoint.every": 2}),
+                            on_event=on_event)
+    try:
+        t.train()
+    finally:
+        t.close()
+    assert names(tmp_path) == ["latest", "step_000004"]

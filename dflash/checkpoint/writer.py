@@ -61,6 +61,17 @@ def _write_errors() -> tuple[type[BaseException], ...]:
 _WRITE_ERRORS = _write_errors()
 
 
+def newest_on_disk(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint, for messages and estimates while training: None when there is
+    none, or when what `latest` names is damaged (that is for --resume to report, not a reason to
+    stop a running save)."""
+    try:
+        return ckpt.latest_checkpoint(run_dir) if Path(run_dir).is_dir() else None
+    except BadInput:
+        full = ckpt.complete_checkpoints(run_dir)
+        return full[-1] if full else None
+
+
 class HostBuffers:
     """One host tensor per key, allocated once (pinned when the source is on CUDA) and reused."""
 
@@ -244,7 +255,7 @@ class Saver:
                                            "removed": list(out.removed), "stripped": list(out.stripped),
                                            "notes": out.notes, "final": out.final})
             else:
-                newest = ckpt.latest_checkpoint(self.run_dir) if self.run_dir.is_dir() else None
+                newest = newest_on_disk(self.run_dir)
                 self.report("checkpoint-skipped", {
                     "step": out.step, "reason": out.error, "final": out.final, "blocked_s": round(out.blocked_s, 4),
                     "newest": str(newest) if newest is not None else None,
@@ -268,7 +279,7 @@ class Saver:
         out = self.last
         if out is None or out.path is not None or out.step != steps_done:
             return  # written, or an earlier save failed and a later state was saved
-        newest = ckpt.latest_checkpoint(self.run_dir) if self.run_dir.is_dir() else None
+        newest = newest_on_disk(self.run_dir)
         lost = steps_done - (int(newest.name.split("_")[1]) if newest is not None else 0)
         where = (f"the newest checkpoint is {newest} ({lost} step(s) behind)" if newest is not None
                  else "no checkpoint of this run is on disk")

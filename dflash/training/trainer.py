@@ -26,7 +26,7 @@ from compilewatch import BadInput
 from dflash.checkpoint import manifest, retention, store as ckpt
 from dflash.checkpoint.runlock import RunLock
 from dflash.checkpoint.state_check import check_training_state, load_optimizer_state
-from dflash.checkpoint.writer import Saver
+from dflash.checkpoint.writer import Saver, newest_on_disk
 from dflash.config import Config, to_toml
 from dflash.data.dataset import Batch, ChatDataset
 from dflash.data.prepare import load_training_data
@@ -284,7 +284,7 @@ class Trainer:
         n = sum(p.numel() for p in self.drafter.parameters())
         return diskspace.plan(self.run_dir, n, self.compute_dtype.itemsize, step=self.step, total_steps=self.total_steps,
                               every=c.every, keep_last=c.keep_last, export_every=c.export_every,
-                              newest=ckpt.latest_checkpoint(self.run_dir))
+                              newest=newest_on_disk(self.run_dir))
 
     def preflight_disk(self) -> None:
         """Before training: the run's projected disk use (event "disk"); BadInput with the numbers when
