@@ -55,7 +55,7 @@ from typing import IO, Any, BinaryIO
 import xxhash
 
 from compilewatch.cache import fingerprint as fp_mod
-from compilewatch.cache import layout, picklescan, stamps
+from compilewatch.cache import layout, picklescan, stamps, tarsafe
 from compilewatch.cache.relocate import rebase_triton_paths
 from compilewatch.cache.fingerprint import FileEntry, Fingerprint, ProgressFn
 from compilewatch.cache.lock import cache_lock
@@ -409,8 +409,8 @@ class _Reader:
         self.archive = archive
         self.raw = open(archive, "rb")
         try:
-            self.stream = _compressed_reader(self.raw, archive)
-            self.tar = tarfile.open(fileobj=self.stream, mode="r|")
+            self.stream = tarsafe.GuardedStream(_compressed_reader(self.raw, archive))
+            self.tar = tarfile.open(fileobj=self.stream, mode="r|")  # type: ignore[call-overload]
         except (tarfile.TarError, OSError, EOFError, ValueError) as e:
             self.close()
             raise self.corrupt(e) from None
@@ -419,13 +419,16 @@ class _Reader:
             raise
 
     def corrupt(self, e: BaseException | str) -> BadInput:
-        why = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
+        why = e if isinstance(e, str) else str(e) if isinstance(e, tarsafe.UnsafeTar) else f"{type(e).__name__}: {e}"
         return BadInput(f"{self.archive} is not a readable compilewatch cache archive ({one_line(why, 400)})",
                         hint="it may be truncated or corrupt; nothing was changed")
 
     def members(self):
         try:
             for m in self.tar:
+                problem = tarsafe.check_member(m)
+                if problem is not None:
+                    raise self.corrupt(problem)
                 yield m
         except (tarfile.TarError, OSError, EOFError, ValueError) as e:
             raise self.corrupt(e) from None
