@@ -137,12 +137,19 @@ def _render_lock(lock: envlock.EnvLock) -> None:
         output.err.print(f"[dim]note:[/] {note}")
 
 
+def _cut(text: object) -> str:
+    from compilewatch.inputs import one_line
+
+    return one_line(text, 500)
+
+
 def _render_diff(r: envdiff.EnvDiff, threshold: str, failed: bool) -> None:
     from compilewatch.env import diff as envdiff
 
     o = output.out
-    o.print(f"[bold]diff-env[/] {r.old.path} ({r.old.format}, {r.old.packages} packages) -> "
-            f"{r.new.path} ({r.new.format}, {r.new.packages} packages)")
+    cut = _cut  # every string here comes from the files: one line, bounded, never markup
+    o.print(f"[bold]diff-env[/] {escape(cut(r.old.path))} ({r.old.format}, {r.old.packages} packages) -> "
+            f"{escape(cut(r.new.path))} ({r.new.format}, {r.new.packages} packages)")
     if not r.changes:
         o.print("no changes")
     for sev in envdiff.SEVERITIES:
@@ -151,14 +158,14 @@ def _render_diff(r: envdiff.EnvDiff, threshold: str, failed: bool) -> None:
             continue
         o.print(f"\n[{_STYLE[sev]}]{sev} ({len(group)})[/]")
         for c in group:
-            o.print(f"  {c.headline}", markup=False)
-            o.print(f"      {c.consequence}", style="dim", markup=False)
+            o.print(f"  {cut(c.headline)}", markup=False)
+            o.print(f"      {cut(c.consequence)}", style="dim", markup=False)
             if c.note:
-                o.print(f"      ({c.note})", style="dim", markup=False)
+                o.print(f"      ({cut(c.note)})", style="dim", markup=False)
             if c.details:
-                o.print(f"      {'; '.join(c.details)}", style="dim", markup=False)
-    for note in r.notes:  # notes quote the files: never markup
-        output.err.print(f"[dim]note:[/] {escape(note)}")
+                o.print(f"      {cut('; '.join(c.details))}", style="dim", markup=False)
+    for note in r.notes:
+        output.err.print(f"[dim]note:[/] {escape(cut(note))}")
     summary = ", ".join(f"{r.counts.get(s, 0)} {s}" for s in envdiff.SEVERITIES)
     verdict = f"exit 1: changes at or above {threshold}" if failed else f"exit 0: nothing at or above {threshold}"
     o.print(f"\n[bold]→[/] {summary}; {verdict}")
