@@ -3,11 +3,17 @@
 `CompilewatchGroup` wraps every command invocation (also under typer's CliRunner, so tests see the
 same exit codes as users): `CompilewatchError` -> "error: ..." (+ "hint: ...") on stderr and its exit
 code (2 bad input, 1 a finding); Ctrl-C -> 130. Set COMPILEWATCH_DEBUG=1 to see the traceback.
+
+A closed stdout (`compilewatch cache ls | head -1`) ends the command quietly with exit code 141
+(128 + SIGPIPE), what a shell reports for `yes | head -1`'s `yes`: no message, no traceback, and a
+`set -o pipefail` script sees the same status as for coreutils. `run_app` is what the console scripts
+call: it also catches the broken pipe of the last flush at exit (click alone exits 1 on EPIPE).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -18,6 +24,7 @@ from compilewatch.errors import CompilewatchError
 from cli import output
 
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 MAX_MESSAGE = 2000  # a message quoting a crafted file stays readable (the library cuts quotes too)
 
 
@@ -37,6 +44,32 @@ class CompilewatchGroup(TyperGroup):
         except KeyboardInterrupt:
             output.err.print("interrupted")
             raise typer.Exit(130) from None
+        except BrokenPipeError:
+            _silence_stdout()
+            raise typer.Exit(EXIT_BROKEN_PIPE) from None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush of what is still buffered does
+    not fail again on the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test runner's capture)
+        pass
+
+
+def run_app(app: typer.Typer) -> None:
+    """Run `app` as a console script (see the module docstring for the closed-pipe rule)."""
+    try:
+        try:
+            app()
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+        sys.exit(EXIT_BROKEN_PIPE)
 
 
 def make_root_app(name: str, help: str, version: str, doc: str) -> typer.Typer:
