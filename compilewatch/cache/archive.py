@@ -55,11 +55,11 @@ from typing import IO, Any, BinaryIO
 import xxhash
 
 from compilewatch.cache import fingerprint as fp_mod
-from compilewatch.cache import layout, picklescan, stamps, tarsafe
+from compilewatch.cache import layout, picklescan, stamps, swap, tarsafe
 from compilewatch.cache.relocate import rebase_triton_paths
 from compilewatch.cache.fingerprint import FileEntry, Fingerprint, ProgressFn
 from compilewatch.cache.lock import cache_lock
-from compilewatch.errors import BadInput, CompilewatchError
+from compilewatch.errors import BadInput
 from compilewatch.fsutil import atomic_path
 from compilewatch.inputs import loads_json, one_line
 from compilewatch.jsonshape import build
@@ -676,29 +676,11 @@ def _scan_pickles(archive: Path, root: Path, got: dict[str, tuple[int, str, int]
             raise untrusted(archive, PREFIX + rel, scan)
 
 
-def _swap_in(new: Path, target: Path) -> Path | None:
-    """Rename `new` onto `target`, moving an existing non-empty `target` to a timestamped backup first."""
-    backup = None
-    if target.exists():
-        if target.is_dir() and not os.listdir(target):
-            target.rmdir()
-        else:
-            backup = layout.timestamped_sibling(target, "backup")
-            os.rename(target, backup)
-    try:
-        os.rename(new, target)
-    except BaseException as e:
-        if backup is not None:
-            try:
-                os.rename(backup, target)
-            except OSError:  # something recreated the dir between the two renames (a running job)
-                raise CompilewatchError(
-                    f"{target} was recreated by another process while it was being replaced; the previous "
-                    f"cache is safe at {backup}",
-                    hint=f"stop the process writing the cache, then `compilewatch cache load {backup} --dir {target}`",
-                ) from e
-        raise
-    return backup
+def _swap_in(new: Path, target: Path, *, new_is_temp: bool = True) -> Path | None:
+    """Rename `new` onto `target`, moving an existing non-empty `target` to a timestamped backup first
+    (journaled: a killed swap is completed or rolled back by the next command, `swap.recover`)."""
+    return swap.swap_in(new, target, new_is_temp=new_is_temp,
+                        backup_for=lambda t: layout.timestamped_sibling(t, "backup"))
 
 
 def _check_target(target: Path, force: bool) -> None:
@@ -794,7 +776,7 @@ def _restore_dir(source: Path, path: str | os.PathLike[str] | None, force: bool,
         raise BadInput(f"{source} is on another filesystem than {target}: it cannot be renamed into place",
                        hint=f"save it with `compilewatch cache save X.tar.gz --dir {source}` and load that")
     with cache_lock(target):
-        backup = _swap_in(source, target)
+        backup = _swap_in(source, target, new_is_temp=False)
         rewritten = rebase_triton_paths(target, target)
     return LoadResult(
         source=str(source), path=str(target), backup=str(backup) if backup else None, files=fp.files,

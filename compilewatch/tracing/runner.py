@@ -105,6 +105,7 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
         if out is not None:
             check_writable(out)
     clean_stale_run_dirs()
+    _repair_cache_swap()
     run_dir = _make_run_dir()
     tail = _Tail(run_dir)
     t0 = time.perf_counter()
@@ -164,6 +165,18 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
     exit_code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
     return RunResult(command, exit_code, wall, report_path, timeline_path,
                      tuple(sorted({e.pid for e in events})), summary, tuple(forwarded))
+
+
+def _repair_cache_swap() -> None:
+    """Complete or roll back a `cache load` killed between its renames before the program compiles
+    into torch's cache dir (compilewatch.cache.swap; one stat when there is nothing to repair)."""
+    from compilewatch.cache import swap
+    from compilewatch.env import torchinfo
+
+    try:
+        swap.recover(torchinfo.inductor_cache_dir())
+    except OSError:
+        pass
 
 
 RUN_DIR_PREFIX = "compilewatch-run-"
