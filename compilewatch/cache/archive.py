@@ -55,7 +55,7 @@ from typing import IO, Any, BinaryIO
 import xxhash
 
 from compilewatch.cache import fingerprint as fp_mod
-from compilewatch.cache import layout, picklescan, stamps, swap, tarsafe
+from compilewatch.cache import busy, layout, picklescan, stamps, swap, tarsafe
 from compilewatch.cache.relocate import rebase_triton_paths
 from compilewatch.cache.fingerprint import FileEntry, Fingerprint, ProgressFn
 from compilewatch.cache.lock import cache_lock
@@ -737,7 +737,7 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
         if not trust:
             _scan_pickles(source, tmp, got)
         rewritten = rebase_triton_paths(tmp, target)
-        with cache_lock(target):
+        with cache_lock(target), busy.not_compiling(target):
             backup = _swap_in(tmp, target)
     finally:
         if tmp.exists():
@@ -775,7 +775,7 @@ def _restore_dir(source: Path, path: str | os.PathLike[str] | None, force: bool,
     if os.stat(source).st_dev != os.stat(target.parent).st_dev:
         raise BadInput(f"{source} is on another filesystem than {target}: it cannot be renamed into place",
                        hint=f"save it with `compilewatch cache save X.tar.gz --dir {source}` and load that")
-    with cache_lock(target):
+    with cache_lock(target), busy.not_compiling(target):
         backup = _swap_in(source, target, new_is_temp=False)
         rewritten = rebase_triton_paths(target, target)
     return LoadResult(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from compilewatch.cache import archive as archive_mod
+from compilewatch.cache import busy
 from compilewatch.cache import fingerprint as fp_mod
 from compilewatch.cache import layout
 from compilewatch.cache.fingerprint import Fingerprint
@@ -173,7 +174,8 @@ def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, ye
           force: bool = False) -> ClearResult:
     """Move the cache to `<cache>.backup-<timestamp>` (default) or, with backup=False and yes=True, delete it.
 
-    Refuses a dir without inductor's structure (`layout.looks_like_cache`) unless `force`."""
+    Refuses a dir without inductor's structure (`layout.looks_like_cache`) unless `force`, and
+    (CheckFailed, exit 1) while torch is compiling into it (`busy.not_compiling`)."""
     if not backup and not yes:
         raise BadInput("--no-backup deletes the cache for good and needs --yes to confirm; nothing was changed",
                        hint="drop --no-backup to keep a backup you can restore")
@@ -182,12 +184,13 @@ def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, ye
     with cache_lock(root):
         w = layout.walk(root)
         nfiles, nbytes = len(w.files), sum(f.size for f in w.files)
-        if backup:
-            dest = layout.timestamped_sibling(root, "backup")
-            os.rename(root, dest)
-            return ClearResult(str(root), nfiles, nbytes, str(dest), False, restore_command(dest, root))
-        doomed = layout.timestamped_sibling(root, "deleting")
-        os.rename(root, doomed)  # off the live path first: torch never sees a half-deleted cache
+        with busy.not_compiling(root, w.in_flight):  # never out from under a live compile
+            if backup:
+                dest = layout.timestamped_sibling(root, "backup")
+                os.rename(root, dest)
+                return ClearResult(str(root), nfiles, nbytes, str(dest), False, restore_command(dest, root))
+            doomed = layout.timestamped_sibling(root, "deleting")
+            os.rename(root, doomed)  # off the live path first: torch never sees a half-deleted cache
     shutil.rmtree(doomed)
     return ClearResult(str(root), nfiles, nbytes, None, True, None)
 
