@@ -48,7 +48,7 @@ _SUPPORTED = {b"0", b"\0", b"7", b"1", b"2", b"3", b"4", b"5", b"6", b"L", b"K",
 _DIGITS = re.compile(rb"[0-9]{%d}" % (MAX_DIGIT_RUN + 1))
 _NUMBER_FIELDS = {"size", "mtime", "atime", "ctime", "uid", "gid"}
 _SIZE_VALUE = re.compile(rb"[0-9]{1,20}")
-_TIME_VALUE = re.compile(rb"-?[0-9]{1,20}(\.[0-9]{1,20})?")
+_TIME_VALUE = re.compile(rb"-?[0-9]{1,20}(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?")  # str(float), as tarfile writes it
 
 
 class UnsafeTar(tarfile.TarError):
