@@ -51,12 +51,24 @@ def write_failed(target: Path, e: OSError) -> WriteFailed:
     return err
 
 
+def _parent_not_a_dir(target: Path) -> WriteFailed | None:
+    """WriteFailed when the nearest existing ancestor of `target` is not a directory (`FILE/x.json`)."""
+    for anc in target.parents:
+        if os.path.lexists(anc):
+            if not anc.is_dir():
+                return WriteFailed(f"cannot write {target}: {anc} is not a directory", hint="give a path in a folder")
+            return None
+    return None
+
+
 def check_writable(target: str | os.PathLike[str]) -> Path:
     """WriteFailed now if `target` could not be written later: it is a directory, or
     its folder cannot be created or written (tested by creating and removing a temp file there)."""
     target = Path(target)
     if target.is_dir():
         raise WriteFailed(f"cannot write {target}: it is a directory", hint="give a file name")
+    if (bad := _parent_not_a_dir(target)) is not None:
+        raise bad
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".check", dir=target.parent)
@@ -77,6 +89,8 @@ def atomic_path(target: str | os.PathLike[str], *, suffix: str = "") -> Iterator
     target = Path(target)
     if target.is_dir():
         raise WriteFailed(f"cannot write {target}: it is a directory", hint="give a file name")
+    if (bad := _parent_not_a_dir(target)) is not None:
+        raise bad
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)

@@ -72,3 +72,20 @@ def one_clear_line(o: Outcome, rc: int = 2, *, words: str | None = None, width: 
     assert len(o.stderr) < width, len(o.stderr)
     if words is not None:
         assert words in o.stderr, o.stderr[-2000:]
+
+
+import contextlib  # noqa: E402
+
+
+@contextlib.contextmanager
+def file_size_limit(n: int):
+    """In this process, for the `with` block: writes past `n` bytes per file fail with EFBIG (a full
+    disk, as the kernel reports it; RLIMIT_FSIZE's soft limit, SIGXFSZ ignored), then back as it was."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
