@@ -8,8 +8,8 @@ These helpers turn each of those into a `BadInput` with a message a person can r
   endless device or a multi-GB file stops early; a missing file, a directory or non-UTF-8 bytes are
   BadInput naming the file. The file is opened with O_NONBLOCK and its type checked on the open
   descriptor: a regular file is read; a FIFO, pipe (`<(pip freeze)`) or character device is read
-  while data keeps coming, and BadInput once nothing arrived for `PIPE_WAIT_S` (a FIFO nobody
-  writes to reads as empty at once, it never blocks); a block device or socket is refused.
+  while data keeps coming, and BadInput once nothing arrived for `PIPE_WAIT_S`; a named FIFO nobody
+  writes to is BadInput at once (it never blocks); a block device or socket is refused.
 - `loads_json`: json.loads, with nesting deeper than Python's recursion limit and integers longer
   than Python's digit limit (both raise something other than JSONDecodeError) reported as bad input.
 - `one_line`: what we quote from a file in a message: one line, at most `width` characters.
@@ -97,6 +97,9 @@ def _read_stream(fd: int, p: Path, limit: int, what: str) -> bytes:
             break
         chunks.append(chunk)
         got += len(chunk)
+    if not got and stat.S_ISFIFO(os.fstat(fd).st_mode) and not p.as_posix().startswith(("/dev/fd/", "/proc/")):
+        raise BadInput(f"{p}: a FIFO nobody writes to (nothing to read), expected a {what}",
+                       hint="start the program that writes it first, or give a regular file")
     return b"".join(chunks)
 
 
