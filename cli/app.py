@@ -60,11 +60,39 @@ def _silence_stdout() -> None:
         pass
 
 
+def _stdout_pipe_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone (poll reports POLLERR on its write end)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _stdout_identity() -> tuple[int, int] | None:
+    try:
+        st = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return st.st_dev, st.st_ino
+
+
 def run_app(app: typer.Typer) -> None:
     """Run `app` as a console script (see the module docstring for the closed-pipe rule)."""
+    before = _stdout_identity()
     try:
         try:
             app()
+        except SystemExit as e:
+            # Help and usage text are written by typer's own rich console before any command runs:
+            # on EPIPE it points stdout at /dev/null and exits 1 (click does the same without the
+            # redirect). Either way the pipe was closed: the same 141 as for a command's output.
+            if e.code == 1 and (_stdout_pipe_closed() or _stdout_identity() != before):
+                raise BrokenPipeError from None
+            raise
         finally:
             sys.stdout.flush()
     except BrokenPipeError:
