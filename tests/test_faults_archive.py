@@ -13,7 +13,9 @@ import gzip
 import io
 import json
 import math
+import struct
 import tarfile
+import zlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -100,12 +102,19 @@ def test_gigabyte_pax_header_in_a_small_gzip_is_refused_in_bounded_memory(tmp_pa
     under a 768 MiB address-space limit."""
     bad = tmp_path / "bomb.tar.gz"
     size = 1 << 30
-    with gzip.open(bad, "wb", compresslevel=1) as gz:
-        gz.write(_header("././@PaxHeader", size, tarfile.XHDTYPE))
-        chunk = b"0" * (4 * MiB)
+    head, chunk = _header("././@PaxHeader", size, tarfile.XHDTYPE), b"0" * (4 * MiB)
+    z = zlib.compressobj(1, zlib.DEFLATED, 31)  # gzip framing
+    with open(bad, "wb") as fh:
+        fh.write(z.compress(head) + z.flush(zlib.Z_FULL_FLUSH))
+        block = z.compress(chunk) + z.flush(zlib.Z_FULL_FLUSH)  # after a full flush: the same bytes each time
+        crc = zlib.crc32(head)
         for _ in range(size // len(chunk)):
-            gz.write(chunk)
+            fh.write(block)
+            crc = zlib.crc32(chunk, crc)
+        fh.write(z.flush()[:-8] + struct.pack("<II", crc, (len(head) + size) & 0xFFFFFFFF))
     assert bad.stat().st_size < 9 * MiB
+    with gzip.open(bad) as gz:  # a valid gzip stream of the header and 1 GiB
+        assert gz.read(512) == head
     one_clear_line(cli("cache", "diff", str(bad), str(bad), timeout=60, mem=768 * MiB),
                    words=f"extended header of {size} bytes")
 

