@@ -62,8 +62,11 @@ def read_bytes(path: str | os.PathLike[str], *, limit: int = TEXT_LIMIT, what: s
         if stat.S_ISDIR(mode):
             raise BadInput(f"{p}: is a directory, expected a {what}")
         if stat.S_ISREG(mode):
+            size = os.fstat(fd).st_size  # read(limit + 1) would allocate limit + 1 bytes up front
             with os.fdopen(fd, "rb", closefd=False) as fh:
-                data = fh.read(limit + 1)
+                data = fh.read(min(limit, size) + 1)
+                if len(data) > size and len(data) <= limit:  # the file grew while read: read on to the limit
+                    data += fh.read(limit + 1 - len(data))
         elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
             data = _read_stream(fd, p, limit, what)
         else:
