@@ -171,7 +171,7 @@ def _repair_cache_swap() -> None:
     """Complete or roll back a `cache load` killed between its renames before the program compiles
     into torch's cache dir (compilewatch.cache.swap; one stat when there is nothing to repair)."""
     from compilewatch.cache import swap
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     try:
         swap.recover(torchinfo.inductor_cache_dir())
