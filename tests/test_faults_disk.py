@@ -77,6 +77,17 @@ def test_an_oserror_that_is_not_about_the_write_passes_through(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_run_timeline_on_a_full_disk_is_one_message_after_the_program(tmp_path):
+    """The program ran (its exit code is lost, the message says why); nothing half-written is left."""
+    tl = tmp_path / "out" / "race.json"
+    tl.parent.mkdir()
+    o = cli("run", "--timeline", str(tl), "--", sys.executable, "-c", "pass", fsize=64, timeout=60, mem=None,
+            env=dict(os.environ, TMPDIR=str(tmp_path)))
+    one_clear_line(o, words="cannot write")
+    assert "File too large" in o.stderr and os.listdir(tl.parent) == []
+    assert not [d for d in os.listdir(tmp_path) if d.startswith("compilewatch-run-")]  # run dir removed
+
+
 @pytest.mark.parametrize("where, words", [
     ("dir", "is a directory"),
     ("under-a-file", "plain is not a directory"),

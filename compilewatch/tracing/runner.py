@@ -192,8 +192,17 @@ def _process_start(pid: int) -> float | None:
 
 
 def _make_run_dir() -> Path:
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))
-    (run_dir / "owner").write_text(f"{os.getpid()} {_process_start(os.getpid())!r}\n")
+    from compilewatch.fsutil import write_failed
+
+    base = Path(tempfile.gettempdir())
+    try:
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-", dir=base))
+    except OSError as e:  # a full or read-only temp dir: say so before the program runs
+        raise write_failed(base / f"{RUN_DIR_PREFIX}{os.getpid()}-*", e) from None
+    try:  # the owner file only sharpens the stale-dir rule (the pid is in the name)
+        (run_dir / "owner").write_text(f"{os.getpid()} {_process_start(os.getpid())!r}\n")
+    except OSError:
+        pass
     return run_dir
 
 
