@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from cli import output
@@ -28,6 +29,19 @@ app = make_app(
     "Every command acts on torch's cache dir (TORCHINDUCTOR_CACHE_DIR, else /tmp/torchinductor_<user>) "
     "unless --dir says otherwise. Nothing is ever deleted without a backup unless you say --no-backup/--delete and --yes.",
 )
+
+@app.callback()
+def _cache_group(ctx: typer.Context) -> None:
+    ctx.call_on_close(_say_recovered)
+
+
+def _say_recovered() -> None:
+    """A load killed between its two renames is repaired by the next cache command (swap.recover): say so."""
+    from compilewatch.cache import swap
+
+    for line in swap.take_recovered():
+        output.err.print(f"[yellow]repaired:[/] {escape(line)}")
+
 
 DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="The inductor cache dir (default: the one torch uses).")]
 ForceDirOpt = Annotated[bool, typer.Option("--force", help="Act on --dir even though it does not look like an inductor cache (no fxgraph/, aotautograd/, triton kernels or generated code files).")]

@@ -395,6 +395,9 @@ def locate(path: str | os.PathLike[str] | None = None) -> CacheLocation:
         root = Path(path)
         source = "argument"
     root = Path(os.path.abspath(os.path.expanduser(root)))
+    from compilewatch.cache import swap
+
+    swap.recover(root)  # a load killed between its two renames: completed or rolled back first
     env_triton = os.environ.get("TRITON_CACHE_DIR")
     if env_triton:
         triton_dir, triton_source = Path(os.path.abspath(env_triton)), "TRITON_CACHE_DIR"
