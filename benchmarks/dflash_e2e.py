@@ -150,15 +150,17 @@ def random_target_and_data(fields: dict, n_seq: int, seq: int):
     def data(cfg_, target, on_event):
         return synthetic_dataset(n_seq, seq, fields["vocab_size"], cfg_), [], []
 
-    saved = (dflash.model.target.load_target, dflash.training.trainer.load_target, dflash.training.trainer.load_training_data, Trainer.save)
+    saved = (dflash.model.target.load_target, dflash.training.trainer.load_target, dflash.training.trainer.load_training_data,
+             Trainer.save, Trainer.preflight_disk)
     dflash.model.target.load_target = dflash.training.trainer.load_target = load
     dflash.training.trainer.load_training_data = data
-    Trainer.save = lambda self: Path(self.run_dir) / "not-saved"  # type: ignore[method-assign]
+    Trainer.save = lambda self, final=False: str(Path(self.run_dir) / "not-saved")  # type: ignore[method-assign]
+    Trainer.preflight_disk = lambda self: None  # type: ignore[method-assign]  # nothing is saved: no disk needed
     try:
         yield
     finally:
         (dflash.model.target.load_target, dflash.training.trainer.load_target, dflash.training.trainer.load_training_data,
-         Trainer.save) = saved
+         Trainer.save, Trainer.preflight_disk) = saved
 
 
 def shape_of(fields: dict, cfg, seq: int) -> Shape:
