@@ -264,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(run_dir, ignore_errors=True)
         return r
 
+    for old in work.glob("run-*"):  # an earlier invocation's run dirs: 14.7 GB each at 8B, and a new run refuses them
+        if old.name != "run-warm" or "warm" not in skip:
+            shutil.rmtree(old, ignore_errors=True)
+    result["disk_free_bytes_at_start"] = shutil.disk_usage(work).free
     runs = []
     if "cold" not in skip:
         shutil.rmtree(cache, ignore_errors=True)
