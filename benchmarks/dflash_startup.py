@@ -23,6 +23,8 @@ Results: <out>/dflash_startup.json (+ <out>/startup_<run>.log, and warm.prof.txt
 
 GPU (H200), all in one call:  python benchmarks/dflash_startup.py --out $OUT
                   or in two:  ... --skip engine1,engine3   then   ... --skip cold,warm,resume,stall
+(the second call on the still-warm machine: --work keeps the target and the inductor cache; on a fresh
+one engine1 compiles cold and engine3 does not, which the JSON shows as inductor_cache_files_before)
 CPU smoke (tiny):             python benchmarks/dflash_startup.py --small --out /tmp/startup
 """
 
@@ -303,9 +305,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rd = work / f"run-{name}"
         shutil.rmtree(rd, ignore_errors=True)
+        cached = sum(1 for f in cache.rglob("*") if f.is_file()) if cache.is_dir() else 0  # 0: this run compiles cold
         runs.append(measure(name, rd, [*base, "--out", str(rd), "--max-steps", "2", "--target-devices", dev,
                                        "--drafter-devices", ",".join([dev] * replicas)],
                             extra_env={"TORCH_LOGS": "recompiles"}))
+        runs[-1]["inductor_cache_files_before"] = cached
     for r in runs:
         r.pop("rows", None)
     result["runs"] = runs
