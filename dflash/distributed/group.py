@@ -147,7 +147,18 @@ class ProcessGroup:
 
         if not dist.is_available():
             raise BadInput("this torch build has no torch.distributed", hint="install a torch wheel with distributed support")
-        dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=self.timeout_s))
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        if restart not in ("", "0"):
+            # a job torchrun restarted (--max-restarts): the agent's store can still hold the killed
+            # attempt's keys (gloo's peer addresses among them), and a rank that reads one first connects to
+            # a dead port ("Connection refused", seen here with both the static and the c10d rendezvous).
+            # This attempt's keys get their own prefix.
+            store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+            store = dist.PrefixStore(f"dflash/restart-{restart}/", store)
+            dist.init_process_group(self.backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        else:
+            dist.init_process_group(self.backend, timeout=timeout)
         self._open = True
         return self
 

@@ -129,7 +129,6 @@ def join(cfg: Config, info: RankInfo, on_event: Event) -> Joined:
     group = ProcessGroup(info, backend, topo.dist_timeout).open()
     if not cfg.checkpoint.out_dir:  # every rank must write to rank 0's choice of run dir
         cfg = apply_overrides(cfg, {"checkpoint.out_dir": group.broadcast(str(default_run_dir(cfg)) if info.primary else None)})
-    resume = resume or restarted_with_checkpoint(cfg)
     # replica 0 runs on this rank's first drafter device (rank_device's pick without device lists);
     # the run's config.toml keeps the user's spec ("auto": each rank resolves its own again on --resume)
     mine = dataclasses.replace(topo, device="auto", target_devices=targets, drafter_devices=drafters)
