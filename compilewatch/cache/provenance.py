@@ -105,6 +105,8 @@ class Recorder:
 
     def __init__(self) -> None:
         self.members: dict[str, list] = {}
+        self._private = keys.signing_key(create=True)  # first: a key problem fails before anything is written
+        self.key_id = keys.key_id(keys._raw_public(self._private))
 
     def add(self, name: str, size: int, sha256_hex: str) -> None:
         self.members[name] = [size, sha256_hex]
@@ -113,9 +115,8 @@ class Recorder:
         self.add(name, len(data), hashlib.sha256(data).hexdigest())
 
     def signature_member(self, created_at: str | None = None) -> bytes:
-        """The `signature.json` bytes: the statement and its Ed25519 signature by `keys.signing_key()`
-        (made on first use)."""
-        private = keys.signing_key(create=True)
+        """The `signature.json` bytes: the statement and its Ed25519 signature by `keys.signing_key()`."""
+        private = self._private
         raw = keys._raw_public(private)
         try:
             user = getpass.getuser()
