@@ -6,15 +6,28 @@ stderr. Rich drops colour by itself when stdout is not a terminal or NO_COLOR is
 Off a terminal (a pipe, a CI log, a torchrun/Slurm output file) rich would cut everything to 80
 columns: paths end in `…`, table cells wrap. There the consoles are made OFF_TTY_WIDTH wide instead,
 so lines come out whole (tables are not expanded: they stay as wide as their content).
+
+Nothing from a file reaches the terminal raw. Results are rendered from `cleaned(data)`: every string
+in them (archive member names, cache paths, lock package names, messages quoting files) has its
+control characters escaped (`\x1b` for ESC, `\n` for a newline, also C1 controls, line separators
+and bidi overrides) and rich markup escaped, so a name can neither send terminal escape sequences,
+forge a line, nor style the output. warn/hint/the error map escape their messages the same way.
+`--json` needs no extra step: the JSON encoder escapes every control and non-ASCII character
+(`\u001b`).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
+import re
 import sys
+from pathlib import PurePath
 from typing import Any, Callable
 
 from rich.console import Console
+from rich.markup import escape as escape_markup
 
 from compilewatch.serialize import to_jsonable
 
@@ -34,6 +47,49 @@ out = make_console()
 err = make_console(stderr=True)
 
 
+# C0 controls and DEL, C1 controls, Unicode line/paragraph separators, bidi embeddings/overrides/isolates
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character written as an escape (`\x1b`, `\n`, `\u202e`)."""
+    return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                                             else f"\\u{ord(m.group()):04x}"), text)
+
+
+def clean(text: str) -> str:
+    """A string from a file, made safe to print through rich: controls escaped, markup escaped."""
+    return escape_markup(escape_controls(text))
+
+
+def cleaned(data: Any) -> Any:
+    """A copy of a result with `clean` applied to every string in it (dataclass fields, tuples, lists,
+    dict keys and values, paths); other values as they are."""
+    if isinstance(data, str):
+        return clean(data)
+    if isinstance(data, PurePath):
+        s = str(data)
+        c = clean(s)
+        return data if c == s else type(data)(c)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(cleaned(x) for x in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(cleaned(x) for x in data)
+    if isinstance(data, dict):
+        return {cleaned(k): cleaned(v) for k, v in data.items()}
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        new = copy.copy(data)
+        for f in dataclasses.fields(data):
+            object.__setattr__(new, f.name, cleaned(getattr(data, f.name)))
+        return new
+    return data
+
+
+def jsonable(data: Any) -> Any:
+    return to_jsonable(data)
+
+
 def print_json(data: Any) -> None:
     """Write `data` as JSON to stdout (and nothing else)."""
     sys.stdout.write(json.dumps(to_jsonable(data), indent=2) + "\n")
@@ -45,15 +101,15 @@ def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
     if as_json:
         print_json(data)
     else:
-        render(data)
+        render(cleaned(data))
 
 
 def warn(message: str) -> None:
-    err.print(f"[yellow]warning:[/] {message}")
+    err.print(f"[yellow]warning:[/] {clean(message)}")
 
 
 def hint(message: str) -> None:
-    err.print(f"[dim]hint:[/] {message}")
+    err.print(f"[dim]hint:[/] {clean(message)}")
 
 
 def fmt_bytes(n: int | float | None) -> str:
