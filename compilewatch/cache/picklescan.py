@@ -336,15 +336,15 @@ def _why_refused(module: str, name: str) -> str | None:
 
 
 def _judge_global(module: str, name: str, full: str) -> str | None:
+    obj = _import_attr(full)  # imports only modules the lists name
+    why = danger_of(obj) if obj is not _MISSING else None
+    if why:
+        return why
     by_name = full in ALLOWED_GLOBALS or (module in CLASS_MODULES and "." not in name and bool(_CLASS_NAME.match(name)))
     if not by_name:
         return "not used by torch's caches"
-    obj = _import_attr(full)
     if obj is _MISSING:
         return None  # not importable here: pickle.loads could not import it either
-    why = danger_of(obj)
-    if why:
-        return why
     if full not in ALLOWED_GLOBALS and not (isinstance(obj, type) and obj.__module__ in CLASS_MODULES):
         return f"not a class defined in {module}" + (f" (it is {type(obj).__name__} from {getattr(obj, '__module__', '?')})")
     return None
@@ -382,7 +382,7 @@ class _Seq:
     """A tuple the pickle built, with what its items are, computed once when it is built (so
     consuming a tuple fetched from the memo a million times costs nothing per fetch)."""
 
-    __slots__ = ("items", "checked", "sympy_ok", "sympy_tail_ok")
+    __slots__ = ("items", "checked", "sympy_ok", "sympy_tail_ok", "literal")
 
     def __init__(self, items: list[object]) -> None:
         self.items = items
@@ -390,6 +390,7 @@ class _Seq:
                            for x in items)
         self.sympy_tail_ok = all(_sympy_arg_ok(x) for x in items[1:])
         self.sympy_ok = self.sympy_tail_ok and (not items or _sympy_arg_ok(items[0]))
+        self.literal = all(x is _NUM or isinstance(x, _Str) for x in items)  # numbers and strings only
 
 
 class _Dict:
@@ -542,10 +543,19 @@ class _Scan:
         if _is_sympy(cls):
             # sympy constructors sympify their arguments, and sympify evaluates strings: only numbers,
             # sympy objects and tuples of them (a Symbol's first argument, its name, may be a string)
-            named = issubclass(cls, sys.modules["sympy"].Symbol) and bool(items) and isinstance(items[0], _Str)
-            if not isinstance(args, _Seq) or not (args.sympy_tail_ok if named else args.sympy_ok):
+            sympy = sys.modules["sympy"]
+            named = issubclass(cls, sympy.Symbol) and bool(items) and isinstance(items[0], _Str)
+            if not isinstance(args, _Seq):
+                ok = False
+            elif issubclass(cls, sympy.Float):  # Float(<numeral str>) or Float((sign, <hex str>, exp, bc)): parsed, never sympified
+                ok = all(x is _NUM or isinstance(x, _Str) or (isinstance(x, _Seq) and x.literal) for x in args.items)
+            elif issubclass(cls, sympy.Rational):  # Rational/Integer(<numeral str>): fractions/int parse; a container is sympified
+                ok = args.literal
+            else:
+                ok = args.sympy_tail_ok if named else args.sympy_ok
+            if not ok:
                 self.refuse(f"{fn} constructed from a string or a container: sympy evaluates strings (sympify)")
-            elif opname == "NEWOBJ_EX" and not issubclass(cls, sys.modules["sympy"].Symbol):
+            elif opname == "NEWOBJ_EX" and not issubclass(cls, (sympy.Symbol, sympy.Float)):  # assumptions / precision
                 self.refuse(f"{fn} constructed with keyword arguments")
             return _Obj(cls)
         new_only = opname in ("NEWOBJ", "NEWOBJ_EX")
