@@ -56,7 +56,7 @@ def where_cmd(dir: DirOpt = None, as_json: JsonOpt = False) -> None:
     Example: compilewatch cache where
     """
     loc = layout.locate(dir)
-    output.emit(loc, as_json, _render_where)
+    output.emit(loc, as_json, _render_where, escape_markup=True)
 
 
 def _render_where(loc: layout.CacheLocation) -> None:
@@ -107,7 +107,7 @@ def fingerprint_cmd(
         import dataclasses
 
         fp = dataclasses.replace(fp, entries=None)
-    output.emit(fp, as_json, _render_fingerprint)
+    output.emit(fp, as_json, _render_fingerprint, escape_markup=True)
 
 
 def _render_fingerprint(fp: fp_lib.Fingerprint) -> None:
@@ -159,10 +159,10 @@ def verify_cmd(
         if fix or dir is not None:
             raise typer.BadParameter("--fix and --dir act on a cache dir, not on ARCHIVE")
         rep = archive_check.verify_archive(archive_path)
-        output.emit(rep, as_json, _render_verify_archive)
+        output.emit(rep, as_json, _render_verify_archive, escape_markup=True)
         raise typer.Exit(0 if rep.ok else 1)
     report = verify_lib.verify(dir, deep=not quick, fix=fix)
-    output.emit(report, as_json, _render_verify)
+    output.emit(report, as_json, _render_verify, escape_markup=True)
     remaining = not report.ok and not (fix and report.moved)
     raise typer.Exit(1 if remaining else 0)
 
@@ -240,7 +240,7 @@ def save_cmd(
     with byte_progress("save") as on_bytes:
         result = archive.save(archive_path, dir, mega=not no_mega, level=level, overwrite=overwrite,
                               progress=on_bytes)
-    output.emit(result, as_json, _render_save)
+    output.emit(result, as_json, _render_save, escape_markup=True)
 
 
 def _render_save(r: archive.SaveResult) -> None:
@@ -282,7 +282,7 @@ def load_cmd(
     """
     with byte_progress("load") as on_bytes:
         result = archive.load(source, dir, force=force, trust=trust, progress=on_bytes)
-    output.emit(result, as_json, _render_load)
+    output.emit(result, as_json, _render_load, escape_markup=True)
 
 
 def _render_load(r: archive.LoadResult) -> None:
@@ -325,7 +325,7 @@ def clear_cmd(
       compilewatch cache clear --no-backup --yes
     """
     result = manage.clear(dir, backup=not no_backup, yes=yes, force=force)
-    output.emit(result, as_json, _render_clear)
+    output.emit(result, as_json, _render_clear, escape_markup=True)
 
 
 def _render_clear(r: manage.ClearResult) -> None:
@@ -356,7 +356,7 @@ def prune_cmd(
       compilewatch cache prune --max-size 500MB --delete --yes
     """
     result = manage.prune(manage.parse_size(max_size), dir, dry_run=dry_run, delete=delete, yes=yes, force=force)
-    output.emit(result, as_json, _render_prune)
+    output.emit(result, as_json, _render_prune, escape_markup=True)
 
 
 def _render_prune(r: manage.PruneResult) -> None:
@@ -388,7 +388,7 @@ def ls_cmd(
       compilewatch cache ls -s fxgraph --sort recent
     """
     result = manage.ls(dir, subcache=subcache, sort=sort, limit=limit)  # type: ignore[arg-type]
-    output.emit(result, as_json, _render_ls)
+    output.emit(result, as_json, _render_ls, escape_markup=True)
 
 
 def _render_ls(r: manage.Listing) -> None:
@@ -411,7 +411,7 @@ def du_cmd(
 
     Example: compilewatch cache du --top 5
     """
-    output.emit(manage.du(dir, top=top), as_json, _render_du)
+    output.emit(manage.du(dir, top=top), as_json, _render_du, escape_markup=True)
 
 
 def _render_du(r: manage.Usage) -> None:
@@ -445,7 +445,7 @@ def diff_cmd(
       compilewatch cache diff old.tar.gz new.tar.gz --json
     """
     result = manage.diff(a, b)
-    output.emit(result, as_json, lambda r: _render_diff(r, limit))
+    output.emit(result, as_json, lambda r: _render_diff(r, limit), escape_markup=True)
     raise typer.Exit(0 if result.same else 1)
 
 

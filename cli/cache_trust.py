@@ -52,7 +52,7 @@ def add_cmd(
     Example: compilewatch cache trust add ci-runner.pub --name ci
     """
     added = keys.trust_add(key, name=name)
-    output.emit(added, as_json, lambda k: output.out.print(f"trusted {k.name} ({k.id})"))
+    output.emit(added, as_json, lambda k: output.out.print(f"trusted {k.name} ({k.id})"), escape_markup=True)
 
 
 @app.command("list")
@@ -61,7 +61,7 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 
     Example: compilewatch cache trust list
     """
-    output.emit(keys.trust_store(), as_json, _render_list)
+    output.emit(keys.trust_store(), as_json, _render_list, escape_markup=True)
 
 
 def _render_list(s) -> None:
@@ -89,4 +89,4 @@ def remove_cmd(
     Example: compilewatch cache trust remove ci
     """
     removed = keys.trust_remove(which)
-    output.emit(removed, as_json, lambda k: output.out.print(f"no longer trusted: {k.name} ({k.id})"))
+    output.emit(removed, as_json, lambda k: output.out.print(f"no longer trusted: {k.name} ({k.id})"), escape_markup=True)

@@ -10,8 +10,11 @@ so lines come out whole (tables are not expanded: they stay as wide as their con
 Nothing from a file reaches the terminal raw. Results are rendered from `cleaned(data)`: every string
 in them (archive member names, cache paths, lock package names, messages quoting files) has its
 control characters escaped (`\x1b` for ESC, `\n` for a newline, also C1 controls, line separators
-and bidi overrides) and rich markup escaped, so a name can neither send terminal escape sequences,
-forge a line, nor style the output. warn/hint/the error map escape their messages the same way.
+and bidi overrides), so a name can neither send terminal escape sequences nor forge a line. With
+`emit(..., escape_markup=True)` (the cache commands, whose renderers interpolate names into markup)
+rich markup in strings is escaped too, so a name cannot style the output or break it; renderers that
+print data with `markup=False` or escape it themselves (diff-env, probe, run) use the default.
+warn/hint/the error map escape controls and markup in their messages.
 `--json` needs no extra step: the JSON encoder escapes every control and non-ASCII character
 (`\u001b`).
 """
@@ -63,25 +66,26 @@ def clean(text: str) -> str:
     return escape_markup(escape_controls(text))
 
 
-def cleaned(data: Any) -> Any:
-    """A copy of a result with `clean` applied to every string in it (dataclass fields, tuples, lists,
-    dict keys and values, paths); other values as they are."""
+def cleaned(data: Any, markup: bool = False) -> Any:
+    """A copy of a result with every string in it (dataclass fields, tuples, lists, dict keys and
+    values, paths) passed through `escape_controls` (and rich's markup escape with `markup`); other
+    values as they are."""
     if isinstance(data, str):
-        return clean(data)
+        return clean(data) if markup else escape_controls(data)
     if isinstance(data, PurePath):
         s = str(data)
-        c = clean(s)
+        c = clean(s) if markup else escape_controls(s)
         return data if c == s else type(data)(c)
     if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(cleaned(x) for x in data))
+        return type(data)(*(cleaned(x, markup) for x in data))
     if isinstance(data, (list, tuple)):
-        return type(data)(cleaned(x) for x in data)
+        return type(data)(cleaned(x, markup) for x in data)
     if isinstance(data, dict):
-        return {cleaned(k): cleaned(v) for k, v in data.items()}
+        return {cleaned(k, markup): cleaned(v, markup) for k, v in data.items()}
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         new = copy.copy(data)
         for f in dataclasses.fields(data):
-            object.__setattr__(new, f.name, cleaned(getattr(data, f.name)))
+            object.__setattr__(new, f.name, cleaned(getattr(data, f.name), markup))
         return new
     return data
 
@@ -96,12 +100,12 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
-    """Print `data` as JSON (stdout only) or through `render` for people."""
+def emit(data: Any, as_json: bool, render: Callable[[Any], None], *, escape_markup: bool = False) -> None:
+    """Print `data` as JSON (stdout only) or through `render` for people, from `cleaned(data)`."""
     if as_json:
         print_json(data)
     else:
-        render(cleaned(data))
+        render(cleaned(data, escape_markup))
 
 
 def warn(message: str) -> None:

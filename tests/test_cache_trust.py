@@ -238,3 +238,16 @@ def test_names_from_files_never_reach_the_terminal_raw(tmp_path):
         j = invoke(app, [*args, "--json"]) if args[1] != "save" else None
         if j is not None:
             assert all(ch not in j.stdout for ch in "\x1b\x07\u202e") and json.loads(j.stdout) is not None
+
+
+def test_diff_env_package_names_are_escaped(tmp_path):
+    """Issue 29: `diff-env` printed lock package names raw."""
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("torch==2.11.0\nevil\x1b[2Jname==1.0\n")
+    b.write_text("torch==2.13.0\nevil\x1b[2Jname==2.0\n\x1b]0;pwned\x07==1\n")
+    r = invoke(app, ["diff-env", str(a), str(b)])
+    for text in (r.stdout, r.stderr):
+        assert "\x1b" not in text and "\x07" not in text, text
+    assert "Traceback" not in r.stderr and r.exit_code in (0, 1, 2)
+    j = invoke(app, ["diff-env", str(a), str(b), "--json"])
+    assert "\x1b" not in j.stdout
