@@ -21,7 +21,7 @@ from typing import Literal
 
 from compilewatch.devices import gpus as _gpus
 from compilewatch.tracing import torchcompat
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 
 Level = Literal["ok", "info", "warn", "problem"]
 
