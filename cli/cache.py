@@ -304,7 +304,8 @@ def _render_load(r: archive.LoadResult) -> None:
     for m in r.mismatches:
         output.warn(f"loaded with --force: {m}")
     for w in r.warnings:
-        output.warn(w)
+        if not (r.provenance is not None and r.provenance.trusted_by_flag and w.startswith("this archive is code")):
+            output.warn(w)  # (the code warning was said above, in bold)
 
 
 # --- clear / prune --------------------------------------------------------------------------------
