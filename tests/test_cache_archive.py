@@ -162,11 +162,11 @@ def test_interrupted_save_leaves_no_half_archive(tmp_path, monkeypatch):
     calls = {"n": 0}
     real = archive._add_file
 
-    def flaky(tar, root, f, *rest):
+    def flaky(tar, root, f):
         calls["n"] += 1
         if calls["n"] == 5:
             raise KeyboardInterrupt  # Ctrl-C in the middle of writing
-        return real(tar, root, f, *rest)
+        return real(tar, root, f)
 
     monkeypatch.setattr(archive, "_add_file", flaky)
     before = siblings(tmp_path)

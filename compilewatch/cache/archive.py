@@ -36,6 +36,8 @@ manifest's total. Header and manifest members are capped in size before they are
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import gzip
 import hashlib
 import io
@@ -248,13 +250,18 @@ class _HashingReader:
         return data
 
 
-def _add_file(tar: tarfile.TarFile, root: Path, f: layout.FileStat,
-              signed: provenance.Recorder | None = None) -> FileEntry | None:
+# the Recorder of the save in progress: `_add_file` hashes each member for the signature into it (a
+# context variable rather than a parameter, so `_add_file` keeps the signature tests wrap)
+_SIGNING: contextvars.ContextVar[provenance.Recorder | None] = contextvars.ContextVar("_SIGNING", default=None)
+
+
+def _add_file(tar: tarfile.TarFile, root: Path, f: layout.FileStat) -> FileEntry | None:
     """Add one cache file; returns what was written (None: it vanished).
 
     Everything comes from one open descriptor: torch and triton replace cache files by rename, so an
     open file is a consistent snapshot and the tar header's size always matches the bytes.
     """
+    signed = _SIGNING.get()
     try:
         fd = os.open(root / f.rel, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
@@ -359,7 +366,9 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
             _add_bytes(tar, name, data)
             signed.add_bytes(name, data)
 
-        with atomic_path(archive) as tmp:
+        token = _SIGNING.set(signed)
+        with contextlib.ExitStack() as undo, atomic_path(archive) as tmp:
+            undo.callback(_SIGNING.reset, token)
             with open(tmp, "wb") as raw:
                 stream = _compressed_writer(raw, comp, level)
                 try:
@@ -367,7 +376,7 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
                         add(tar, HEADER, json.dumps(to_jsonable(header), indent=2).encode())
                         total, done = sum(f.size for f in w.files), 0
                         for f in w.files:
-                            entry = _add_file(tar, root, f, signed)
+                            entry = _add_file(tar, root, f)
                             if entry is None:
                                 warnings.append(f"{f.rel} vanished while saving (left out)")
                             else:
