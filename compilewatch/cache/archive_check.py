@@ -20,7 +20,8 @@ from compilewatch.inputs import one_line
 @dataclass(frozen=True, slots=True)
 class ArchiveFinding:
     member: str
-    kind: str  # "untrusted" (a pickle names or calls what torch's caches never do), "unloadable" (malformed)
+    kind: str  # "untrusted" (a pickle names or calls what torch's caches never do), "unloadable" (malformed),
+    # "not-scanned" (a member too large to scan in memory)
     detail: str
 
 
@@ -48,9 +49,12 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
         elif scan.refused:
             findings.append(ArchiveFinding(member, "untrusted", "; ".join(one_line(r, 200) for r in scan.refused[:3])))
 
-    def on_member(name: str, data: bytes) -> None:
+    def on_member(name: str, data: bytes | None) -> None:
         counts["members"] += 1
-        if name.startswith(arch.PREFIX) and picklescan.is_pickle_file(name[len(arch.PREFIX):], data[:1]):
+        if data is None:
+            findings.append(ArchiveFinding(name, "not-scanned", "larger than 256 MiB: not scanned here; "
+                                           "`cache load` scans it from disk after extracting"))
+        elif name.startswith(arch.PREFIX) and picklescan.is_pickle_file(name[len(arch.PREFIX):], data[:1]):
             counts["pickles"] += 1
             add(name, picklescan.scan(data))
         elif name == arch.MEGA:

@@ -214,8 +214,8 @@ def check_provenance(archive: str | os.PathLike[str], *, trust: bool = False) ->
 def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, stop_after: int | None = None,
                     on_member=None):
     """One pass over `archive`: (Provenance, manifest bytes or None). `stop_after`: BadInput once the
-    members seen add up to more bytes. `on_member(name, data)` gets each member that is not a cache
-    file, and each cache file no larger than 256 MiB, as read (for `verify_archive`'s scan)."""
+    members seen add up to more bytes. `on_member(name, data)` gets each member as read (for `verify_archive`'s
+    scan); `data` is None for a cache file over 256 MiB (hashed, not kept in memory)."""
     from compilewatch.cache import archive as arch
 
     path = Path(archive)
@@ -257,6 +257,6 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
             data = b"".join(chunks) if keep else None
             if m.name == arch.MANIFEST:
                 manifest = data
-            if on_member is not None and data is not None:
-                on_member(m.name, data)
+            if on_member is not None:
+                on_member(m.name, data)  # None: a cache file over 256 MiB, hashed but not kept
     return _judge(path, seen, sig, trust), manifest
