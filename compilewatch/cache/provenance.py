@@ -36,6 +36,7 @@ import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from compilewatch.cache import keys
@@ -51,6 +52,30 @@ CODE_WARNING = ("this archive is code: torch runs the Python, C++ and kernels it
 Verdict = Literal["own", "trusted", "foreign"]
 
 
+class SignedMembers(Mapping[str, str]):
+    """Member name -> the SHA-256 that was signed. Read-only; in JSON it is its count, not a copy of
+    every member's hash (a large cache has a million)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, d: Mapping[str, str] | None = None) -> None:
+        self._d = dict(d or {})
+
+    def __getitem__(self, key: str) -> str:
+        return self._d[key]
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __str__(self) -> str:
+        return f"{len(self._d)} signed members"
+
+    __repr__ = __str__
+
+
 @dataclass(frozen=True, slots=True)
 class Provenance:
     archive: str
@@ -61,7 +86,7 @@ class Provenance:
     key_name: str | None  # "this machine", or the trust store's name for the key
     made_by: dict[str, Any]  # the statement's user / host / created_at (checked only when signed)
     trusted_by_flag: bool  # foreign, accepted because the caller passed trust=True
-    member_sha256: dict[str, str] = field(default_factory=dict)  # member name -> SHA-256 signed (own/trusted)
+    member_sha256: SignedMembers = field(default_factory=SignedMembers)  # what was signed (own/trusted)
 
     @property
     def allowed(self) -> bool:
@@ -201,7 +226,7 @@ def _judge(archive: Path, seen: dict[str, tuple[int, str]], sig: bytes | None, t
     kind, name = who
     reason = "signed by this machine's key" if kind == "own" else f"signed by {name}, a key in your trust store"
     return Provenance(str(archive), kind, reason, True, keys.key_id(raw), name, made, False,
-                      {n: v[1] for n, v in signed.items()})
+                      SignedMembers({n: v[1] for n, v in signed.items()}))
 
 
 def check_provenance(archive: str | os.PathLike[str], *, trust: bool = False) -> Provenance:
