@@ -1,23 +1,38 @@
-"""Check a pickle without running it: which globals would `pickle.loads` import and call?
+"""Check a pickle without running it: what would `pickle.loads` import, call and restore?
 
-A pickle is a program for a small stack machine: its GLOBAL / STACK_GLOBAL instructions import any
-`module.name` and REDUCE / BUILD / NEWOBJ call it. So `pickle.loads` of a file from elsewhere runs
-whatever its author chose (`os.system`, `subprocess.Popen`, ...). `scan` reads the opcodes with
-`pickletools.genops` (a parser: it never imports or calls anything) and checks every global the
-pickle names against `ALLOWED_GLOBALS` (exact names) and `CLASS_MODULES` (data classes of torch's
-cache modules), following the pickle's stack to check every call: only named, allowed globals are
-called, getattr only in the forms `CHECKED_CALLS` describes. The lists are what torch's inductor
-caches really use, collected by compiling models on CPU with
-torch 2.11, 2.13 and 2.15 and scanning every fxgraph / aotautograd entry. `tests/test_picklescan.py`
-derives them again from a fresh cache, so a torch that needs a new global fails a test before it
-fails a user's `cache load` (which names the member and the global; `--trust` overrides).
+A pickle is a program for a small stack machine: GLOBAL / STACK_GLOBAL import any `module.name`,
+REDUCE / NEWOBJ / OBJ / INST call it, BUILD runs its `__setstate__`. So `pickle.loads` of a file from
+elsewhere runs whatever its author chose. `scan` reads the opcodes with `pickletools.genops` (a
+parser) and follows the pickle's stack (pickletools' table says what each opcode pops and pushes),
+so it knows what each call calls with which arguments. It decides by what an object IS, not by the
+module that names it:
 
-What this does not prove. It stops a pickle that calls something torch's caches never call (the
-`os.system` entry of issue 18, and anything like it). It cannot make an archive from a stranger safe:
-the allowed `torch.fx.graph_module.reduce_graph_module` rebuilds an FX graph by executing the Python
-source stored in the entry, an fxgraph entry carries generated Python and C++ that torch imports on
-every cache hit, and `.so` files are loaded as they are. A cache archive is code; load archives only
-from people and machines you trust (docs/security.md).
+- every name is resolved (importing only the modules these lists name) and compared by identity with
+  what evaluates strings, executes source, loads native code, runs commands, imports or unpickles
+  (`danger_of`): refused wherever it is named from (`torch._inductor.codecache.CDLL` is `ctypes.CDLL`);
+- a name must be listed exactly (`ALLOWED_GLOBALS`) or be a class *defined* in a data module of
+  torch's caches (`CLASS_MODULES`);
+- a call must run only storing code: functions only if `CALLABLE_GLOBALS` lists them (the rest are
+  values); a class called (REDUCE) only if its `__new__`/`__init__` store (object's, builtins',
+  enums, dataclass-generated, `CALLABLE_CLASSES`), constructed (NEWOBJ) only if its `__new__` does,
+  restored (BUILD) only by builtins' or torch's own `__setstate__`;
+- sympy-based classes only from numbers, sympy objects and tuples of them (their constructors
+  sympify, and sympify evaluates strings); `reduce_graph_module` only on FX-shaped source
+  (`fxsource`), `_load_from_bytes` only on bytes that scan as torch.save's pickles,
+  `_rebuild_from_type_v2` only with torch's tensor rebuilders, `copyreg._reconstructor` only with
+  base `object`; `getattr` only in the two forms `CHECKED_CALLS` describes.
+
+The lists are what torch's caches really use (CPU caches of torch 2.11, 2.13 and 2.15 with dynamic
+shapes, parameters, SDPA and PGO state, plus what a CUDA cache was seen to need);
+`tests/test_cache_real.py` scans a fresh cache, so a torch that needs something new fails a test
+before it fails a user's `cache load` (which names the member and why; `--trust` overrides).
+`scan` is linear in the pickle's size: every opcode does bounded work (a tuple's facts are computed
+once, when it is built).
+
+What this does not prove: that a cache is safe to use. It stops code from running while a pickle is
+unpickled; an FX-graph entry still carries generated Python and C++ that torch imports on every hit,
+guards it evaluates, and `.so` files it loads. A cache archive is code: trust it by who made it
+(`provenance`, docs/security.md).
 """
 
 from __future__ import annotations
@@ -155,7 +170,7 @@ _DANGEROUS_NAMES: dict[str, tuple[str, ...]] = {
                       "subprocess.getoutput", "pty.spawn"),
     "imports modules": ("builtins.__import__", "importlib.import_module"),
     "unpickles": ("pickle.loads", "pickle.load", "_pickle.loads", "_pickle.load", "marshal.loads", "torch.load"),
-    "sets attributes": ("builtins.setattr", "builtins.delattr", "builtins.globals", "builtins.vars", "builtins.open"),
+    "opens files or sets attributes": ("builtins.setattr", "builtins.delattr", "builtins.globals", "builtins.vars", "builtins.open"),
 }
 # Classes whose construction or restoring is the danger whatever the arguments (and their subclasses).
 _DANGEROUS_BASES = ("ctypes.CDLL", "ctypes.LibraryLoader", "subprocess.Popen", "threading.Thread")
