@@ -22,10 +22,11 @@ module that names it:
   `_rebuild_from_type_v2` only with torch's tensor rebuilders, `copyreg._reconstructor` only with
   base `object`; `getattr` only in the two forms `CHECKED_CALLS` describes.
 
-The lists are what torch's caches really use (CPU caches of torch 2.11, 2.13 and 2.15 with dynamic
-shapes, parameters, SDPA and PGO state, plus what a CUDA cache was seen to need);
-`tests/test_cache_real.py` scans a fresh cache, so a torch that needs something new fails a test
-before it fails a user's `cache load` (which names the member and why; `--trust` overrides).
+The lists are what torch's caches really use: collected from CPU caches of torch 2.11, 2.13 and 2.15
+and a CUDA cache of 2.11 (H200); the call rules were checked here against a CPU cache of torch 2.13
+with dynamic shapes, parameters, SDPA and PGO state. `tests/test_cache_real.py` scans such a fresh
+cache under each torch CI runs, so a torch that needs something new fails a test before it fails a
+user's `cache load` (which names the member and why; `--trust` overrides).
 `scan` is linear in the pickle's size: every opcode does bounded work (a tuple's facts are computed
 once, when it is built).
 
