@@ -54,6 +54,8 @@ _FX_KEY = re.compile(r"^f[a-z0-9]{51}$")  # an FX-graph cache key (`f` + base32 
 # zero-byte files torch writes on purpose: lock files, and (torch 2.14/2.15 cpu_vec_isa.py) `<isa probe>.so.load_ok`,
 # "this .so was dlopen'ed once", next to the probe's .so in the codegen cache
 _EMPTY_BY_DESIGN = (".lock", ".so.load_ok")
+_NOT_PICKLES = (".py", ".cpp", ".h", ".gch", ".so", ".json", ".cubin", ".ptx", ".llir", ".ttir", ".ttgir", ".hsaco",
+                ".spv", ".zebin", ".lock", ".best_config", ".o", ".load_ok")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,8 @@ class _Checker:
                     self.aot_refs.append((rel, s))
 
     def is_other_pickle(self, f: layout.FileStat) -> bool:
+        if f.rel.endswith(_NOT_PICKLES) and not f.rel.startswith(("dynamo/", "cache/")):
+            return False  # generated source, built code, kernels, JSON: torch never unpickles them (no read needed)
         try:
             with open(self.root / f.rel, "rb") as fh:
                 head = fh.read(1)
