@@ -25,8 +25,8 @@ app = make_app(
     "execution on every node that reads it: docs/security.md.",
 )
 
-UrlArg = Annotated[Optional[str], typer.Argument(metavar="[URL]", help="redis://[:PASSWORD@]HOST:PORT[/DB] (default: torch's).")]
-UrlOpt = Annotated[Optional[str], typer.Option("--url", help="redis://[:PASSWORD@]HOST:PORT[/DB] (default: torch's).")]
+UrlArg = Annotated[Optional[str], typer.Argument(metavar="[URL]", help="redis://:PASSWORD@HOST:PORT/DB, password and /DB optional (default: torch's).")]
+UrlOpt = Annotated[Optional[str], typer.Option("--url", help="redis://:PASSWORD@HOST:PORT/DB, password and /DB optional (default: torch's).")]
 DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="The local inductor cache dir (default: the one torch uses).")]
 MaxValueOpt = Annotated[str, typer.Option("--max-value", help="Largest value read from the server, e.g. 256MB (bigger ones are reported, never read).")]
 
@@ -164,6 +164,8 @@ def _render_push(r) -> None:
             f"in {output.fmt_seconds(r.duration_s)}")
     if r.already:
         o.print(f"{r.already} keys were already there (left alone; --overwrite replaces them)")
+    for n in r.notes:
+        o.print(f"[dim]note: {n}[/]")
     for s in r.skipped[:20]:
         output.warn(f"not pushed {s.what}: {s.reason}")
     if len(r.skipped) > 20:

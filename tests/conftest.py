@@ -13,6 +13,8 @@ import os
 
 import pytest
 
+from tests.redis_helpers import redis_server, redis_url  # noqa: F401 - fixtures (a real redis-server)
+
 _ENV_ALLOW = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTEST_CURRENT_TEST", "COLUMNS", "NO_COLOR",
               "TORCHINDUCTOR_COMPILE_THREADS", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
               "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCH_LOGS",

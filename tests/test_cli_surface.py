@@ -9,7 +9,8 @@ from cli.main import app
 from tests.helpers import invoke
 
 COMMANDS = {"probe", "lock", "diff-env", "warm", "gpus", "doctor", "run", "timeline", "cache"}
-CACHE_COMMANDS = {"where", "fingerprint", "verify", "save", "load", "clear", "prune", "ls", "du", "diff"}
+CACHE_COMMANDS = {"where", "fingerprint", "verify", "save", "load", "clear", "prune", "ls", "du", "diff", "remote"}
+REMOTE_COMMANDS = {"status", "push", "pull", "verify", "clear"}
 
 
 def _group():
@@ -20,12 +21,14 @@ def test_command_list_is_frozen():
     group = _group()
     assert set(group.commands) == COMMANDS
     assert set(group.commands["cache"].commands) == CACHE_COMMANDS
+    assert set(group.commands["cache"].commands["remote"].commands) == REMOTE_COMMANDS
 
 
 def test_every_command_has_help_and_json():
     group = _group()
     leaves = [([name], cmd) for name, cmd in group.commands.items() if name != "cache"]
-    leaves += [(["cache", name], cmd) for name, cmd in group.commands["cache"].commands.items()]
+    leaves += [(["cache", name], cmd) for name, cmd in group.commands["cache"].commands.items() if name != "remote"]
+    leaves += [(["cache", "remote", name], cmd) for name, cmd in group.commands["cache"].commands["remote"].commands.items()]
     for path, cmd in leaves:
         r = invoke(app, [*path, "--help"])
         assert r.exit_code == 0, path

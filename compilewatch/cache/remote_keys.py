@@ -19,6 +19,14 @@ bytes of `RemoteCacheJsonSerde` (JSON, ASCII). Per cache:
 | bundled-autotune | `bundled-autotune-v1` | a hash of the compiled code + backend hash | `{basename: best config, ...}` |
 | pgo | `dynamo-pgo` | the PGO key of a code object (+ a rank suffix) | `{"data": base64(pickled code state)}` |
 
+Which processes hit an entry. The FX-graph key leaves the remote-cache flags out (inductor's config
+lists `fx_graph_remote_cache` among the settings its cache key ignores), so a local cache's FX-graph
+entries hit a process that has the remote cache on. The AOTAutograd key hashes functorch's whole
+saved config (`AOTAutogradCacheDetails.autograd_config = config.save_config()`), and that includes
+`enable_remote_autograd_cache`: an AOTAutograd entry hits only processes with the same
+TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE setting as the one that wrote it (seen on 2.13; the same code in
+2.11 and 2.15).
+
 Reading (FxGraphCache / AOTAutogradCache `iterate_over_candidates`): `json.loads`, then
 `base64.b64decode(value["data"])`, then `pickle.loads`: a remote entry is code on every node that
 reads it (docs/security.md). A local cache holds several entries per key (one per guard set); the

@@ -64,6 +64,12 @@ class PushResult:
     already: int  # keys the server already had (left alone)
     skipped: tuple[Skipped, ...]  # entries that did not verify, with the reason
     duration_s: float
+    notes: tuple[str, ...] = ()  # what the entries need to hit
+
+
+AOT_FLAG_NOTE = ("AOTAutograd entries hit only processes whose TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE setting is the one "
+                 "of the process that wrote them (functorch's config is part of the AOTAutograd key): seed from a cache "
+                 "written with it =1, as a job with the remote cache on writes it. FX-graph entries hit either way.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +207,9 @@ def push(source: str | os.PathLike[str], url: str | None = None, *, overwrite: b
                        hint="what was written before the failure stays; run push again when the server is back") from None
     finally:
         client.close()
+    notes = (AOT_FLAG_NOTE,) if pushed.get("aotautograd") and kind != "backup" else ()
     return PushResult(remote.config(url).url, str(src), kind, dict(pushed), nbytes, already, tuple(skipped),
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, notes)
 
 
 def _url(url: str | None) -> str:
