@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from dflash import mask as masks  # noqa: E402
-from dflash.head_ce import head_cross_entropy  # noqa: E402
+from dflash.model import mask as masks  # noqa: E402
+from dflash.model.head_ce import head_cross_entropy  # noqa: E402
 from dflash_step import Shape, build, compile_times  # noqa: E402
 
 
@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         head_cross_entropy(h, head, labels, w)[0].backward()
 
     def step():
-        from dflash.data import Batch
-        from dflash.loss import loss_weights
-        from dflash.trainer import drafter_loss
+        from dflash.data.dataset import Batch
+        from dflash.model.loss import loss_weights
+        from dflash.model.loss import drafter_loss
 
         for layer in drafter.layers:
             if not hasattr(layer, "_compiled_call_impl") or layer._compiled_call_impl is None:

@@ -1,4 +1,4 @@
-"""The tokenized-data cache (dflash/datacache.py) at scale: build time by worker count, warm start,
+"""The tokenized-data cache (dflash/data/cache.py) at scale: build time by worker count, warm start,
 reader memory, data-path throughput.
 
 Generates N synthetic multi-turn conversations (random words, 2-3 exchanges, Qwen3's real chat
@@ -97,9 +97,9 @@ def reader(args) -> int:
     import types
 
     from dflash.config import DataConfig
-    from dflash.data import ChatDataset
-    from dflash.datacache import prepare
-    from dflash.program import Plan
+    from dflash.data.dataset import ChatDataset
+    from dflash.data.cache import prepare
+    from dflash.engine.program import Plan
 
     before = mem()
     tok = pickle.loads(Path(args.tokenizer_pickle).read_bytes())
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import pickle
 
-    from dflash import datacache
+    from dflash.data import cache as datacache
     from dflash.config import DataConfig
 
     out = Path(args.out)

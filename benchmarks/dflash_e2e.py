@@ -7,12 +7,12 @@ download), synthetic 3072-token sequences (the first tenth prompt, the rest trai
   --mode colocated  (a) one device: `Trainer.train_step` (target forward with taps, drafter
                     forward+backward per micro-batch, clip + fused AdamW), the batches made by the
                     trainer's own `micro_batches`.
-  --mode engine     (b) `dflash.program.train_multi` (what `--target-devices/--drafter-devices` run):
+  --mode engine     (b) `dflash.engine.program.train_multi` (what `--target-devices/--drafter-devices` run):
                     target worker threads on --target-devices feed drafter replicas on
                     --drafter-devices through the engine's queues; prewarm, guard and watcher on.
                     The trainer (replica 0) holds a full target copy on its device, as the CLI's
                     `Trainer.from_config` does.
-  --mode dist       (c) one rank of a torchrun job: `dflash.distributed_train.train_distributed`
+  --mode dist       (c) one rank of a torchrun job: `dflash.distributed.train_rank.train_distributed`
                     (every rank co-located on cuda:LOCAL_RANK, its engine with one target thread and
                     one drafter thread, gradients summed over NCCL in every step barrier).
 
@@ -53,10 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from dflash.config import apply_overrides, qwen3_8b  # noqa: E402
-from dflash.data import ChatDataset, DataStats, Sample  # noqa: E402
-from dflash.model import default_layer_ids  # noqa: E402
-from dflash.target import Target  # noqa: E402
-from dflash.trainer import Trainer, build_drafter, drafter_spec  # noqa: E402
+from dflash.data.dataset import ChatDataset, DataStats, Sample  # noqa: E402
+from dflash.model.drafter import default_layer_ids  # noqa: E402
+from dflash.model.target import Target  # noqa: E402
+from dflash.model.build import build_drafter, drafter_spec  # noqa: E402
+from dflash.training.trainer import Trainer
 from dflash_cold import counters  # noqa: E402
 from dflash_step import Shape, compile_times, step_flops  # noqa: E402
 
@@ -137,10 +138,10 @@ def n_sequences(a, cfg, world: int = 1, replicas: int = 1) -> int:
 @contextlib.contextmanager
 def random_target_and_data(fields: dict, n_seq: int, seq: int):
     """While open, `dflash train`'s loaders build the random target and the synthetic data (engine,
-    dist): `Trainer.from_config` and the engine's per-device target (`dflash.program._target_on`) call
+    dist): `Trainer.from_config` and the engine's per-device target (`dflash.engine.program._target_on`) call
     them. `Trainer.save` does nothing (checkpoints are not what is measured). Restored on exit."""
-    import dflash.target
-    import dflash.trainer
+    import dflash.model.target
+    import dflash.training.trainer
 
     def load(tcfg, num_draft_layers, device):
         device = torch.device(device)
@@ -149,14 +150,14 @@ def random_target_and_data(fields: dict, n_seq: int, seq: int):
     def data(cfg_, target, on_event):
         return synthetic_dataset(n_seq, seq, fields["vocab_size"], cfg_), [], []
 
-    saved = (dflash.target.load_target, dflash.trainer.load_target, dflash.trainer.load_training_data, Trainer.save)
-    dflash.target.load_target = dflash.trainer.load_target = load
-    dflash.trainer.load_training_data = data
+    saved = (dflash.model.target.load_target, dflash.training.trainer.load_target, dflash.training.trainer.load_training_data, Trainer.save)
+    dflash.model.target.load_target = dflash.training.trainer.load_target = load
+    dflash.training.trainer.load_training_data = data
     Trainer.save = lambda self: Path(self.run_dir) / "not-saved"  # type: ignore[method-assign]
     try:
         yield
     finally:
-        (dflash.target.load_target, dflash.trainer.load_target, dflash.trainer.load_training_data,
+        (dflash.model.target.load_target, dflash.training.trainer.load_target, dflash.training.trainer.load_training_data,
          Trainer.save) = saved
 
 
@@ -344,9 +345,9 @@ def run_colocated(a) -> dict:
 def measure_overhead(one_step, rounds: int, per: int) -> dict:
     """The real step plain, under the watcher, under the frozen guard, under both: `rounds` rounds,
     the configurations interleaved inside each round, `per` steps each; median step per configuration.
-    The seams are the engine's own (dflash.compile_safety): the guard frozen after warm-up, as the
+    The seams are the engine's own (dflash.engine.compile_safety): the guard frozen after warm-up, as the
     engine does after prewarm."""
-    from dflash.compile_safety import CompileBarrier, watching
+    from dflash.engine.compile_safety import CompileBarrier, watching
 
     configs = ("plain", "watcher", "guard", "watcher+guard")
     seen: dict[str, list[float]] = {c: [] for c in configs}
@@ -418,7 +419,7 @@ def engine_summary(report, a, cfg, fields: dict, seq: int, gpus: int) -> dict:
 
 def run_engine(a) -> dict:
     """(b): the engine as `dflash train --target-devices T --drafter-devices D` runs it."""
-    from dflash.program import target_home, train_multi
+    from dflash.engine.program import target_home, train_multi
 
     cfg, fields, seq = setup(a)
     targets = tuple(a.target_devices.split(","))
@@ -440,15 +441,15 @@ def run_engine(a) -> dict:
     return {"mode": "engine", "env": {**env(dev0), "peak_tflops": a.peak_tflops},
             "setup": {"seq": seq, "grad_accum": cfg.train.grad_accum, "trainer_build_s": round(build_s, 2),
                       "note": "replica 0 (the trainer) holds the target's embedding and head only when no target "
-                              "worker shares its device (dflash.program.target_home)"},
+                              "worker shares its device (dflash.engine.program.target_home)"},
             "process_to_end_s": time.perf_counter() - T_PROCESS,
             **engine_summary(report, a, cfg, fields, seq, gpus), "peak_memory_gb": peak_memory(devices)}
 
 
 def run_dist(a) -> dict:
     """(c): one rank of `torchrun ... -m dflash train` (co-located on cuda:LOCAL_RANK, NCCL)."""
-    from dflash.distributed import require_rank_info
-    from dflash.distributed_train import train_distributed
+    from dflash.distributed.group import require_rank_info
+    from dflash.distributed.train_rank import train_distributed
 
     info = require_rank_info()
     cfg, fields, seq = setup(a)

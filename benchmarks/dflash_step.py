@@ -1,6 +1,6 @@
 """Benchmark one DFlash drafter training step (forward + backward) at Qwen3-8B shapes.
 
-Runs the trainer's own step code (dflash.trainer.drafter_loss: model, mask, loss) on synthetic inputs: target taps
+Runs the trainer's own step code (dflash.model.loss.drafter_loss: model, mask, loss) on synthetic inputs: target taps
 (B, S, 5·H) and a frozen 151936-row embedding and LM head in bf16; fp32 master weights under bf16
 autocast, as `dflash train` does on GPU. Modes:
 
@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from dflash import mask as masks  # noqa: E402
-from dflash.data import Batch  # noqa: E402
-from dflash.loss import loss_weights, make_blocks, weight_sum  # noqa: E402
-from dflash.model import DFlashDrafter, DrafterSpec, default_layer_ids  # noqa: E402
-from dflash.trainer import drafter_loss  # noqa: E402
+from dflash.model import mask as masks  # noqa: E402
+from dflash.data.dataset import Batch  # noqa: E402
+from dflash.model.loss import loss_weights, make_blocks, weight_sum  # noqa: E402
+from dflash.model.drafter import DFlashDrafter, DrafterSpec, default_layer_ids  # noqa: E402
+from dflash.model.loss import drafter_loss  # noqa: E402
 
 MODES = ("flex-compiled", "drafter-compiled", "sdpa-dense", "sdpa-compiled", "flex-eager")  # the memory-hungry one last
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from dflash.model import default_layer_ids  # noqa: E402
+from dflash.model.drafter import default_layer_ids  # noqa: E402
 from dflash_e2e import QWEN3_8B, SMALL, dtype_on, random_target  # noqa: E402
 from dflash_step import SMALL as SMALL_STEP, Shape, make_step  # noqa: E402
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         step()
         dsync()
 
-    from dflash.compile_safety import CompileBarrier
+    from dflash.engine.compile_safety import CompileBarrier
 
     log = lambda msg: print(f"[{time.perf_counter():.1f}] {msg}", file=sys.stderr, flush=True)  # noqa: E731
     barrier = CompileBarrier(True)  # as the engine: compile here, then freeze (a late compile raises, never races)

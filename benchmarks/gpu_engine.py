@@ -8,10 +8,10 @@ timeout, so a hang cannot block the benchmark:
   none      prewarm and guard off: the drafter threads hit their first compile together (the seeds)
   guard     prewarm off, guard on: the first compile in a worker thread fails fast with a clear error
 
-The drafter is the toy attention model (dflash.toy, `variant="attention"`): on CUDA a compiled
+The drafter is the toy attention model (dflash.engine.toy, `variant="attention"`): on CUDA a compiled
 `flex_attention` with a causal block mask, forward and backward, in bf16 autocast — the piece that
 hung the seeds' drafter threads. `--program dflash` runs the real DFlash trainer instead (tiny recipe: embedded target, synthetic chat
-data, compiled flex_attention on CUDA) through `dflash.program.train_multi`.
+data, compiled flex_attention on CUDA) through `dflash.engine.program.train_multi`.
 
     python benchmarks/gpu_engine.py --out results/engine                 # H200 defaults (~3 min)
     python benchmarks/gpu_engine.py --device cpu --tiny --out /tmp/eng   # CPU smoke run (~30 s)
@@ -75,7 +75,7 @@ def _chat_file(path: Path, n: int = 64) -> Path:
     """Synthetic chat JSONL from the tiny tokenizer's words (no regeneration, no download)."""
     import random
 
-    from dflash.target import tiny_words
+    from dflash.model.target import tiny_words
 
     words, rng = tiny_words(), random.Random(0)
     with open(path, "w") as fh:
@@ -90,8 +90,8 @@ def _chat_file(path: Path, n: int = 64) -> Path:
 def run_dflash_case(a: argparse.Namespace, device: str, flags: dict):
     """The real trainer (tiny recipe: embedded target, DFlash drafter, compiled flex on CUDA) on the engine."""
     from dflash.config import apply_overrides, tiny
-    from dflash.program import train_multi
-    from dflash.trainer import Trainer
+    from dflash.engine.program import train_multi
+    from dflash.training.trainer import Trainer
 
     work = Path(tempfile.mkdtemp(prefix="gpu-engine-dflash-"))
     cfg = apply_overrides(tiny(), {
@@ -108,7 +108,7 @@ def run_dflash_case(a: argparse.Namespace, device: str, flags: dict):
 
 
 def _program(a: argparse.Namespace, device: str):
-    from dflash.toy import ToySpec, toy_program
+    from dflash.engine.toy import ToySpec, toy_program
 
     backend = a.backend or ("inductor" if device.startswith("cuda") else "aot_eager")
     return toy_program(ToySpec(variant="attention", dim=a.dim, heads=a.heads, seq=a.seq, batch=a.batch,
@@ -131,7 +131,7 @@ def run_case(a: argparse.Namespace) -> int:
     import torch
 
     from compilewatch.serialize import to_jsonable
-    from dflash.engine import Engine, EngineConfig
+    from dflash.engine.engine import Engine, EngineConfig
 
     import faulthandler
 

@@ -3,7 +3,7 @@
 Steps (each in its own subprocess, so a hang cannot block the benchmark; fresh inductor cache dirs
 under --out unless a step says it keeps one):
   1. warm_cold        `compilewatch warm --devices D --json --workload <dflash mask>`, empty cache: time,
-                      compiles, cache hits (the DFlash training mask, dflash.warm_workload)
+                      compiles, cache hits (the DFlash training mask, dflash.engine.warm_workload)
   2. warm_kept        the same in a new process, cache from step 1 kept
   3. threads_cold     N threads start the same workload at once, cold, no warm (seeds' race)
   4. warm_then_threads  prewarm in the main thread, then the same N threads, same process
@@ -69,7 +69,7 @@ def _s(b) -> str:
 def warm_step(a: argparse.Namespace, cache_dir: Path) -> dict:
     # the DFlash mask, as dflash registers it (named as module:class: this checkout may not be pip-installed)
     argv = [sys.executable, "-m", "cli.main", "warm", "--devices", a.device, "--json", "--workload",
-            "dflash.warm_workload:DFlashAttention", *shape_args(a)]
+            "dflash.engine.warm_workload:DFlashAttention", *shape_args(a)]
     r = run_child(argv, cache_dir, a.timeout + 300)
     rep = r["data"] or {}
     if rep:
@@ -114,7 +114,7 @@ def child_threads(a: argparse.Namespace) -> None:
     from compilewatch.devices import warm
     from compilewatch.tracing.probe import run_threads
     from compilewatch.tracing.targets import FlexShape, WorkloadOptions
-    from dflash.warm_workload import DFlashAttention
+    from dflash.engine.warm_workload import DFlashAttention
 
     dev = a.device if not a.device.isdigit() else f"cuda:{a.device}"
     shape = FlexShape(context=a.seq, blocks=a.blocks, block_size=a.block_size, heads=a.heads, head_dim=a.head_dim,

@@ -81,7 +81,7 @@ def record_error(e: BaseException) -> None:
     import time
     import traceback
 
-    from dflash.distributed_train import PeerFailed
+    from dflash.distributed.train_rank import PeerFailed
 
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
@@ -103,8 +103,8 @@ def run_rank(cfg: Any, *, resume: bool, as_json: bool, render: Any) -> None:
     from cli.dflash_progress import TrainProgress
     from compilewatch.serialize import to_jsonable
     from dflash.config import to_dict
-    from dflash.distributed import require_rank_info
-    from dflash.distributed_train import failure, rank_report_path
+    from dflash.distributed.group import require_rank_info
+    from dflash.distributed.train_rank import failure, rank_report_path
     from dflash.run import train
 
     try:

@@ -10,7 +10,7 @@ from cli import output
 from cli.options import DeviceOpt, JsonOpt
 
 if TYPE_CHECKING:
-    from dflash.eval import EvalResult
+    from dflash.eval.evaluate import EvalResult
 
 
 def eval_cmd(
@@ -30,7 +30,7 @@ def eval_cmd(
         --data data/test.jsonl -n 64 --json
     """
     from cli.dflash_progress import TrainProgress
-    from dflash.eval import eval_checkpoint  # torch and transformers: only when evaluating
+    from dflash.eval.evaluate import eval_checkpoint  # torch and transformers: only when evaluating
 
     with TrainProgress() as progress:
         progress("phase", {"name": "eval", "prompts": prompts or "the configured"})

@@ -33,8 +33,8 @@ def prepare_cmd(
         --out /shared/dflash-data --workers 16
     """
     from cli.dflash_progress import TrainProgress
-    from dflash.datacache import prepare
-    from dflash.target import load_tokenizer
+    from dflash.data.cache import prepare
+    from dflash.model.target import load_tokenizer
 
     try:
         overrides = parse_set(set_ or [])

@@ -10,7 +10,7 @@ from cli.progress import Progress
 
 
 class TrainProgress:
-    """The `on_event` callback of dflash.trainer.Trainer (and of eval / regen progress)."""
+    """The `on_event` callback of dflash.training.trainer.Trainer (and of eval / regen progress)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.progress = Progress(enabled=enabled)
@@ -65,7 +65,7 @@ class TrainProgress:
 
 
 def render_skips(p: Progress, stats) -> None:
-    """Every skipped record, counted by reason, with the first examples of each (dflash.data.DataStats)."""
+    """Every skipped record, counted by reason, with the first examples of each (dflash.data.dataset.DataStats)."""
     if not stats.dropped:
         return
     p.print(f"[yellow]warning:[/] {stats.skipped} of {stats.records + len(stats.warnings)} records skipped "

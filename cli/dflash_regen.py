@@ -11,7 +11,7 @@ from cli.options import DeviceOpt, JsonOpt
 from dflash.config import EMBEDDED_TARGET, TargetConfig
 
 if TYPE_CHECKING:
-    from dflash.regen import RegenResult
+    from dflash.data.regen import RegenResult
 
 
 def regen_cmd(
@@ -31,8 +31,8 @@ def regen_cmd(
         --target /models/Qwen3-8B --device 0
     """
     from cli.dflash_progress import TrainProgress
-    from dflash.regen import regen_file  # torch and transformers: only when regenerating
-    from dflash.target import load_target, resolve_device
+    from dflash.data.regen import regen_file  # torch and transformers: only when regenerating
+    from dflash.model.target import load_target, resolve_device
 
     tgt = load_target(TargetConfig(path=target), 1, resolve_device(device or "auto"))
     with TrainProgress() as progress:

@@ -58,7 +58,7 @@ def train_cmd(
         --target-devices 0,1,2,3,4 --drafter-devices 5,6,7 --out /shared/runs/q8
     """
     from dflash.run import check_devices, pick_mode, train
-    from dflash.trainer import build_config_for_resume  # torch and transformers: only when training
+    from dflash.checkpoint.resume import build_config_for_resume  # torch and transformers: only when training
 
     try:
         overrides = parse_set(set_ or [])
@@ -81,7 +81,7 @@ def train_cmd(
         output.emit(to_dict(cfg), as_json, lambda _: output.out.print(to_toml(cfg), markup=False))
         return
     if dry_run:
-        from dflash.dryrun import dry_run as run_dry
+        from dflash.training.dryrun import dry_run as run_dry
 
         report = run_dry(cfg)
         output.emit(report, as_json, _render_dry)

@@ -108,7 +108,7 @@ class DataConfig:
     position) is bad input (exit 2) instead of a counted skip."""
     cache_dir: str | None = None
     """Where tokenized data is cached (memory-mapped, keyed by data, tokenizer, template, max length
-    and code version; dflash/datacache.py): None = $DFLASH_DATA_CACHE, else ~/.cache/dflash/data
+    and code version; dflash/data/cache.py): None = $DFLASH_DATA_CACHE, else ~/.cache/dflash/data
     (shared by runs and resumes); "off" = tokenize in memory at every start."""
     workers: int | None = None
     """Processes that tokenize when the cache is built; None = one per CPU core (small data: none)."""

@@ -6,9 +6,9 @@
 Modes (`pick_mode`):
 - single: one Trainer on `topology.device` (Trainer.train);
 - engine: target workers and drafter replicas in threads over `topology.target_devices` /
-  `drafter_devices` (dflash.program.train_multi); the Trainer is replica 0, on the first drafter
+  `drafter_devices` (dflash.engine.program.train_multi); the Trainer is replica 0, on the first drafter
   device (`TopologyConfig.trainer_device`, the one place that rule lives);
-- distributed: this process is one rank of a torchrun job (dflash.distributed_train), running one of
+- distributed: this process is one rank of a torchrun job (dflash.distributed.train_rank), running one of
   the above on its node. Whether a process is a torchrun rank is how it was started, not part of the
   run, so it is not in the config: it is read from torchrun's environment (or forced by the caller).
 
@@ -25,10 +25,10 @@ from compilewatch import BadInput
 from dflash.config import Config, TopologyConfig
 
 if TYPE_CHECKING:
-    from dflash.distributed import RankInfo
-    from dflash.distributed_train import DistributedResult
-    from dflash.engine import EngineReport
-    from dflash.trainer import TrainResult
+    from dflash.distributed.group import RankInfo
+    from dflash.distributed.train_rank import DistributedResult
+    from dflash.engine.engine import EngineReport
+    from dflash.training.result import TrainResult
 
 Mode = Literal["single", "engine", "distributed"]
 Event = Callable[[str, dict[str, Any]], None]
@@ -44,7 +44,7 @@ class RunOutcome:
 
 def pick_mode(cfg: Config, distributed: bool | None = None) -> Mode:
     """`distributed`: None = whether torchrun started this process (its environment says so)."""
-    from dflash.distributed import rank_info
+    from dflash.distributed.group import rank_info
 
     if distributed is None:
         distributed = rank_info() is not None
@@ -75,16 +75,16 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
     mode = pick_mode(cfg, distributed)
     check_devices(cfg.topology)
     if mode == "distributed":
-        from dflash.distributed_train import train_distributed
+        from dflash.distributed.train_rank import train_distributed
 
         out = train_distributed(cfg, resume=resume, until=until, on_event=on_event, info=info)
         return RunOutcome(mode, out.result, out.engine, out)
-    from dflash.trainer import Trainer
+    from dflash.training.trainer import Trainer
 
     topo = cfg.topology
     home = None
     if mode == "engine":
-        from dflash.program import target_home
+        from dflash.engine.program import target_home
 
         home = target_home(topo.target_devices, topo.drafter_devices)
     trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event, target_device=home)
@@ -92,7 +92,7 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
         on_event("notes", {"notes": list(trainer.notes)})
         if mode == "single":
             return RunOutcome(mode, trainer.train(until), None, None)
-        from dflash.program import train_multi
+        from dflash.engine.program import train_multi
 
         result, report = train_multi(trainer, topo.target_devices, topo.drafter_devices, stall_after=topo.stall_after,
                                      prewarm=topo.prewarm, guard=topo.guard, queue_depth=topo.queue_depth, until=until)

@@ -30,7 +30,7 @@ def _pinned_env(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     monkeypatch.setenv("COMPILEWATCH_STATE_DIR", str(tmp_path / "compilewatch-state"))  # the triton key memo
-    monkeypatch.setenv("DFLASH_DATA_CACHE", str(tmp_path / "dflash-data-cache"))  # tokenized data (dflash.datacache)
+    monkeypatch.setenv("DFLASH_DATA_CACHE", str(tmp_path / "dflash-data-cache"))  # tokenized data (dflash.data.cache)
     yield
     monkeypatch.undo()
     after = dict(os.environ)

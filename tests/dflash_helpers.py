@@ -17,7 +17,7 @@ SMALL_CONVS = 64  # conversations in the shared test dataset
 def tiny_target():
     """The embedded tiny target on CPU (built once per session), run with one torch thread like the
     tiny recipe (train.cpu_threads=1): two spinning threads on a busy 2-core machine are ~10x slower."""
-    from dflash.target import load_target
+    from dflash.model.target import load_target
 
     cfg = tiny()
     before = torch.get_num_threads()
@@ -29,8 +29,8 @@ def tiny_target():
 @pytest.fixture(scope="session")
 def chat_file(tmp_path_factory, tiny_target) -> Path:
     """64 embedded prompts answered by the tiny target (what `dflash regen` makes), as chat JSONL."""
-    from dflash.data import embedded_prompts
-    from dflash.regen import regenerate, write_jsonl
+    from dflash.data.dataset import embedded_prompts
+    from dflash.data.regen import regenerate, write_jsonl
 
     convs, _ = regenerate(embedded_prompts(SMALL_CONVS, seed=7), tiny_target, max_new_tokens=40, batch_size=64)
     path = tmp_path_factory.mktemp("data") / "chat.jsonl"
@@ -43,7 +43,7 @@ def local_target_dir(tmp_path_factory) -> Path:
     """A Hugging Face model directory (hidden 32, 4 layers) with the tiny tokenizer: a 'real' local target."""
     from transformers import Qwen3ForCausalLM
 
-    from dflash.target import build_tiny_tokenizer, tiny_target_config
+    from dflash.model.target import build_tiny_tokenizer, tiny_target_config
 
     tok = build_tiny_tokenizer()
     cfg = tiny_target_config(len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4, head_dim=8)
@@ -88,7 +88,7 @@ def write_word_chats(path: Path, n: int = 24, seed: int = 3) -> Path:
     """`n` conversations made of the tiny tokenizer's words (no regeneration: fast)."""
     import random
 
-    from dflash.target import tiny_words
+    from dflash.model.target import tiny_words
 
     words = tiny_words()
     rng = random.Random(seed)

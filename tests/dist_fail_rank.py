@@ -8,7 +8,7 @@ step's gradients were summed across ranks (and after rank 0's checkpoint of that
 
 import os
 
-from dflash.trainer import Trainer
+from dflash.training.trainer import Trainer
 
 FAIL_RANK = int(os.environ["DFLASH_TEST_FAIL_RANK"])
 FAIL_STEP = int(os.environ["DFLASH_TEST_FAIL_STEP"])

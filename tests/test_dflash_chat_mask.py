@@ -1,4 +1,4 @@
-"""dflash.chat_mask on the REAL chat templates of Qwen3, Qwen2.5, Llama 3.x, Mistral and Gemma.
+"""dflash.data.chat_mask on the REAL chat templates of Qwen3, Qwen2.5, Llama 3.x, Mistral and Gemma.
 
 The templates are fixtures (tests/fixtures/chat_templates, sources in its README). The tokenizer is a
 byte-level one with the template's special tokens (no download): every character is one token, so
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash.chat_mask import ChatMaskError, tokenize_conversation
+from dflash.data.chat_mask import ChatMaskError, tokenize_conversation
 from dflash.config import DataConfig
-from dflash.data import build_dataset
+from dflash.data.dataset import build_dataset
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 SPECIALS = {  # template -> (special tokens, bos, eos)

@@ -1,4 +1,4 @@
-"""dflash.data: formats, assistant loss mask, anchors (strict range, loss-masked, no replacement, per epoch)."""
+"""dflash.data.dataset: formats, assistant loss mask, anchors (strict range, loss-masked, no replacement, per epoch)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from compilewatch.errors import BadInput
 from dflash.config import DataConfig
-from dflash.data import build_dataset, normalize_record, read_jsonl, sample_anchors, tokenize_conversation
+from dflash.data.dataset import build_dataset, normalize_record, read_jsonl, sample_anchors, tokenize_conversation
 from tests.dflash_helpers import tiny_target, write_jsonl  # noqa: F401 (fixture)
 
 MSGS = [{"role": "user", "content": "ba be bi"}, {"role": "assistant", "content": "bo bu da de di do"},

@@ -1,4 +1,4 @@
-"""dflash.datacache: the memory-mapped tokenized-data cache equals in-memory tokenization, is keyed,
+"""dflash.data.cache: the memory-mapped tokenized-data cache equals in-memory tokenization, is keyed,
 atomic, checked, and shared by ranks without overlap."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from compilewatch.errors import BadInput
-from dflash import datacache
+from dflash.data import cache as datacache
 from dflash.config import DataConfig
-from dflash.data import ChatDataset, build_dataset, read_jsonl
+from dflash.data.dataset import ChatDataset, build_dataset, read_jsonl
 from tests.dflash_helpers import tiny_target, write_jsonl, write_word_chats  # noqa: F401 (fixture)
 from tests.test_dflash_chat_mask import PLAIN, THINK, byte_tokenizer
 
@@ -187,7 +187,7 @@ def test_strict_and_empty_data_are_bad_input_on_a_hit_too(tiny_target, tmp_path)
 
 
 def test_rank_shares_are_disjoint_cover_the_epoch_and_read_only_their_samples(tiny_target, tmp_path):
-    from dflash.program import Plan
+    from dflash.engine.program import Plan
 
     path = write_word_chats(tmp_path / "d.jsonl", n=48)  # 12 batches: 3 steps of 2 ranks x 2 micro-batches
     cfg = _cfg(path)
@@ -209,7 +209,7 @@ def test_rank_shares_are_disjoint_cover_the_epoch_and_read_only_their_samples(ti
 
 
 def test_trainer_second_start_is_a_cache_hit(tiny_target, tmp_path):
-    from dflash.trainer import Trainer
+    from dflash.training.trainer import Trainer
     from tests.dflash_helpers import small_config
 
     chat_file = write_word_chats(tmp_path / "d.jsonl", n=24)
@@ -230,7 +230,7 @@ def test_trainer_second_start_is_a_cache_hit(tiny_target, tmp_path):
                    for a, b in zip(first, t2.dataset.samples))
     finally:
         t2.close()
-    from dflash.trainer import build_config_for_resume
+    from dflash.checkpoint.resume import build_config_for_resume
 
     before = datacache.BUILDS["count"]
     r = Trainer.from_config(build_config_for_resume(tmp_path / "run", {"train.max_steps": 2}), resume=True)

@@ -1,14 +1,14 @@
-"""dflash.eval: the reference speculative-decoding loop. A drafter that reproduces the target gets max τ;
+"""dflash.eval.evaluate: the reference speculative-decoding loop. A drafter that reproduces the target gets max τ;
 any drafter leaves the output identical to plain greedy decoding."""
 
 from __future__ import annotations
 
 import torch
 
-from dflash.data import embedded_prompts
-from dflash.eval import DrafterProposer, evaluate, plain_generate, prompt_ids, speculative_generate
-from dflash.model import DFlashDrafter
-from dflash.trainer import drafter_spec
+from dflash.data.dataset import embedded_prompts
+from dflash.eval.evaluate import DrafterProposer, evaluate, plain_generate, prompt_ids, speculative_generate
+from dflash.model.drafter import DFlashDrafter
+from dflash.model.build import drafter_spec
 from tests.dflash_helpers import tiny_target  # noqa: F401 (fixture)
 
 BS = 8
@@ -74,8 +74,8 @@ def test_training_forward_equals_inference_draft(tiny_target):
     """The block the trainer scores at anchor a is exactly what the eval loop drafts at position a:
     same context (taps < a), same positions, same labels (no shift). Catches off-by-one masks/labels."""
     from dflash.config import tiny
-    from dflash.loss import make_blocks
-    from dflash.mask import build_masks
+    from dflash.model.loss import make_blocks
+    from dflash.model.mask import build_masks
 
     drafter = DFlashDrafter(drafter_spec(tiny(), tiny_target))
     drafter.init_weights(torch.Generator().manual_seed(1), std=0.1)

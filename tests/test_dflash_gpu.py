@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, requires_cuda(bf16=True)]
 def test_compiled_flex_matches_sdpa_forward_and_backward(n, seq):
     """Compiled flex_attention (BlockMask) and SDPA with the dense mask: same outputs and gradients,
     finite, also for short non-aligned lengths (flex pads them to its 128 block; issue #7 follow-up)."""
-    from dflash.mask import build_masks
+    from dflash.model.mask import build_masks
     from tests.test_dflash_model import make_drafter
 
     dev = torch.device("cuda")
@@ -39,7 +39,7 @@ def test_compiled_flex_matches_sdpa_forward_and_backward(n, seq):
 
 
 def test_tiny_training_on_gpu_with_flex_and_bf16(tmp_path, chat_file):
-    from dflash.trainer import Trainer
+    from dflash.training.trainer import Trainer
 
     on_event, losses = record_losses()
     t = Trainer.from_config(small_config(tmp_path, chat_file, **{"topology.device": "cuda", "train.max_steps": 8}),
@@ -53,7 +53,7 @@ def test_tiny_training_on_gpu_with_flex_and_bf16(tmp_path, chat_file):
 
 
 def test_compiled_layers_train_and_eval_on_gpu(tmp_path, chat_file):
-    from dflash.trainer import Trainer
+    from dflash.training.trainer import Trainer
 
     t = Trainer.from_config(small_config(tmp_path, chat_file, **{
         "topology.device": "cuda", "train.max_steps": 4, "train.compile_layers": "true", "eval.at_end": "true",

@@ -1,4 +1,4 @@
-"""dflash.head_ce: the chunked head + CE gives the plain `F.cross_entropy(head(h).float())` loss, gradients
+"""dflash.model.head_ce: the chunked head + CE gives the plain `F.cross_entropy(head(h).float())` loss, gradients
 and argmax (float64: equal up to summation order), for any chunking; under bf16 autocast it stays within
 bf16 rounding of the plain path."""
 
@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash.head_ce import chunk_bounds, head_cross_entropy
-from dflash.loss import draft_loss, loss_weights, make_blocks, weight_sum
+from dflash.model.head_ce import chunk_bounds, head_cross_entropy
+from dflash.model.loss import draft_loss, loss_weights, make_blocks, weight_sum
 from tests.helpers import requires_cuda
 
 
 def plain(h, head, labels, w):
-    """What dflash.loss did before head_ce: logits kept, CE in fp32 (here: at least fp32, so float64
+    """What dflash.model.loss did before head_ce: logits kept, CE in fp32 (here: at least fp32, so float64
     cases test the logic exactly)."""
     logits = head(h)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -129,7 +129,7 @@ def test_draft_loss_matches_plain_formula_float64():
 @requires_cuda(bf16=True)
 def test_compiled_chunk_ce_matches_eager_on_cuda():
     """The compiled per-chunk CE (CUDA's path) gives the eager one's loss, argmax and gradient."""
-    from dflash import head_ce
+    from dflash.model import head_ce
 
     head, h, labels, w = case(torch.bfloat16, rows=(4, 16, 15), hdim=64, vocab=1000, seed=2)
     head = head.cuda().requires_grad_(False)

@@ -1,4 +1,4 @@
-"""dflash.loss: weights, same-position labels, the weighted CE, exact accumulation via the denominator."""
+"""dflash.model.loss: weights, same-position labels, the weighted CE, exact accumulation via the denominator."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from dflash.loss import draft_loss, estimated_tau, loss_weights, make_blocks, weight_sum
+from dflash.model.loss import draft_loss, estimated_tau, loss_weights, make_blocks, weight_sum
 from tests.numerics import assert_same_sum
 
 
@@ -69,7 +69,7 @@ def test_global_denominator_makes_accumulation_exact():
     (draft_loss(h1, head, b1, w, denom).loss + draft_loss(h2, head, b2, w, denom).loss).backward()
     g_acc = head.weight.grad.clone()
     head.weight.grad = None
-    from dflash.loss import Blocks
+    from dflash.model.loss import Blocks
 
     both = Blocks(ids=torch.cat([b1.ids, b2.ids]), pos=torch.cat([b1.pos, b2.pos]),
                   labels=torch.cat([b1.labels, b2.labels]), label_mask=torch.cat([b1.label_mask, b2.label_mask]))

@@ -1,4 +1,4 @@
-"""dflash.mask: the mask_mod against a loop reference, flex BlockMask == dense mask, flex vs SDPA forward."""
+"""dflash.model.mask: the mask_mod against a loop reference, flex BlockMask == dense mask, flex vs SDPA forward."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from compilewatch.errors import BadInput
-from dflash.mask import (FLEX_BLOCK, build_masks, dense_mask, detect_backend, flex_attend, flex_len, make_mask_mod,
+from dflash.model.mask import (FLEX_BLOCK, build_masks, dense_mask, detect_backend, flex_attend, flex_len, make_mask_mod,
                          pad_mask_mod)
 
 # eager flex on CPU is the unfused reference path; its "use torch.compile" advice is expected here
@@ -204,7 +204,7 @@ def test_block_mask_eager_equals_create_block_mask(monkeypatch, window):
     counts and indices, for two sequences, padded lengths and several bands."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from dflash import mask as masks
+    from dflash.model import mask as masks
 
     monkeypatch.setattr(masks, "MASK_CHUNK_ELEMENTS", 2 * 128 * 1024)  # bands of one 128-row tile
     bs, ctx = 8, 600

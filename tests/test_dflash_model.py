@@ -1,12 +1,12 @@
-"""dflash.model: taps formula, reference parameter names, KV injection, strict context."""
+"""dflash.model.drafter: taps formula, reference parameter names, KV injection, strict context."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dflash.mask import build_masks
-from dflash.model import DFlashDrafter, DrafterSpec, default_layer_ids
+from dflash.model.mask import build_masks
+from dflash.model.drafter import DFlashDrafter, DrafterSpec, default_layer_ids
 
 
 def small_spec(**kw) -> DrafterSpec:
@@ -47,7 +47,7 @@ def test_default_taps_are_distinct_and_spread_for_any_depth():
 
 def test_impossible_or_repeated_taps_are_bad_input():
     from compilewatch.errors import BadInput
-    from dflash.target import choose_taps
+    from dflash.model.target import choose_taps
 
     with pytest.raises(BadInput, match="5 draft layers need 5 distinct target layers"):
         choose_taps(None, 4, 5)
@@ -123,7 +123,7 @@ def test_block_is_bidirectional_in_full_layers_and_causal_in_sliding_layers():
 
 def test_context_cache_matches_full_context():
     """Inference: feeding the context in pieces through the cache gives the same block output."""
-    from dflash.model import ContextCache
+    from dflash.model.drafter import ContextCache
 
     torch.manual_seed(2)
     d = make_drafter()
@@ -166,7 +166,7 @@ def test_rope_follows_the_targets_scaling_as_transformers_computes_it(scaling):
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-    from dflash.model import rope_cos_sin, rope_frequencies
+    from dflash.model.drafter import rope_cos_sin, rope_frequencies
 
     spec = small_spec(rope_scaling=scaling, max_position_embeddings=1024)
     pos = torch.arange(0, 900, 7)[None]  # (1, T), past the original 256 positions
@@ -194,7 +194,7 @@ def test_attention_bias_gives_reference_named_biases():
 def test_export_says_rope_scaling_and_bias_in_the_fields_loaders_read(tmp_path):
     from transformers import Qwen3Config
 
-    from dflash import checkpoint as ckpt
+    from dflash.checkpoint import store as ckpt
 
     spec = small_spec(rope_scaling=YARN, attention_bias=True, max_position_embeddings=1024, rope_theta=5e5)
     cfg = ckpt.export_config(spec, torch.float32)
@@ -214,7 +214,7 @@ def test_export_says_rope_scaling_and_bias_in_the_fields_loaders_read(tmp_path):
 def test_drafter_spec_follows_the_targets_config():
     from types import SimpleNamespace
 
-    from dflash.trainer import target_rope_scaling
+    from dflash.model.build import target_rope_scaling
 
     v5 = SimpleNamespace(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
                                           "original_max_position_embeddings": 32768})
@@ -231,8 +231,8 @@ def test_trainer_builds_the_drafter_from_a_yarn_biased_target():
     from types import SimpleNamespace
 
     from dflash.config import tiny
-    from dflash.target import tiny_target_config
-    from dflash.trainer import drafter_spec
+    from dflash.model.target import tiny_target_config
+    from dflash.model.build import drafter_spec
 
     tc = tiny_target_config(320, attention_bias=True, rope_theta=5e5, max_position_embeddings=4096,
                             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024})

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from dflash.config import apply_overrides, tiny
-from dflash.trainer import Trainer
+from dflash.training.trainer import Trainer
 from tests.dflash_helpers import record_losses
 
 REFERENCE = Path(__file__).parent / "assets" / "losses" / "tiny.json"

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from dflash.target import Target, build_tiny_target
+from dflash.model.target import Target, build_tiny_target
 
 
 def tiny(layer_ids, compile_taps=False) -> Target:

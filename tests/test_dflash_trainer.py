@@ -1,4 +1,4 @@
-"""dflash.trainer + dflash.checkpoint: export format, resume exactness, atomic checkpoints, schedules."""
+"""dflash.training.trainer + dflash.checkpoint.store: export format, resume exactness, atomic checkpoints, schedules."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from compilewatch.errors import BadInput
-from dflash import checkpoint as ckpt
+from dflash.checkpoint import store as ckpt
 from dflash.config import OptimConfig
-from dflash.trainer import Trainer, lr_at
+from dflash.training.schedule import lr_at
+from dflash.training.trainer import Trainer
 from tests.dflash_helpers import (chat_file, local_target_dir, record_losses, small_config,  # noqa: F401
                                   tiny_target, token_positions)
 from tests.numerics import assert_same_grads, assert_same_sum, grads_of, reduction_tol
@@ -65,7 +66,7 @@ def test_one_trainer_per_run_dir_and_a_stale_lock_is_reported(tmp_path, chat_fil
     import subprocess
     import sys
 
-    from dflash.runlock import RunLock
+    from dflash.checkpoint.runlock import RunLock
 
     a = Trainer.from_config(small_config(tmp_path, chat_file))
     try:
@@ -104,7 +105,7 @@ def test_eval_accepts_the_latest_pointer_and_the_checkpoints_dir(tmp_path, chat_
 
 def test_tensorboard_is_off_by_default_and_a_clear_error_when_missing():
     from dflash.config import MetricsConfig
-    from dflash.metrics import check_tensorboard, tensorboard_available
+    from dflash.training.metrics import check_tensorboard, tensorboard_available
 
     assert MetricsConfig().tensorboard is False
     check_tensorboard(MetricsConfig())
@@ -203,7 +204,7 @@ def test_split_global_batch_gives_the_same_gradient(tmp_path, chat_file):
     gradient of the whole batch at once: the loss denominator Σw is global. Compared before the
     optimizer step (see tests/numerics.py: after an AdamW step, rounding noise in a near-zero gradient
     is an lr-sized weight difference); the same trainer runs both, from the same initial weights."""
-    from dflash.data import Batch
+    from dflash.data.dataset import Batch
 
     t = Trainer.from_config(small_config(tmp_path, chat_file, **{"data.batch_size": 8}))
     try:
@@ -227,7 +228,7 @@ def test_split_global_batch_gives_the_same_gradient(tmp_path, chat_file):
 
 
 def test_warm_batches_cover_every_bucket_length_at_training_shapes(tmp_path, chat_file):
-    """What dflash.program's engine prewarm runs per replica (compilewatch.prewarm): one
+    """What dflash.engine.program's engine prewarm runs per replica (compilewatch.prewarm): one
     micro-batch per bucket length, at the configured batch size and anchor count."""
     t = Trainer.from_config(small_config(tmp_path, chat_file))
     try:
@@ -247,7 +248,7 @@ def test_multi_turn_think_data_on_a_target_with_qwen3s_real_template_drops_nothi
 
     from transformers import Qwen3ForCausalLM
 
-    from dflash.target import build_tiny_tokenizer, tiny_target_config, tiny_words
+    from dflash.model.target import build_tiny_tokenizer, tiny_target_config, tiny_words
     from tests.dflash_helpers import write_jsonl
 
     tok = build_tiny_tokenizer()
@@ -283,7 +284,7 @@ def test_multi_turn_think_data_on_a_target_with_qwen3s_real_template_drops_nothi
 
 
 def test_open_metrics_is_the_trainers_log_in_the_directory_asked(tmp_path, chat_file):
-    """The engine path (dflash/program.py) opens a rank's metrics log through this public method."""
+    """The engine path (dflash/engine/program.py) opens a rank's metrics log through this public method."""
     t = Trainer.from_config(small_config(tmp_path / "run", chat_file))
     try:
         first = t.open_metrics(tmp_path / "rank1")

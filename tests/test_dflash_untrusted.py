@@ -10,7 +10,7 @@ import torch
 
 from cli.dflash_main import app
 from compilewatch.errors import BadInput
-from dflash import checkpoint as ckpt
+from dflash.checkpoint import store as ckpt
 from dflash.config import load_toml
 from tests.dflash_helpers import chat_file, tiny_target  # noqa: F401 (fixtures)
 from tests.helpers import invoke

@@ -21,12 +21,12 @@ from tests.dflash_helpers import token_positions, write_word_chats
 from tests.numerics import reduction_tol
 
 from compilewatch.errors import BadInput
-from dflash import replicas
+from dflash.engine import replicas
 from dflash.config import apply_overrides, tiny
-from dflash.distributed import rank_device, rank_info
-from dflash.distributed_train import check_agreement
-from dflash.rank_report import CacheState, RankCache, cache_state, cache_verdicts
-from dflash.trainer import Trainer
+from dflash.distributed.group import rank_device, rank_info
+from dflash.distributed.train_rank import check_agreement
+from dflash.distributed.rank_report import CacheState, RankCache, cache_state, cache_verdicts
+from dflash.training.trainer import Trainer
 from tests.helpers import requires_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,7 +174,7 @@ def test_two_ranks_on_one_gpu_with_gloo_hold_identical_weights(tmp_path, chat_fi
 
 # ------------------------------------------------------------------ pieces, no processes
 def test_rank_shares_are_disjoint_and_cover_every_step_of_the_epoch(tmp_path, chat_file):
-    from dflash.program import Plan
+    from dflash.engine.program import Plan
 
     cfg = apply_overrides(tiny(), {**SETS, "data.path": str(chat_file), "topology.device": "cpu",
                                    "checkpoint.out_dir": str(tmp_path / "r")})

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from compilewatch.tracing import counters
-from dflash import compile_safety, replicas as R
-from dflash.engine import Engine, EngineConfig, Program, Replica
-from dflash.routing import BatchRouter, Stopped, item_index
-from dflash.toy import ToySpec, reference_run, toy_program
+from dflash.engine import compile_safety, replicas as R
+from dflash.engine.engine import Engine, EngineConfig, Program, Replica
+from dflash.engine.routing import BatchRouter, Stopped, item_index
+from dflash.engine.toy import ToySpec, reference_run, toy_program
 from tests.numerics import assert_same_grads, grads_of, reduction_tol
 
 SAFETY_S = 30.0  # a choreography wait that exceeds this fails the test instead of hanging it

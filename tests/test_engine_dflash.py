@@ -10,11 +10,11 @@ import torch
 from tests.dflash_helpers import token_positions, write_word_chats
 from tests.numerics import reduction_tol
 
-pytest.importorskip("dflash.trainer")
+pytest.importorskip("dflash.training.trainer")
 
 from dflash.config import apply_overrides, tiny  # noqa: E402
-from dflash.program import train_multi  # noqa: E402
-from dflash.trainer import Trainer  # noqa: E402
+from dflash.engine.program import train_multi  # noqa: E402
+from dflash.training.trainer import Trainer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ def test_resuming_a_finished_engine_run_trains_nothing_and_exits_0(tmp_path, cha
 
 
 def test_target_home_keeps_the_full_target_off_drafter_only_devices():
-    from dflash.program import target_home
+    from dflash.engine.program import target_home
 
     assert target_home(["cuda:0", "cuda:1"], ["cuda:1", "cuda:2"]) is None  # a worker shares the trainer's device
     assert target_home(["cuda:0", "cuda:1", "cuda:2"], ["cuda:3", "cuda:4"]) == "cuda:0"  # 3+2 split
@@ -177,11 +177,11 @@ def test_a_split_trainer_holds_only_embedding_and_head_and_trains_and_evaluates_
     with pytest.raises(RuntimeError, match="no target body"):
         split.target.taps(torch.zeros(1, 4, dtype=torch.long))
     assert any("holds its embedding and LM head" in n for n in split.notes)
-    import dflash.target
+    import dflash.model.target
 
     loads = []
-    real_load = dflash.target.load_target
-    monkeypatch.setattr(dflash.target, "load_target", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    real_load = dflash.model.target.load_target
+    monkeypatch.setattr(dflash.model.target, "load_target", lambda *a, **k: loads.append(a) or real_load(*a, **k))
     result_s, rep_s = train_multi(split, ["cpu"], ["cpu", "cpu"])
     assert loads == []  # the target worker on the target's device runs the Trainer's full target
     split.close()
@@ -204,7 +204,7 @@ def test_a_split_run_on_two_gpus_keeps_the_target_body_off_the_drafter_gpu(tmp_p
     """`--target-devices cuda:0 --drafter-devices cuda:1` as dflash.run builds it: the target's body lives on
     cuda:0 only (loaded once, reused by the worker there); cuda:1 holds the drafter, its optimizer and the
     target's embedding + head; training and end-of-run eval complete."""
-    from dflash.program import target_home
+    from dflash.engine.program import target_home
 
     cfg = config(tmp_path / "split", chat_file, **{"topology.device": "auto", "eval.at_end": True,
                                                    "eval.num_prompts": 2, "eval.max_new_tokens": 8})

@@ -309,7 +309,7 @@ def test_dflash_config_toml(data):
 @SLOW
 @given(st.lists(json_values.map(json.dumps) | st.binary(max_size=40).map(lambda b: b.decode("latin-1")), max_size=6))
 def test_dflash_data_jsonl(lines):
-    from dflash.data import read_jsonl
+    from dflash.data.dataset import read_jsonl
 
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "d.jsonl"
@@ -323,7 +323,7 @@ def test_dflash_data_jsonl(lines):
 def test_dflash_checkpoint_metadata(data):
     import torch
 
-    from dflash import checkpoint as ckpt
+    from dflash.checkpoint import store as ckpt
 
     spec_cfg = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
                 "head_dim": 16, "intermediate_size": 64, "vocab_size": 100, "rms_norm_eps": 1e-6, "rope_theta": 1e4,

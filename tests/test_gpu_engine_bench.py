@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dflash import compile_safety
+from dflash.engine import compile_safety
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -157,7 +157,7 @@ def test_dflash_registers_its_workload_through_the_entry_point():
     from importlib.metadata import entry_points
 
     (ep,) = [e for e in entry_points(group=targets.ENTRY_POINT_GROUP) if e.name == "dflash"]
-    from dflash import warm_workload
+    from dflash.engine import warm_workload
 
     assert ep.load() is warm_workload.make
     assert "dflash" in targets.workload_names()
@@ -169,10 +169,10 @@ def test_dflash_registers_its_workload_through_the_entry_point():
 
 
 def test_dflash_workload_is_the_trainers_mask_and_compiled_flex_attention():
-    """Reuse, not a copy: the mask is dflash.mask's (the same BlockMask build_masks makes for those
+    """Reuse, not a copy: the mask is dflash.model.mask's (the same BlockMask build_masks makes for those
     anchors), and with inductor the compiled callable is the trainer's own."""
-    from dflash import mask as dmask
-    from dflash import warm_workload
+    from dflash.model import mask as dmask
+    from dflash.engine import warm_workload
 
     wl = warm_workload.make(targets.WorkloadOptions("inductor", TINY))
     assert wl._compile() is dmask.compiled_kernels()["flex_attention"]

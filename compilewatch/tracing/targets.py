@@ -435,7 +435,7 @@ def resolve_workload(spec: str = "flex_attention", backend: Backend = "inductor"
       registers `dflash`): its factory is called with `WorkloadOptions(backend, shape)`;
     - `module:obj` or `file.py:obj`: a Workload object, a Workload class (built with
       `WorkloadOptions` when its constructor takes an argument, e.g.
-      `dflash.warm_workload:DFlashAttention` from a source checkout without installed entry points),
+      `dflash.engine.warm_workload:DFlashAttention` from a source checkout without installed entry points),
       or a callable taking the device.
     Unknown names and plugins that fail to import or build raise BadInput."""
     if spec == "flex_attention":

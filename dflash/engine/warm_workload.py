@@ -4,7 +4,7 @@ dflash registers it in the `compilewatch.workloads` entry-point group (pyproject
 compilewatch carries no DFlash code: `compilewatch warm --devices 5,6,7 --workload dflash` finds it
 through the installed package's metadata and calls `make(options)`.
 
-What it runs is what a training step runs, built from `dflash.mask`: the training mask
+What it runs is what a training step runs, built from `dflash.model.mask`: the training mask
 (`make_mask_mod`, built eagerly as a BlockMask by `build_masks`, padded to flex's block size) and
 flex_attention with `enable_gqa=True`. With the inductor backend the compiled callable is the
 trainer's own (`mask.compiled_kernels()`), so a warm handed off in-process (`-- -m dflash train`)
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from compilewatch import BadInput, FlexAttentionWorkload, WorkloadOptions
-from dflash.mask import build_masks, compiled_kernels
+from dflash.model.mask import build_masks, compiled_kernels
 
 
 def anchors_for(context: int, blocks: int, block_size: int, batch: int, seed: int = 0) -> torch.Tensor:
@@ -61,7 +61,7 @@ class DFlashAttention(FlexAttentionWorkload):
         return build_masks(anchors, sh.context, sh.block_size, "flex")["full"]
 
     def attend(self, compiled: Any, q: Any, k: Any, v: Any, mask: Any) -> Any:
-        return compiled(q, k, v, block_mask=mask, enable_gqa=True)  # as dflash.mask.flex_attend calls it
+        return compiled(q, k, v, block_mask=mask, enable_gqa=True)  # as dflash.model.mask.flex_attend calls it
 
     def describe(self) -> str:
         sh = self.shape

@@ -53,7 +53,7 @@ def average_gradients(models: Sequence[nn.Module], *, divide_by: float | None = 
     The sum runs in replica order on `reduce_device` (default: replica 0's device), so the result
     does not depend on thread timing. Gradients are grouped by dtype into flat buffers: one copy per
     replica and dtype each way, instead of one per parameter. `reduce` (in place) runs on each flat
-    sum before the division: a cross-process all-reduce (dflash.distributed) plugs in there, so
+    sum before the division: a cross-process all-reduce (dflash.distributed.group) plugs in there, so
     every process divides the same global sum by the same global weight.
     """
     params = _check_same_structure(models)

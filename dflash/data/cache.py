@@ -52,10 +52,10 @@ import numpy as np
 import torch
 
 from dflash.config import EMBEDDED_DATA, DataConfig
-from dflash.data import (DataStats, Sample, check_usable, hold_out_eval, load_conversations, stats_with_warnings,
+from dflash.data.dataset import (DataStats, Sample, check_usable, hold_out_eval, load_conversations, stats_with_warnings,
                          tokenize_record)
 
-DATA_VERSION = 1  # bump when dflash/data.py or dflash/chat_mask.py change which records, tokens, masks or stats come out
+DATA_VERSION = 1  # bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
 FORMAT = "dflash-data-cache"
 MANIFEST = "manifest.json"
 INDEX = "index.npy"
@@ -458,7 +458,7 @@ def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
         if regenerate is not None and convs:
             convs = regenerate(convs)
         if base is None:  # caching off: the in-memory path
-            from dflash.data import tokenize_all
+            from dflash.data.dataset import tokenize_all
 
             on_event("phase", {"name": "data", "conversations": len(convs)})
             stats = stats_with_warnings(warnings)

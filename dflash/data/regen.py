@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from compilewatch import atomic_write_text
-from dflash.data import render_ids
+from dflash.data.dataset import render_ids
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def regen_file(input_path: str, output_path: str, target, *, max_new_tokens: int
     import time
 
     from compilewatch import BadInput
-    from dflash.data import read_jsonl
+    from dflash.data.dataset import read_jsonl
 
     convs, warnings = read_jsonl(input_path)
     if not convs:

@@ -4,13 +4,13 @@
 
 Layout (the seeds' trainer, made safe by construction):
 - **Target workers**, one thread per target device, run `produce(index)` (a target forward that
-  returns the drafter's inputs) and put the batch into their own bounded queue (dflash.routing).
+  returns the drafter's inputs) and put the batch into their own bounded queue (dflash.engine.routing).
 - **Drafter replicas**, one thread per drafter device, each with its own copy of the model and its
   own optimizer. Step `s`: every replica takes its micro-batch(es), runs forward and backward, waits
   at the step barrier; the barrier's action (run by the last thread to arrive) averages the
-  gradients into every replica (dflash.replicas) and records the step; then every replica steps its
+  gradients into every replica (dflash.engine.replicas) and records the step; then every replica steps its
   optimizer. Same gradients, same optimizer, same parameters: the replicas stay identical.
-- **Before any worker thread starts** (dflash.compile_safety): producers and replicas are built in
+- **Before any worker thread starts** (dflash.engine.compile_safety): producers and replicas are built in
   this thread, every replica runs its training step once here, one drafter device after another
   (prewarm, then a verify pass that must compile nothing), then compiling is frozen for the whole
   worker phase and the compilewatch watcher runs alongside.
@@ -19,12 +19,12 @@ Layout (the seeds' trainer, made safe by construction):
   thread's stack and stops; Ctrl-C stops at a step boundary, calls the program's `save` hook, and
   returns. Threads blocked in torch cannot be killed: they are daemons, named in the report.
 
-Across processes (torchrun), a `Collective` (dflash.distributed.ProcessGroup) joins the step
+Across processes (torchrun), a `Collective` (dflash.distributed.group.ProcessGroup) joins the step
 barrier's averaging: the replicas' summed gradients, loss and weight are summed over every process
 before the one division, so every replica of every process stays identical (docs/distributed.md).
 
 The engine never prints; `on_step` (called from a worker thread at every committed step) is how a
-caller shows progress. The model side is a `Program` (dflash.program for DFlash, dflash.toy for
+caller shows progress. The model side is a `Program` (dflash.engine.program for DFlash, dflash.engine.toy for
 tests and benchmarks).
 """
 
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
 
 from compilewatch import Frame, all_thread_stacks
-from dflash import compile_safety, replicas as _replicas
-from dflash.routing import BatchRouter, Stopped, first_item, item_index
+from dflash.engine import compile_safety, replicas as _replicas
+from dflash.engine.routing import BatchRouter, Stopped, first_item, item_index
 
 Outcome = Literal["ok", "failed", "stalled", "interrupted", "prewarm_failed"]
 _POLL_S = 0.05
@@ -105,7 +105,7 @@ class Program:
 
 
 class Collective(Protocol):
-    """Replicas in other processes (dflash.distributed.ProcessGroup implements it over torch.distributed).
+    """Replicas in other processes (dflash.distributed.group.ProcessGroup implements it over torch.distributed).
     The engine calls it once per step, inside the step barrier, from one thread: every process must
     call it the same number of times in the same order, which the lockstep steps guarantee."""
 

@@ -3,16 +3,16 @@
     out = train_distributed(cfg, resume=False)  # devices, backend, timeout: cfg.topology
 
 Order (every step is the same on every rank; the collectives are in the same order everywhere):
-1. Read torchrun's environment (dflash.distributed.rank_info); pick this rank's devices (the
+1. Read torchrun's environment (dflash.distributed.group.rank_info); pick this rank's devices (the
    topology's device lists, else one drafter on `topology.device`, auto = cuda:LOCAL_RANK).
-2. Fingerprint this rank's inductor cache before anything compiles (dflash.rank_report).
+2. Fingerprint this rank's inductor cache before anything compiles (dflash.distributed.rank_report).
 3. Join the process group (its timeout bounds every later wait).
 4. Agree on the run directory (rank 0's default when --out is not given).
 5. Build the Trainer (target, data, drafter; on --resume, the latest checkpoint of the run dir,
    which must be on a filesystem every node sees), then check that every rank built the same run:
    same step, checkpoint, config, data and weights. A rank that differs stops every rank with a
    message naming it. Rank 0's parameters are broadcast (what DDP does at start).
-6. Train with the node-local engine (dflash.program.train_multi with the group): prewarm in this
+6. Train with the node-local engine (dflash.engine.program.train_multi with the group): prewarm in this
    process's main thread, a barrier so every rank's threads start together, gradients summed
    across ranks in every step barrier, checkpoints from rank 0.
 7. If the run failed here, return at once (no collective: the CLI exits non-zero and torchrun stops
@@ -28,10 +28,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 from compilewatch import BadInput, CheckFailed
-from dflash import rank_report as rr
+from dflash.distributed import rank_report as rr
 from dflash.config import Config, apply_overrides, to_toml
-from dflash.distributed import ProcessGroup, RankInfo, backend_for, is_peer_failure, rank_device, require_rank_info
-from dflash.trainer import Trainer, TrainResult, default_run_dir
+from dflash.distributed.group import ProcessGroup, RankInfo, backend_for, is_peer_failure, rank_device, require_rank_info
+from dflash.training.result import TrainResult
+from dflash.training.trainer import Trainer, default_run_dir
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -61,7 +62,7 @@ def _devices(info: RankInfo, cfg: Config) -> tuple[tuple[str, ...], tuple[str, .
 
 def _facts(trainer: Trainer, digest: str) -> dict[str, Any]:
     """What must be equal on every rank for the ranks to train one run."""
-    from dflash import checkpoint as ckpt
+    from dflash.checkpoint import store as ckpt
 
     latest = ckpt.latest_checkpoint(trainer.run_dir)
     return {"step": trainer.step, "checkpoint": latest.name if latest is not None and trainer.step else None,
@@ -105,7 +106,7 @@ def train_distributed(cfg: Config, *, resume: bool = False, watch: bool = True, 
     devices, backend, timeout and engine settings come from `cfg.topology`. Raises BadInput for bad
     input, and when the ranks did not build the same run."""
     from compilewatch import atomic_write_json
-    from dflash.program import rank_dir, target_home, train_multi
+    from dflash.engine.program import rank_dir, target_home, train_multi
 
     on_event = on_event or (lambda kind, data: None)
     info = info or require_rank_info()
@@ -190,7 +191,7 @@ def failure(out: DistributedResult) -> CheckFailed | None:
 
 
 def rank_report_path(out: DistributedResult) -> str:
-    from dflash.program import rank_dir
+    from dflash.engine.program import rank_dir
 
     return str(rank_dir(out.result.run_dir, out.rank.rank) / "report.json")
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash.engine import Program, Replica
+from dflash.engine.engine import Program, Replica
 
 
 @dataclass(frozen=True, kw_only=True)

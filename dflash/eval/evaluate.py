@@ -26,8 +26,8 @@ from typing import Callable, Protocol
 
 import torch
 
-from dflash.mask import build_masks
-from dflash.model import ContextCache, DFlashDrafter
+from dflash.model.mask import build_masks
+from dflash.model.drafter import ContextCache, DFlashDrafter
 
 
 class Proposer(Protocol):
@@ -211,7 +211,7 @@ def evaluate(proposer: Proposer, target, prompts: list[list[int]], max_new_token
 
 
 def prompt_ids(tokenizer, convs: list[list[dict[str, str]]]) -> list[list[int]]:
-    from dflash.data import render_ids
+    from dflash.data.dataset import render_ids
 
     return [render_ids(tokenizer, c, add_generation_prompt=True) for c in convs]
 
@@ -221,10 +221,10 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
                     progress: Callable[[int, int], None] | None = None) -> EvalResult:
     """Load a checkpoint (or a run's latest), its target and prompts, and evaluate it."""
     from compilewatch import BadInput
-    from dflash.checkpoint import CONFIG_FILE, check_compatible, load_export, resolve_checkpoint
+    from dflash.checkpoint.store import CONFIG_FILE, check_compatible, load_export, resolve_checkpoint
     from dflash.config import apply_overrides, load_toml
-    from dflash.data import eval_prompts
-    from dflash.target import load_target, resolve_device
+    from dflash.data.dataset import eval_prompts
+    from dflash.model.target import load_target, resolve_device
 
     ck = resolve_checkpoint(path)
     overrides = {}

@@ -1,6 +1,6 @@
 """The DFlash drafter: a few Qwen3 decoder layers that denoise a block of masked tokens in one pass.
 
-Design choices (FACTS.md §6, z-lab/dflash `dflash/model.py`):
+Design choices (FACTS.md §6, z-lab/dflash `dflash/model/drafter.py`):
 - **KV injection.** The target's hidden states at the tapped layers are concatenated and fused,
   `fc: Linear(k·H → H, bias=False)` then `hidden_norm` (RMSNorm), into one context shared by every
   draft layer. Each layer projects that context with its *own* k_proj/v_proj and prepends it to the
@@ -13,10 +13,10 @@ Design choices (FACTS.md §6, z-lab/dflash `dflash/model.py`):
 - **Attention bias** on q/k/v/o when the target's config has `attention_bias` (the reference's
   Qwen3DFlashAttention and vLLM put it on all four).
 - **Strict context.** During training, block j sees context positions `< anchor_j` (strictly) and its
-  own block bidirectionally (dflash/mask.py). At inference the context is exactly the accepted tokens
+  own block bidirectionally (dflash/model/mask.py). At inference the context is exactly the accepted tokens
   whose target hidden states exist, i.e. the positions before the anchor.
 - **Same-position labels.** Block slot k predicts the token at `anchor + k` (no shift); slot 0 holds
-  the anchor and is not trained (dflash/loss.py).
+  the anchor and is not trained (dflash/model/loss.py).
 - **No own embedding or LM head.** The block is embedded with the target's frozen embedding and
   read out with the target's frozen LM head after this model's final `norm`.
 - **Optional sliding-window layers** (`layer_types`): what the authors' code (`is_causal` =
@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash import mask as masks
+from dflash.model import mask as masks
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -3,13 +3,13 @@
 Input: JSONL, one conversation per line, either `{"messages": [{"role", "content"}, ...]}` or ShareGPT
 `{"conversations": [{"from": "human"|"gpt"|"system", "value"}, ...]}`. Each conversation is rendered
 through the target tokenizer's chat template once; the loss mask covers what the target generates
-for each assistant turn, end-of-turn token included (dflash/chat_mask.py). Sequences are truncated
+for each assistant turn, end-of-turn token included (dflash/data/chat_mask.py). Sequences are truncated
 to `max_length`. Every record that is not trained on (an unreadable line, no assistant turn, a
 conversation the template refuses, no anchor position left) is counted by reason in `DataStats`,
 with its first examples; `data.strict` turns any of them into bad input.
 
 `tokenize_record` is the one tokenizing step: the in-memory path (`build_dataset`, `data.cache_dir =
-"off"`) and the memory-mapped cache (dflash/datacache.py, built in worker processes) both call it,
+"off"`) and the memory-mapped cache (dflash/data/cache.py, built in worker processes) both call it,
 and `ChatDataset` batches either (it needs the sequences' lengths for the plan and reads only the
 samples of each batch it makes).
 
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from compilewatch import BadInput
-from dflash.chat_mask import ChatMaskError, tokenize_conversation
+from dflash.data.chat_mask import ChatMaskError, tokenize_conversation
 from dflash.config import EMBEDDED_DATA, DataConfig
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -154,7 +154,7 @@ def read_jsonl(path: str | Path) -> tuple[list[list[dict[str, str]]], list[str]]
 
 def embedded_prompts(n: int, seed: int) -> list[list[dict[str, str]]]:
     """Single-turn prompts of random words from the tiny vocabulary (answers come from the target)."""
-    from dflash.target import tiny_words
+    from dflash.model.target import tiny_words
 
     words = tiny_words()
     rng = random.Random(seed)
@@ -212,7 +212,7 @@ def tokenize_record(tokenizer, conv: list[dict[str, str]], n: int, max_length: i
                     stats: DataStats) -> tuple[list[int], list[int]] | None:
     """Record number `n` (1-based) -> (ids, loss mask), truncated to `max_length`; None when it is
     skipped (counted in `stats` by reason). The one tokenizing step of the in-memory path and of the
-    cache builder (dflash.datacache), so both give the same tokens and masks."""
+    cache builder (dflash.data.cache), so both give the same tokens and masks."""
     stats.records += 1
     if not any(m["role"] == "assistant" for m in conv):
         stats.drop("no assistant turn", _example(n, conv))
@@ -282,7 +282,7 @@ def bucket_length(n: int, buckets: tuple[int, ...]) -> int:
 
 class ChatDataset:
     """Tokenized samples plus the per-epoch batch plan. `samples` is a list of Samples (in memory) or
-    any sequence of them, e.g. dflash.datacache.MappedSamples over a memory-mapped cache: the plan
+    any sequence of them, e.g. dflash.data.cache.MappedSamples over a memory-mapped cache: the plan
     needs only `lengths`, and a batch reads only its own samples."""
 
     def __init__(self, samples: Sequence[Sample], cfg: DataConfig, block_size: int, seed: int, stats: DataStats,

@@ -9,11 +9,11 @@
 - the global batch of a step is `replicas x grad_accum` micro-batches, the next ones of the
   epoch plan — exactly what a single-device trainer with `grad_accum = replicas x grad_accum` sees.
   Each replica backpropagates its micro-batch's Σ w·CE; the engine sums gradients and divides by
-  the global batch's Σ w, the single-device loss (dflash.loss) to the last term.
+  the global batch's Σ w, the single-device loss (dflash.model.loss) to the last term.
 
 Metrics rows (metrics.jsonl) carry the engine's split too: time waiting for targets vs computing.
 
-Across processes (`group`, a dflash.distributed.ProcessGroup): the global batch of a step is
+Across processes (`group`, a dflash.distributed.group.ProcessGroup): the global batch of a step is
 `world_size x replicas x grad_accum` micro-batches; rank k trains on the k-th contiguous share of
 every step's global batch (`Plan.global_index`), so the shares are disjoint, deterministic and cover
 the epoch exactly as a single device with that grad_accum would. The engine sums gradients across
@@ -32,9 +32,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dflash.engine import Engine, EngineConfig, EngineReport, Program, Replica, StepRecord
-from dflash.model import DFlashDrafter
-from dflash.trainer import RunLog, Trainer, TrainResult, build_drafter, drafter_loss, lr_at
+from dflash.engine.engine import Engine, EngineConfig, EngineReport, Program, Replica, StepRecord
+from dflash.model.drafter import DFlashDrafter
+from dflash.model.build import build_drafter
+from dflash.model.loss import drafter_loss
+from dflash.training.result import RunLog, TrainResult
+from dflash.training.schedule import lr_at
+from dflash.training.trainer import Trainer
 
 
 @dataclasses.dataclass
@@ -86,7 +90,7 @@ def _target_on(trainer: Trainer, device: torch.device):
     else a new one."""
     if device == trainer.full_target.device:
         return trainer.full_target
-    from dflash.target import load_target
+    from dflash.model.target import load_target
 
     target = load_target(trainer.cfg.target, trainer.cfg.drafter.num_layers, device)
     if target.mask_token_id != trainer.target.mask_token_id or target.layer_ids != trainer.target.layer_ids:
@@ -185,8 +189,8 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
 
 def _metrics(trainer: Trainer, replicas: list[Replica], rec: StepRecord, plan: Plan):
     """A StepMetrics row for the step the engine just committed (called inside the step barrier)."""
-    from dflash.loss import estimated_tau
-    from dflash.metrics import StepMetrics, memory_bytes
+    from dflash.model.loss import estimated_tau
+    from dflash.training.metrics import StepMetrics, memory_bytes
 
     outs = [o for r in replicas for o, _ in r.state["outs"]]
     blocks = sum(b for r in replicas for _, b in r.state["outs"])
@@ -230,7 +234,7 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
                 queue_depth: int = 2, until: int | None = None, group: Any = None) -> tuple[TrainResult, EngineReport]:
     """Train with the engine; same outputs as Trainer.train() (run dir, metrics, checkpoints, eval).
     `until`: stop after that step (the schedule still spans the whole run), like Trainer.train(until).
-    `group`: a dflash.distributed.ProcessGroup when this process is one rank of several (see above)."""
+    `group`: a dflash.distributed.group.ProcessGroup when this process is one rank of several (see above)."""
     from compilewatch import atomic_write_text
     from dflash.config import to_toml
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from compilewatch import BadInput, FILE_MODE, atomic_write_bytes, atomic_write_json, atomic_write_text
-from dflash.model import DFlashDrafter, DrafterSpec
+from dflash.model.drafter import DFlashDrafter, DrafterSpec
 
 EXPORT_FILES = ("config.json", "model.safetensors")
 STATE_FILE = "training_state.pt"

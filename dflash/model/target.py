@@ -3,7 +3,7 @@
 - A real target is any Hugging Face causal LM in a local directory, loaded with transformers
   (`local_files_only=True`: nothing is ever downloaded), frozen, in bf16 on GPU.
 - Taps: `hidden_states[layer_id + 1]` (entry 0 is the embedding output) for the configured ids, or
-  the default formula (dflash.model.default_layer_ids), concatenated on the last dim. The training
+  the default formula (dflash.model.drafter.default_layer_ids), concatenated on the last dim. The training
   forward runs the decoder only up to the last tapped layer (the default taps of a 36-layer target
   stop at layer 33: 34 of 36 layers, no final norm, no LM head), capturing the tapped layers' outputs
   itself; with `target.compile` on CUDA those layers run compiled (one graph, shared by every layer,
@@ -27,7 +27,7 @@ from torch import nn
 
 from compilewatch import BadInput
 from dflash.config import EMBEDDED_TARGET, TargetConfig
-from dflash.model import default_layer_ids
+from dflash.model.drafter import default_layer_ids
 
 TINY_SEED = 1234  # the embedded target's weights depend on this alone
 TINY_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]"]

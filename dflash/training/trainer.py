@@ -15,9 +15,7 @@ depend only on the seed, so a resumed run repeats an uninterrupted one step for 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
@@ -25,204 +23,25 @@ from typing import Any, Callable
 import torch
 
 from compilewatch import BadInput
-from dflash import checkpoint as ckpt
-from dflash.config import EMBEDDED_DATA, Config, apply_overrides, load_toml, to_toml
-from dflash.data import Batch, ChatDataset
-from dflash.loss import LossOutput, draft_loss, estimated_tau, loss_weights, make_blocks, weight_sum
-from dflash.mask import build_masks, detect_backend
-from dflash.metrics import MetricsWriter, StepMetrics, check_tensorboard, memory_bytes
-from dflash.model import DFlashDrafter, DrafterSpec
-from dflash.runlock import RunLock
-from dflash.target import Target, load_target, resolve_device, resolve_dtype
+from dflash.checkpoint import store as ckpt
+from dflash.checkpoint.runlock import RunLock
+from dflash.config import Config, to_toml
+from dflash.data.dataset import Batch, ChatDataset
+from dflash.data.prepare import load_training_data
+from dflash.model.build import build_drafter, drafter_spec
+from dflash.model.drafter import DFlashDrafter, DrafterSpec
+from dflash.model.loss import LossOutput, drafter_loss, estimated_tau, loss_weights, make_blocks, weight_sum
+from dflash.model.mask import detect_backend
+from dflash.model.target import Target, load_target, resolve_device, resolve_dtype
+from dflash.training.metrics import MetricsWriter, StepMetrics, check_tensorboard, memory_bytes
+from dflash.training.result import RunLog, TrainResult
+from dflash.training.schedule import lr_at
 
 Event = Callable[[str, dict[str, Any]], None]  # progress callback: (kind, data)
 
 
-def lr_at(step: int, total: int, cfg) -> float:
-    """Learning rate for the optimizer step with 0-based index `step` (warmup, then cosine / wsd)."""
-    peak, low = cfg.lr, cfg.lr * cfg.min_lr_ratio
-    warm = int(round(cfg.warmup_ratio * total))
-    if step < warm:
-        return peak * (step + 1) / warm
-    if cfg.schedule == "constant":
-        return peak
-    if cfg.schedule == "wsd":
-        decay = max(1, int(round(cfg.decay_ratio * total)))
-        start = total - decay
-        if step < start:
-            return peak
-        return low + (peak - low) * max(0.0, (total - step - 1) / decay)
-    progress = (step - warm) / max(1, total - warm - 1)
-    return low + (peak - low) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-def drafter_spec(cfg: Config, target: Target) -> DrafterSpec:
-    tc, d = target.config, cfg.drafter
-    layer_types = tuple("sliding_attention" if i in d.sliding_layers else "full_attention" for i in range(d.num_layers))
-    return DrafterSpec(
-        hidden_size=target.hidden_size, num_hidden_layers=d.num_layers,
-        num_attention_heads=d.num_attention_heads or tc.num_attention_heads,
-        num_key_value_heads=d.num_key_value_heads or tc.num_key_value_heads,
-        head_dim=d.head_dim or getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
-        intermediate_size=d.intermediate_size or tc.intermediate_size, vocab_size=target.vocab_size,
-        rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)), rope_theta=float(_rope_theta(tc)),
-        rope_scaling=target_rope_scaling(tc), attention_bias=bool(getattr(tc, "attention_bias", False)),
-        max_position_embeddings=int(getattr(tc, "max_position_embeddings", 40960)), block_size=d.block_size,
-        num_target_layers=target.num_layers, target_layer_ids=target.layer_ids, mask_token_id=target.mask_token_id,
-        layer_types=layer_types, sliding_window=d.sliding_window if d.sliding_layers else None,
-    )
-
-
-def build_drafter(cfg: Config, spec: DrafterSpec, device: torch.device,
-                  state: dict[str, torch.Tensor] | None = None) -> DFlashDrafter:
-    """A drafter on `device`: seeded init (or `state`'s weights), and on CUDA with
-    `train.compile_layers` every decoder layer compiled (parameters and state_dict keep their names;
-    each copy gets its own compiled wrappers)."""
-    drafter = DFlashDrafter(spec)
-    if state is None:
-        drafter.init_weights(torch.Generator().manual_seed(cfg.train.seed))
-    drafter.to(device)
-    if state is not None:
-        drafter.load_state_dict(state)
-    if cfg.train.compile_layers and device.type == "cuda":
-        for layer in drafter.layers:
-            layer.compile(dynamic=False)
-    return drafter
-
-
-def drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.Module, taps: torch.Tensor,
-                 batch: Batch, *, mask_token_id: int, weights: torch.Tensor, denominator: torch.Tensor | float,
-                 backend: str, compute_dtype: torch.dtype) -> LossOutput:
-    """One micro-batch's loss on the drafter's device (no backward). Everything passed in lives there:
-    `taps` (B, S, k·H) may come from a target on another device; `embed`/`head` are the target's frozen
-    modules (or copies of them on this device). A multi-device engine calls this per replica."""
-    spec = drafter.spec
-    dev = taps.device
-    blocks = make_blocks(batch.input_ids, batch.loss_mask, batch.lengths, batch.anchors, batch.anchor_valid,
-                         spec.block_size, mask_token_id)
-    seq = batch.input_ids.shape[1]
-    masks = build_masks(batch.anchors, seq, spec.block_size, backend, spec.sliding_window,
-                        need_sliding="sliding_attention" in spec.layer_types)
-    ctx_pos = torch.arange(seq, device=dev).expand(batch.input_ids.shape[0], seq)  # (B, S)
-    with torch.no_grad():
-        embeds = embed(blocks.ids)  # (B, N*bs, H), frozen
-    autocast = torch.autocast(dev.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
-    with autocast:
-        hidden = drafter(embeds, taps, blocks.pos, ctx_pos, masks=masks)  # (B, N*bs, H)
-        return draft_loss(hidden, head, blocks, weights, denominator)
-
-
-def _rope_parameters(tc) -> dict:
-    """The target's RoPE parameters (transformers 5 `rope_parameters`, 4.x `rope_scaling` + `rope_theta`);
-    a per-layer-type dict (Gemma 3) gives its full-attention entry."""
-    rp = dict(getattr(tc, "rope_parameters", None) or getattr(tc, "rope_scaling", None) or {})
-    if "full_attention" in rp and isinstance(rp["full_attention"], dict):
-        rp = dict(rp["full_attention"])
-    return rp
-
-
-def _rope_theta(tc) -> float:
-    return _rope_parameters(tc).get("rope_theta") or getattr(tc, "rope_theta", None) or 10000.0
-
-
-def target_rope_scaling(tc) -> dict | None:
-    """The target's RoPE scaling without the theta ({"rope_type": "yarn", "factor": 4.0, ...}); None = plain."""
-    rp = {k: v for k, v in _rope_parameters(tc).items() if k != "rope_theta"}
-    rope_type = rp.get("rope_type", rp.get("type", "default"))
-    return None if rope_type == "default" else {**rp, "rope_type": rope_type}
-
-
-def load_training_data(cfg: Config, target: Target, on_event: Event) -> tuple[ChatDataset, list, list[str]]:
-    """Conversations -> (regenerated by the target if asked) -> tokenized dataset, plus eval prompts
-    (held out of training when they come from the dataset itself) and notes. Tokenized data comes
-    from the data cache (dflash.datacache) when its key matches, else is tokenized into it."""
-    from dflash.datacache import prepare
-
-    n_eval = cfg.eval.num_prompts if cfg.eval.at_end else 0
-    regen = None
-    if cfg.data.regenerate:
-        def regen(convs: list) -> list:
-            from dflash.regen import regenerate
-
-            on_event("phase", {"name": "regenerate", "conversations": len(convs)})
-            return regenerate(convs, target, max_new_tokens=cfg.data.regen_max_new_tokens, batch_size=64,
-                              seed=cfg.train.seed, progress=lambda d, n: on_event("regen", {"done": d, "total": n}))[0]
-    prepared = prepare(cfg.data, target.tokenizer, cfg.drafter.block_size, n_eval=n_eval, regenerate=regen,
-                       on_event=on_event)
-    notes = list(prepared.notes)
-    if prepared.cache_dir is not None:
-        notes.append(f"data cache {'hit' if prepared.hit else 'built'}: {prepared.cache_dir}"
-                     + ("" if prepared.hit else f" ({prepared.workers} worker(s), {prepared.seconds:.1f} s)"))
-    dataset = ChatDataset(prepared.samples, cfg.data, cfg.drafter.block_size, cfg.train.seed, prepared.stats)
-    return dataset, prepared.eval_convs, notes
-
-
-def _mean(xs) -> float:
-    xs = [x for x in xs if not math.isnan(x)]
-    return sum(xs) / len(xs) if xs else math.nan
-
-
 def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{cfg.recipe}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    run_dir: str
-    steps: int
-    total_steps: int
-    first_loss: float  # the first step of this call
-    last_loss: float  # the last step
-    first_epoch_loss: float  # mean over the first epoch's steps (this call): less noisy than one step
-    last_epoch_loss: float  # mean over the last epoch's worth of steps
-    last_epoch_tau_estimate: float  # mean estimated τ over the last epoch's worth of steps
-    last_epoch_accuracy: tuple[float, ...]  # per slot 1..B-1, mean over the last epoch's worth of steps
-    last: StepMetrics | None
-    checkpoints: list[str]
-    seconds: float
-    eval: Any = None  # dflash.eval.EvalResult when eval.at_end
-    notes: list[str] = field(default_factory=list)
-
-
-class RunLog:
-    """What a run keeps of its steps for its result: the first and last step, and the first and the
-    latest epoch's worth of metrics (for the epoch means). Shared by `Trainer.train` and the engine's
-    `dflash.program.train_multi`, so both log, report progress and build results the same way."""
-
-    def __init__(self, trainer: "Trainer", total: int, window: int) -> None:
-        self.trainer, self.total, self.window = trainer, total, window
-        self.first: StepMetrics | None = None
-        self.last: StepMetrics | None = None
-        self.history: list[StepMetrics] = []
-
-    def add(self, m: StepMetrics) -> None:
-        """Keep `m`, write it to the metrics log when due, and tell the progress listener."""
-        self.first = self.first or m
-        self.last = m
-        self.history.append(m)
-        if len(self.history) > 2 * self.window:
-            del self.history[self.window:-self.window]  # keep the first and the latest epoch's worth
-        if m.step % self.trainer.cfg.metrics.log_every == 0 or m.step == 1 or m.step == self.total:
-            self.trainer._writer.write(m)
-        self.trainer.on_event("step", {"metrics": m, "total_steps": self.total})
-
-    def result(self, t0: float, *, run_eval: bool) -> "TrainResult":
-        """Run the end-of-run eval (if configured, `run_eval` and the run reached its last step) and
-        build the TrainResult."""
-        t, h, w = self.trainer, self.history, self.window
-        result_eval = None
-        if run_eval and t.cfg.eval.at_end and t.eval_convs and t.step == self.total:
-            result_eval = t.evaluate()
-            t._writer.write_event("eval", {"result": result_eval})
-        first, last = self.first, self.last
-        return TrainResult(run_dir=str(t.run_dir), steps=t.step, total_steps=self.total,
-                           first_loss=first.loss if first else math.nan, last_loss=last.loss if last else math.nan,
-                           first_epoch_loss=_mean(m.loss for m in h[:w]),
-                           last_epoch_loss=_mean(m.loss for m in h[-w:]),
-                           last_epoch_tau_estimate=_mean(m.tau_estimate for m in h[-w:]),
-                           last_epoch_accuracy=tuple(_mean(slot) for slot in zip(*(m.accuracy for m in h[-w:]))),
-                           last=last, checkpoints=t.checkpoints, seconds=time.perf_counter() - t0,
-                           eval=result_eval, notes=t.notes)
 
 
 class Trainer:
@@ -258,11 +77,11 @@ class Trainer:
     def from_config(cls, cfg: Config, *, resume: bool = False, on_event: Event | None = None, lock: bool = True,
                     device: str | None = None, target_device: str | None = None) -> Trainer:
         """Build everything from `cfg`; with `resume`, continue the latest checkpoint of its run dir.
-        `lock`: hold the run directory's lock (dflash.runlock) until close(); the ranks of a torchrun
+        `lock`: hold the run directory's lock (dflash.checkpoint.runlock) until close(); the ranks of a torchrun
         job share one run directory, and only rank 0 holds it. `device`: default the config's
         `topology.trainer_device` (a torchrun rank passes its own). `target_device`: load the full
         target there instead, and keep only its embedding and LM head on the trainer's device (the
-        engine's split topology, `dflash.program.target_home`)."""
+        engine's split topology, `dflash.engine.program.target_home`)."""
         on_event = on_event or (lambda kind, data: None)
         run_dir = Path(cfg.checkpoint.out_dir) if cfg.checkpoint.out_dir else default_run_dir(cfg)
         if run_dir.exists() and not run_dir.is_dir():
@@ -410,7 +229,7 @@ class Trainer:
 
     def warm_batches(self) -> list[Batch]:
         """One micro-batch per bucket length, at the shapes training uses (for compile warm-up;
-        dflash.program warms every engine replica with them)."""
+        dflash.engine.program warms every engine replica with them)."""
         out = []
         for seq in self.dataset.buckets:
             s = self.dataset.samples[0]
@@ -466,7 +285,7 @@ class Trainer:
         return log.result(t0, run_eval=True)
 
     def evaluate(self):
-        from dflash.eval import DrafterProposer, evaluate, prompt_ids
+        from dflash.eval.evaluate import DrafterProposer, evaluate, prompt_ids
 
         self.on_event("phase", {"name": "eval", "prompts": len(self.eval_convs)})
         self.drafter.eval()
@@ -505,12 +324,3 @@ class Trainer:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-
-
-def build_config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
-    """A resumed run uses its own saved config (plus explicit overrides, e.g. a longer max_steps)."""
-    path = Path(run_dir) / "config.toml"
-    if not path.is_file():
-        raise BadInput(f"--resume: {str(path)!r} not found", hint="point --out at the run directory to continue")
-    cfg = load_toml(path, overrides)
-    return apply_overrides(cfg, {"checkpoint.out_dir": str(run_dir)})

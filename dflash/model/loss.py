@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from dflash.head_ce import head_cross_entropy
+from dflash.model.head_ce import head_cross_entropy
+from dflash.model.mask import build_masks
+
+if TYPE_CHECKING:
+    from dflash.data.dataset import Batch
+    from dflash.model.drafter import DFlashDrafter
 
 
 def loss_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
@@ -76,7 +82,7 @@ class LossOutput:
 def draft_loss(hidden: torch.Tensor, head, blocks: Blocks, weights: torch.Tensor,
                denominator: torch.Tensor | float) -> LossOutput:
     """hidden (batch, N*B, H) from the drafter; head: the target's LM head (frozen, an nn.Linear).
-    The head and CE run fused in row chunks (dflash/head_ce.py): the logits are never kept."""
+    The head and CE run fused in row chunks (dflash/model/head_ce.py): the logits are never kept."""
     batch, n, bsz = blocks.labels.shape
     h = hidden.view(batch, n, bsz, -1)[:, :, 1:]  # (batch, N, B-1, H): slot 0 is never read out
     labels = blocks.labels[:, :, 1:]
@@ -98,3 +104,25 @@ def draft_loss(hidden: torch.Tensor, head, blocks: Blocks, weights: torch.Tensor
 def estimated_tau(accepted: float, full_blocks: float) -> float:
     """Acceptance length expected from training accuracy: 1 (the bonus) + mean leading correct run."""
     return 1.0 + accepted / full_blocks if full_blocks > 0 else math.nan
+
+
+def drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.Module, taps: torch.Tensor,
+                 batch: Batch, *, mask_token_id: int, weights: torch.Tensor, denominator: torch.Tensor | float,
+                 backend: str, compute_dtype: torch.dtype) -> LossOutput:
+    """One micro-batch's loss on the drafter's device (no backward). Everything passed in lives there:
+    `taps` (B, S, k·H) may come from a target on another device; `embed`/`head` are the target's frozen
+    modules (or copies of them on this device). A multi-device engine calls this per replica."""
+    spec = drafter.spec
+    dev = taps.device
+    blocks = make_blocks(batch.input_ids, batch.loss_mask, batch.lengths, batch.anchors, batch.anchor_valid,
+                         spec.block_size, mask_token_id)
+    seq = batch.input_ids.shape[1]
+    masks = build_masks(batch.anchors, seq, spec.block_size, backend, spec.sliding_window,
+                        need_sliding="sliding_attention" in spec.layer_types)
+    ctx_pos = torch.arange(seq, device=dev).expand(batch.input_ids.shape[0], seq)  # (B, S)
+    with torch.no_grad():
+        embeds = embed(blocks.ids)  # (B, N*bs, H), frozen
+    autocast = torch.autocast(dev.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
+    with autocast:
+        hidden = drafter(embeds, taps, blocks.pos, ctx_pos, masks=masks)  # (B, N*bs, H)
+        return draft_loss(hidden, head, blocks, weights, denominator)

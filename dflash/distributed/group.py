@@ -3,7 +3,7 @@
     torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 \\
         -m dflash train --target-devices 0,1,2,3,4 --drafter-devices 5,6,7 --out /shared/runs/q8
 
-Each process runs the node-local engine (dflash.engine) on its own devices; this module is the thin
+Each process runs the node-local engine (dflash.engine.engine) on its own devices; this module is the thin
 layer over torch.distributed that joins them:
 
 - **Who am I**: `rank_info()` reads what torchrun exports (RANK, WORLD_SIZE, LOCAL_RANK,
@@ -25,7 +25,7 @@ layer over torch.distributed that joins them:
   healthy run has at a collective: the difference between ranks' prewarm times (a cold inductor
   cache compiles for minutes) and rank 0's checkpoint save.
 
-The library never prints: rank-level facts go into frozen dataclasses (dflash.rank_report).
+The library never prints: rank-level facts go into frozen dataclasses (dflash.distributed.rank_report).
 """
 
 from __future__ import annotations

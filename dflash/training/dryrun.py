@@ -45,7 +45,7 @@ class DryRunReport:
 
 
 class _MetaTarget:
-    """What the trainer reads from a dflash.target.Target, for a target built on the meta device."""
+    """What the trainer reads from a dflash.model.target.Target, for a target built on the meta device."""
 
     def __init__(self, model, layer_ids: tuple[int, ...], mask_token_id: int) -> None:
         self.model, self.layer_ids, self.mask_token_id = model, layer_ids, mask_token_id
@@ -68,12 +68,12 @@ def dry_run(cfg: Config) -> DryRunReport:
     """One worst-case step of `cfg` on the meta device (see the module docstring)."""
     from transformers import AutoModelForCausalLM
 
-    from dflash.checkpoint import export_config, spec_from_config
-    from dflash.loss import draft_loss, loss_weights, make_blocks
-    from dflash.mask import build_masks
-    from dflash.model import DFlashDrafter
-    from dflash.target import choose_taps
-    from dflash.trainer import drafter_spec
+    from dflash.checkpoint.store import export_config, spec_from_config
+    from dflash.model.loss import draft_loss, loss_weights, make_blocks
+    from dflash.model.mask import build_masks
+    from dflash.model.drafter import DFlashDrafter
+    from dflash.model.target import choose_taps
+    from dflash.model.build import drafter_spec
 
     tc, source = _target_config(cfg)
     meta = torch.device("meta")
@@ -89,7 +89,7 @@ def dry_run(cfg: Config) -> DryRunReport:
     bsz, seq, n, bs = cfg.data.batch_size, cfg.data.max_length, cfg.data.num_anchors, spec.block_size
     ids = torch.zeros(bsz, seq, dtype=torch.long, device=meta)
     # an explicit causal 4-D mask: transformers' own mask builder inspects values (`.all()`), which meta
-    # tensors do not have; training passes no mask (right padding, dflash.target.Target.taps)
+    # tensors do not have; training passes no mask (right padding, dflash.model.target.Target.taps)
     causal = torch.ones(bsz, 1, seq, seq, dtype=torch.bool, device=meta).tril()
     with torch.no_grad():
         out = target_model(input_ids=ids, attention_mask=causal, output_hidden_states=True, use_cache=False,
