@@ -46,7 +46,7 @@ from compilewatch.cache.manage import parse_size  # noqa: E402
 
 def build(root: Path, n_files: int, total: int, seed: int = 0) -> int:
     """Write the synthetic cache; returns the bytes written."""
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     rng = random.Random(seed)
     raw = [rng.lognormvariate(9.5, 1.6) for _ in range(n_files)]
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-cli", action="store_true", help="skip the end-to-end CLI timing")
     args = ap.parse_args(argv)
 
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     t = time.perf_counter()
     torchinfo.torch_module()

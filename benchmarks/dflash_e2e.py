@@ -12,7 +12,7 @@ download), synthetic 3072-token sequences (the first tenth prompt, the rest trai
                     --drafter-devices through the engine's queues; prewarm, guard and watcher on.
                     The trainer (replica 0) holds a full target copy on its device, as the CLI's
                     `Trainer.from_config` does.
-  --mode dist       (c) one rank of a torchrun job: `dflash.distributed.train_rank.train_distributed`
+  --mode dist       (c) one rank of a torchrun job: `dflash.train(cfg, distributed=True)`
                     (every rank co-located on cuda:LOCAL_RANK, its engine with one target thread and
                     one drafter thread, gradients summed over NCCL in every step barrier).
 
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from dflash.config import apply_overrides, qwen3_8b  # noqa: E402
+from dflash.config import TopologyConfig, apply_overrides, qwen3_8b  # noqa: E402
 from dflash.data.dataset import ChatDataset, DataStats, Sample  # noqa: E402
 from dflash.model.drafter import default_layer_ids  # noqa: E402
 from dflash.model.target import Target  # noqa: E402
@@ -433,7 +433,8 @@ def run_engine(a) -> dict:
         trainer = Trainer.from_config(cfg, target_device=target_home(targets, drafters))  # as dflash.run does
         build_s = time.perf_counter() - t0
         try:
-            _, report = train_multi(trainer, targets, drafters, stall_after=a.stall_after)
+            topo = TopologyConfig(target_devices=targets, drafter_devices=drafters, stall_after=a.stall_after)
+            _, report = train_multi(trainer, topo)
         finally:
             trainer.close()
     devices = sorted(set(targets) | set(drafters))
@@ -448,8 +449,8 @@ def run_engine(a) -> dict:
 
 def run_dist(a) -> dict:
     """(c): one rank of `torchrun ... -m dflash train` (co-located on cuda:LOCAL_RANK, NCCL)."""
+    import dflash
     from dflash.distributed.group import require_rank_info
-    from dflash.distributed.train_rank import train_distributed
 
     info = require_rank_info()
     cfg, fields, seq = setup(a)
@@ -457,7 +458,7 @@ def run_dist(a) -> dict:
     cfg = apply_overrides(cfg, {"topology.device": "auto" if not a.small else "cpu", "checkpoint.out_dir": str(run),
                                 "topology.stall_after": a.stall_after})
     with random_target_and_data(fields, n_sequences(a, cfg, world=info.world_size), seq):
-        out = train_distributed(cfg, info=info)
+        out = dflash.train(cfg, distributed=True, info=info).distributed
     dev = torch.device(out.engine.drafter_devices[0])
     return {"mode": "dist", "rank": info.rank, "world_size": info.world_size,
             "env": {**env(dev), "peak_tflops": a.peak_tflops}, "ok": out.ok, "dist_verdicts": list(out.verdicts),

@@ -89,7 +89,7 @@ def _chat_file(path: Path, n: int = 64) -> Path:
 
 def run_dflash_case(a: argparse.Namespace, device: str, flags: dict):
     """The real trainer (tiny recipe: embedded target, DFlash drafter, compiled flex on CUDA) on the engine."""
-    from dflash.config import apply_overrides, tiny
+    from dflash.config import TopologyConfig, apply_overrides, tiny
     from dflash.engine.program import train_multi
     from dflash.training.trainer import Trainer
 
@@ -100,8 +100,9 @@ def run_dflash_case(a: argparse.Namespace, device: str, flags: dict):
         "metrics.tensorboard": False, "eval.at_end": False})
     trainer = Trainer.from_config(cfg)
     try:
-        _, report = train_multi(trainer, (device,) * a.targets, (device,) * a.drafters, stall_after=a.stall_after,
-                                prewarm=flags["prewarm"], guard=flags["guard"])
+        topo = TopologyConfig(target_devices=(device,) * a.targets, drafter_devices=(device,) * a.drafters,
+                              stall_after=a.stall_after, prewarm=flags["prewarm"], guard=flags["guard"])
+        _, report = train_multi(trainer, topo)
     finally:
         trainer.close()
     return report

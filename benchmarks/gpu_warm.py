@@ -110,9 +110,9 @@ def threads_step(a: argparse.Namespace, cache_dir: Path, warm: bool) -> dict:
 def child_threads(a: argparse.Namespace) -> None:
     """In the child: N workloads (own compiled wrapper each), optional prewarm, then N threads at once."""
     from compilewatch.tracing import counters, fxpatch, stacks
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
     from compilewatch.devices import warm
-    from compilewatch.tracing.probe import run_threads
+    from compilewatch.devices.probe import run_threads
     from compilewatch.tracing.targets import FlexShape, WorkloadOptions
     from dflash.engine.warm_workload import DFlashAttention
 

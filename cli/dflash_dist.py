@@ -1,10 +1,10 @@
-"""The distributed part of `dflash train` (one rank of a torchrun job): options, per-rank log lines,
+"""The distributed part of `dflash train` (one rank of a torchrun job): the --distributed option, per-rank log lines,
 rank 0's cross-rank report, and torchrun's error file for a failing rank."""
 
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -13,13 +13,6 @@ from cli import output
 DistributedOpt = Annotated[bool, typer.Option(
     "--distributed", help="Run as one rank of a torchrun job (automatic when torchrun started this process): "
                           "gradients summed across ranks, data sharded by rank, checkpoints from rank 0.")]
-DistBackendOpt = Annotated[Optional[str], typer.Option(
-    "--dist-backend", help="Distributed: auto (NCCL for CUDA drafters, gloo beside it; gloo on CPU), gloo or nccl "
-                           "(default auto; = --set topology.dist_backend=...).")]
-DistTimeoutOpt = Annotated[Optional[float], typer.Option(
-    "--dist-timeout", help="Distributed: seconds a rank may wait in a collective before it fails (must exceed "
-                           "the slowest rank's prewarm and rank 0's checkpoint save) (default 1800; "
-                           "= --set topology.dist_timeout=...).")]
 
 
 def _cache_line(c: Any) -> str:
@@ -81,7 +74,7 @@ def record_error(e: BaseException) -> None:
     import time
     import traceback
 
-    from dflash.distributed.train_rank import PeerFailed
+    from dflash import PeerFailed
 
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
@@ -96,33 +89,26 @@ def record_error(e: BaseException) -> None:
         pass
 
 
-def run_rank(cfg: Any, *, resume: bool, as_json: bool, render: Any) -> None:
-    """`dflash train` as one rank: rank 0 shows progress and prints the result (stdout: data, once per
-    job); every rank prints its own lines on stderr and exits non-zero with its own error."""
+def render_rank(done: Any, cfg: Any, as_json: bool, render: Any) -> None:
+    """A torchrun rank's outcome: rank 0 prints the result (stdout: data, once per job); every rank
+    prints its own line on stderr and exits non-zero with its own error."""
+    import dflash
     from cli.dflash_engine import finish, render_engine
-    from cli.dflash_progress import TrainProgress
     from compilewatch.serialize import to_jsonable
-    from dflash.config import to_dict
-    from dflash.distributed.group import require_rank_info
-    from dflash.distributed.train_rank import failure, rank_report_path
-    from dflash.run import train
 
     try:
-        info = require_rank_info()
-        with TrainProgress(enabled=info.primary) as progress:
-            out = train(cfg, resume=resume, distributed=True, on_event=RankLog(progress), info=info).distributed
-        if info.primary:
-            data = {**to_jsonable(out.result), "config": to_dict(cfg), "engine": to_jsonable(out.engine),
-                    "ranks": to_jsonable(out.ranks), "rank_verdicts": list(out.verdicts)}
+        out, me = done.distributed, done.distributed.rank
+        if me.rank == 0:
+            data = {**to_jsonable(out.result), "config": dflash.to_dict(cfg), "engine": to_jsonable(out.engine),
+                    "ranks": to_jsonable(done.ranks), "rank_verdicts": list(done.verdicts)}
             output.emit(data, as_json, render)
             if not as_json:
                 render_engine(out.engine)
-                render_ranks(out.ranks, out.verdicts)
+                render_ranks(done.ranks, done.verdicts)
         else:
-            output.err.print(f"[rank {info.rank}/{info.world_size} {info.host}] {out.engine.outcome}: "
-                             f"{out.engine.steps_done} steps; report {rank_report_path(out)}", markup=False,
-                             highlight=False)
-        error = failure(out)
+            output.err.print(f"[rank {me.rank}/{me.world_size} {me.host}] {out.engine.outcome}: "
+                             f"{out.engine.steps_done} steps; report {done.rank_report}", markup=False, highlight=False)
+        error = done.failure
         if error is not None and any(t.alive for t in out.engine.threads):
             record_error(error)  # threads blocked inside torch (a collective, a stall): leave at once
             output.err.print(f"error: {error.message}", markup=False, highlight=False)
@@ -130,5 +116,5 @@ def run_rank(cfg: Any, *, resume: bool, as_json: bool, render: Any) -> None:
         if error is not None:
             raise error
     except Exception as e:
-        record_error(e)
+        record_error(e)  # inside the handler: torchrun shows this traceback as the rank's failure
         raise

@@ -1,21 +1,12 @@
-"""The multi-device part of `dflash train`: the engine's options, and rendering the engine's report."""
+"""The multi-device part of `dflash train`: rendering the engine's report, and its exit code."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Any
 
 import typer
 
 from cli import output
-
-NoPrewarmOpt = Annotated[bool, typer.Option(
-    "--no-prewarm", help="Engine: skip the sequential prewarm (the seeds' race: for experiments only) "
-                         "(= --set topology.prewarm=false).")]
-NoGuardOpt = Annotated[bool, typer.Option("--no-guard", help="Engine: do not freeze compiles during training "
-                                                             "(= --set topology.guard=false).")]
-StallOpt = Annotated[Optional[float], typer.Option(
-    "--stall-after", help="Engine: no step for this many seconds = stall: dump every thread's stack and stop "
-                          "(default 300; = --set topology.stall_after=...).")]
 
 
 def render_engine(report: Any) -> None:

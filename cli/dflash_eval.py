@@ -10,7 +10,7 @@ from cli import output
 from cli.options import DeviceOpt, JsonOpt
 
 if TYPE_CHECKING:
-    from dflash.eval.evaluate import EvalResult
+    from dflash import EvalResult
 
 
 def eval_cmd(
@@ -30,13 +30,13 @@ def eval_cmd(
         --data data/test.jsonl -n 64 --json
     """
     from cli.dflash_progress import TrainProgress
-    from dflash.eval.evaluate import eval_checkpoint  # torch and transformers: only when evaluating
+    import dflash  # torch and transformers: only when evaluating
 
     with TrainProgress() as progress:
         progress("phase", {"name": "eval", "prompts": prompts or "the configured"})
-        result = eval_checkpoint(checkpoint, target_path=target, data_path=data, num_prompts=prompts,
-                                 max_new_tokens=max_new_tokens, device=device,
-                                 progress=lambda d, n: progress("eval", {"done": d, "total": n}))
+        result = dflash.evaluate(checkpoint, target_path=target, data_path=data, num_prompts=prompts,
+                                  max_new_tokens=max_new_tokens, device=device,
+                                  progress=lambda d, n: progress("eval", {"done": d, "total": n}))
     output.emit(result, as_json, _render)
 
 

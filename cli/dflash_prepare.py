@@ -9,7 +9,7 @@ import typer
 from cli import output
 from cli.options import JsonOpt
 from compilewatch.errors import BadInput
-from dflash.config import EMBEDDED_TARGET, build_config, parse_set
+from dflash import EMBEDDED_TARGET
 
 
 def prepare_cmd(
@@ -32,36 +32,24 @@ def prepare_cmd(
       dflash prepare data/regen.jsonl --target /models/Qwen3-8B --recipe qwen3_8b \\
         --out /shared/dflash-data --workers 16
     """
+    import dflash
     from cli.dflash_progress import TrainProgress
-    from dflash.data.cache import prepare
-    from dflash.model.target import load_tokenizer
+    from compilewatch.serialize import to_jsonable
 
     try:
-        overrides = parse_set(set_ or [])
+        overrides = dflash.parse_set(set_ or [])
         overrides.update({"data.path": data, "target.path": target, "data.regenerate": False})
         if out is not None:
             overrides["data.cache_dir"] = out
-        cfg = build_config(recipe, config, overrides)
+        cfg = dflash.build_config(recipe, config, overrides)
     except ValueError as e:
         raise BadInput(f"bad config: {e}", hint="see `dflash train --print-config` for every field") from None
-    if cfg.data.cache_dir == "off":
-        raise BadInput("data.cache_dir is off: there is nothing to prepare", hint="drop --set data.cache_dir=off")
-    tokenizer = load_tokenizer(cfg.target)
-    n_eval = cfg.eval.num_prompts if cfg.eval.at_end else 0
     with TrainProgress() as progress:
-        p = prepare(cfg.data, tokenizer, cfg.drafter.block_size, n_eval=n_eval, workers=workers, on_event=progress)
-    s = p.stats
-    result: dict[str, Any] = {
-        "cache_dir": p.cache_dir, "key": p.key, "hit": p.hit, "seconds": round(p.seconds, 3), "workers": p.workers,
-        "shards": p.shards, "bytes": p.bytes, "records": s.records + len(s.warnings), "kept": s.kept,
-        "truncated": s.truncated, "skipped": s.skipped, "skipped_by_reason": dict(s.dropped),
-        "examples": {k: list(v) for k, v in s.examples.items()}, "tokens": s.tokens, "loss_tokens": s.loss_tokens,
-        "max_length": cfg.data.max_length, "block_size": cfg.drafter.block_size, "eval_held_out": n_eval,
-        "notes": p.notes,
-        "train_with": " ".join(["dflash train --data", data, "--target", target, "--recipe", recipe,
-                                *(["--config", config] if config else []), *(f"--set {x}" for x in set_ or []),
-                                "--set data.regenerate=false", *([f"--set data.cache_dir={out}"] if out else [])]),
-    }
+        report = dflash.prepare(cfg, workers=workers, on_event=progress)
+    result = {**to_jsonable(report),
+              "train_with": " ".join(["dflash train --data", data, "--target", target, "--recipe", recipe,
+                                      *(["--config", config] if config else []), *(f"--set {x}" for x in set_ or []),
+                                      "--set data.regenerate=false", *([f"--set data.cache_dir={out}"] if out else [])])}
     output.emit(result, as_json, _render)
 
 

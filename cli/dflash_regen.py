@@ -8,10 +8,10 @@ import typer
 
 from cli import output
 from cli.options import DeviceOpt, JsonOpt
-from dflash.config import EMBEDDED_TARGET, TargetConfig
+from dflash import EMBEDDED_TARGET
 
 if TYPE_CHECKING:
-    from dflash.data.regen import RegenResult
+    from dflash import RegenResult
 
 
 def regen_cmd(
@@ -30,15 +30,12 @@ def regen_cmd(
       dflash regen data/sharegpt.jsonl data/regen.jsonl \\
         --target /models/Qwen3-8B --device 0
     """
+    import dflash  # torch and transformers: only when regenerating
     from cli.dflash_progress import TrainProgress
-    from dflash.data.regen import regen_file  # torch and transformers: only when regenerating
-    from dflash.model.target import load_target, resolve_device
 
-    tgt = load_target(TargetConfig(path=target), 1, resolve_device(device or "auto"))
     with TrainProgress() as progress:
-        progress("phase", {"name": "regenerate", "conversations": "all"})
-        result = regen_file(input, out_path, tgt, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                            temperature=temperature, progress=lambda d, n: progress("regen", {"done": d, "total": n}))
+        result = dflash.regen(input, out_path, target=target, device=device, max_new_tokens=max_new_tokens,
+                              batch_size=batch_size, temperature=temperature, on_event=progress)
     output.emit(result, as_json, _render)
 
 

@@ -1,44 +1,35 @@
-"""`dflash train`: parse the flags into a config, call dflash.run.train, render the result."""
+"""`dflash train`: build the config from the flags, call dflash.train, render the result."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Optional
 
 import typer
 
+import dflash
 from cli import output
-from cli.dflash_dist import DistBackendOpt, DistributedOpt, DistTimeoutOpt
-from cli.dflash_engine import NoGuardOpt, NoPrewarmOpt, StallOpt, finish, render_engine
+from cli.dflash_dist import DistributedOpt, RankLog, record_error, render_rank
+from cli.dflash_engine import finish, render_engine
+from cli.dflash_flags import TRAIN_FLAGS, with_config_flags
 from cli.dflash_progress import TrainProgress
-from cli.options import DeviceOpt, DrafterDevicesOpt, JsonOpt, TargetDevicesOpt
+from cli.options import JsonOpt
 from compilewatch.errors import BadInput, CheckFailed
 from compilewatch.serialize import to_jsonable
-from dflash.config import build_config, parse_set, to_dict, to_toml
 
 
+@with_config_flags(TRAIN_FLAGS)
 def train_cmd(
     recipe: Annotated[str, typer.Option("--recipe", help="Named recipe: tiny (embedded default) or qwen3_8b.")] = "tiny",
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="TOML config file (its `recipe` applies first).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set optim.lr=3e-4 (repeatable).")] = None,
-    target: Annotated[Optional[str], typer.Option("--target", help="Local HF target directory (= --set target.path=...).")] = None,
-    data: Annotated[Optional[str], typer.Option("--data", help="Chat JSONL (= --set data.path=...).")] = None,
-    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run directory (default runs/<recipe>-<time>).")] = None,
-    device: DeviceOpt = None,
-    max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="Stop after N optimizer steps.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its latest checkpoint, with its "
                                                           "config.toml (devices included; flags given here override).")] = False,
-    strict: Annotated[bool, typer.Option("--strict", help="Any skipped data record is an error (exit 2) (= --set data.strict=true).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Run one worst-case step of the config on the meta device (no weights, no data, nothing written) and exit.")] = False,
     print_config: Annotated[bool, typer.Option("--print-config", help="Print the resolved config as TOML and exit.")] = False,
-    target_devices: TargetDevicesOpt = None,
-    drafter_devices: DrafterDevicesOpt = None,
-    no_prewarm: NoPrewarmOpt = False,
-    no_guard: NoGuardOpt = False,
-    stall_after: StallOpt = None,
     distributed: DistributedOpt = False,
-    dist_backend: DistBackendOpt = None,
-    dist_timeout: DistTimeoutOpt = None,
     as_json: JsonOpt = False,
+    config_flags: dict | None = None,
 ) -> None:
     """Train a DFlash drafter. With no arguments: the embedded tiny target and data, about 30 s on a
     2-core CPU (26 s CPU time measured; longer on a busy machine). Prints a short summary, then
@@ -57,56 +48,28 @@ def train_cmd(
         --rdzv-endpoint node0:29500 -m dflash train \\
         --target-devices 0,1,2,3,4 --drafter-devices 5,6,7 --out /shared/runs/q8
     """
-    from dflash.run import check_devices, pick_mode, train
-    from dflash.checkpoint.resume import build_config_for_resume  # torch and transformers: only when training
-
-    try:
-        overrides = parse_set(set_ or [])
-        flags = topology_overrides(device, target_devices, drafter_devices, no_prewarm=no_prewarm, no_guard=no_guard,
-                                   stall_after=stall_after, dist_backend=dist_backend, dist_timeout=dist_timeout)
-        for key, val in (("target.path", target), ("data.path", data), ("checkpoint.out_dir", out),
-                         ("train.max_steps", max_steps), ("data.strict", strict or None)):
-            if val is not None:
-                flags[key] = val
-        overrides.update(flags)
-        if resume:
-            if out is None:
-                raise BadInput("--resume needs --out RUN_DIR (the run to continue)")
-            cfg = build_config_for_resume(out, overrides)
-        else:
-            cfg = build_config(recipe, config, overrides)
-    except ValueError as e:
-        raise BadInput(f"bad config: {e}", hint="see `dflash train --print-config` for every field") from None
+    overrides = {**_parse_set(set_), **(config_flags or {})}
+    cfg = _config(recipe, config, overrides, resume)
     if print_config:
-        output.emit(to_dict(cfg), as_json, lambda _: output.out.print(to_toml(cfg), markup=False))
+        output.emit(dflash.to_dict(cfg), as_json, lambda _: output.out.print(dflash.to_toml(cfg), markup=False))
         return
     if dry_run:
-        from dflash.training.dryrun import dry_run as run_dry
-
-        report = run_dry(cfg)
+        report = dflash.dry_run(cfg)
         output.emit(report, as_json, _render_dry)
         if report.notes:
             raise CheckFailed("dry run: " + "; ".join(report.notes))
         return
-    mode = pick_mode(cfg, distributed or None)
-    if mode == "distributed":
-        from cli.dflash_dist import run_rank
-
-        run_rank(cfg, resume=resume, as_json=as_json, render=_render)
+    view = TrainView(cfg, sorted(k for k in overrides if k.startswith("topology.")) if resume else None)
+    try:
+        with view:
+            done = dflash.train(cfg, resume=resume, distributed=distributed or None, on_event=view)
+    except Exception as e:
+        record_error(e)  # a torchrun rank: where torchrun looks for it (no-op otherwise)
+        raise
+    if done.mode == "distributed":
+        render_rank(done, cfg, as_json, _render)
         return
-    check_devices(cfg.topology)  # before the summary: a device this machine lacks is bad input
-    output.err.print(summary(cfg, resumed=sorted(k for k in overrides if k.startswith("topology.")) if resume else None),
-                     markup=False, highlight=False)
-
-    with TrainProgress() as progress:
-        def on_event(kind: str, d: dict) -> None:
-            if kind == "notes":
-                for note in d["notes"]:
-                    output.err.print(f"[dim]note:[/] {note}")
-            progress(kind, d)
-
-        done = train(cfg, resume=resume, distributed=False, on_event=on_event)
-    result = {**to_jsonable(done.result), "config": to_dict(cfg)}
+    result = {**to_jsonable(done.result), "config": dflash.to_dict(cfg)}
     if done.engine is not None:
         result["engine"] = to_jsonable(done.engine)
     output.emit(result, as_json, _render)
@@ -116,37 +79,54 @@ def train_cmd(
         finish(done.engine)
 
 
-def _device_list(spec: str, option: str) -> tuple[str, ...]:
-    items = tuple(x for x in spec.split(",") if x.strip())
-    if not items:
-        raise BadInput(f"{option}: no devices given", hint=f"e.g. {option} 0,1,2 or {option} cpu,cpu")
-    return items
+def _parse_set(items: list[str] | None) -> dict[str, object]:
+    try:
+        return dflash.parse_set(items or [])
+    except ValueError as e:
+        raise BadInput(f"bad config: {e}", hint="see `dflash train --print-config` for every field") from None
 
 
-def topology_overrides(device: str | None, target_devices: str | None, drafter_devices: str | None, *,
-                       no_prewarm: bool, no_guard: bool, stall_after: float | None, dist_backend: str | None,
-                       dist_timeout: float | None) -> dict[str, object]:
-    """The topology flags given on the command line as `topology.*` overrides (flags not given are
-    absent: a resumed run keeps its config.toml's). `--device` means one device (it clears device
-    lists a resumed run had); the device lists mean the engine (its trainer runs on the first
-    drafter device, so `--device` does not go with them). Names are checked by the config."""
-    out: dict[str, object] = {}
-    if (target_devices is None) != (drafter_devices is None):
-        raise BadInput("--target-devices and --drafter-devices go together",
-                       hint="e.g. --target-devices 0,1,2,3,4 --drafter-devices 5,6,7")
-    if drafter_devices is not None and target_devices is not None:
-        if device is not None:
-            raise BadInput("--device does not go with --drafter-devices",
-                           hint="the trainer (replica 0) runs on the first drafter device; drop --device")
-        out.update({"topology.device": "auto", "topology.target_devices": _device_list(target_devices, "--target-devices"),
-                    "topology.drafter_devices": _device_list(drafter_devices, "--drafter-devices")})
-    elif device is not None:
-        out.update({"topology.device": device, "topology.target_devices": (), "topology.drafter_devices": ()})
-    for key, val in (("prewarm", False if no_prewarm else None), ("guard", False if no_guard else None),
-                     ("stall_after", stall_after), ("dist_backend", dist_backend), ("dist_timeout", dist_timeout)):
-        if val is not None:
-            out[f"topology.{key}"] = val
-    return out
+def _config(recipe: str, config: str | None, overrides: dict[str, object], resume: bool):
+    """The run's config: the recipe/TOML plus overrides, or a resumed run's own config.toml plus them."""
+    try:
+        if resume:
+            out = overrides.get("checkpoint.out_dir")
+            if out is None:
+                raise BadInput("--resume needs --out RUN_DIR (the run to continue)")
+            return dflash.resume_config(str(out), overrides)
+        return dflash.build_config(recipe, config, overrides)
+    except ValueError as e:
+        raise BadInput(f"bad config: {e}", hint="see `dflash train --print-config` for every field") from None
+
+
+class TrainView:
+    """The `on_event` of dflash.train: once the mode is known, the summary and the progress display
+    (one process), or the per-rank log lines (a torchrun rank: rank 0 shows progress)."""
+
+    def __init__(self, cfg, resumed: list[str] | None) -> None:
+        self.cfg, self.resumed = cfg, resumed
+        self.stack = contextlib.ExitStack()
+        self.sink = None
+
+    def __enter__(self) -> TrainView:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stack.__exit__(*exc)
+
+    def __call__(self, kind: str, d: dict) -> None:
+        if kind == "mode":
+            if d["mode"] != "distributed":  # devices were checked: a device this machine lacks was bad input
+                output.err.print(summary(self.cfg, resumed=self.resumed), markup=False, highlight=False)
+                self.sink = self.stack.enter_context(TrainProgress())
+            return
+        if kind == "rank" and self.sink is None:
+            self.sink = RankLog(self.stack.enter_context(TrainProgress(enabled=d["info"].primary)))
+        if kind == "notes":
+            for note in d["notes"]:
+                output.err.print(f"[dim]note:[/] {note}")
+        if self.sink is not None:
+            self.sink(kind, d)
 
 
 def summary(cfg, resumed: list[str] | None = None) -> str:

@@ -13,10 +13,3 @@ BackendOpt = Annotated[str, typer.Option("--backend", help="torch.compile backen
 # dflash: one device, or the engine's device lists (compilewatch.devices.spec.normalize_device reads every name)
 DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", "-d", help="One device: cpu, cuda, cuda:N or N (default auto: the first GPU, else cpu).")]
-TargetDevicesOpt = Annotated[Optional[str], typer.Option(
-    "--target-devices", help="Target workers, one thread per entry: 0,1,2,3,4 (cpu and repeats allowed). "
-                             "With --drafter-devices: train with the multi-device engine.")]
-DrafterDevicesOpt = Annotated[Optional[str], typer.Option(
-    "--drafter-devices", help="Drafter replicas, one thread per entry: 5,6,7; replica 0 (the trainer) runs on the "
-                              "first. Every replica's step is compiled in the main thread first, one device after "
-                              "another; then compiling is frozen.")]

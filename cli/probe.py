@@ -1,4 +1,4 @@
-"""`compilewatch probe TARGET`: rendering of compilewatch.tracing.probe reports."""
+"""`compilewatch probe TARGET`: rendering of compilewatch.devices.probe reports."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from cli import output
 from cli.options import BackendOpt, DeviceListOpt, JsonOpt
 from cli.lazy import lazy
 
-probe_lib = lazy("compilewatch.tracing.probe")
+probe_lib = lazy("compilewatch.devices.probe")
 from compilewatch.errors import BadInput
 from compilewatch.tracing.targets import builtin_targets
 

@@ -10,7 +10,8 @@ The house, by capability (docs/architecture.md has the map):
 - `compilewatch.cache`: the inductor cache as an artifact (where, fingerprint, verify, save/load, prune)
 - `compilewatch.env`: environment locks and diffs, torch build facts, inductor's system key
 - `compilewatch.devices.spec`: device specs, GPU sampling, sequential prewarm, hand-off to training
-- at the top: errors, atomic file writes, capped untrusted input, JSON helpers, doctor
+- at the top: errors, atomic file writes, capped untrusted input, JSON helpers, torch build facts
+  (torchinfo: read by cache/, env/ and devices/), doctor
 
 Importing compilewatch does not import torch: the names are loaded on first use (module-level
 __getattr__), so `compilewatch --help` and `from compilewatch import BadInput` stay fast.
@@ -45,8 +46,8 @@ _LAZY = {
     "FlexShape": ("compilewatch.tracing.targets", "FlexShape"),
     "FlexAttentionWorkload": ("compilewatch.tracing.targets", "FlexAttentionWorkload"),
     # environment
-    "inductor_cache_dir": ("compilewatch.env.torchinfo", "inductor_cache_dir"),
-    "system_key": ("compilewatch.env.torchinfo", "system_key"),
+    "inductor_cache_dir": ("compilewatch.torchinfo", "inductor_cache_dir"),
+    "system_key": ("compilewatch.torchinfo", "system_key"),
     # cache
     "fingerprint": ("compilewatch.cache.fingerprint", "fingerprint"),
     # files, untrusted input, JSON

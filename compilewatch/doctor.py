@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 from compilewatch.devices import gpus as _gpus
 from compilewatch.tracing import torchcompat
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 
 if TYPE_CHECKING:
     from compilewatch.cache.remote_usage import RemoteUsage

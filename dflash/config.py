@@ -200,6 +200,15 @@ class TrainConfig:
 
 
 DEFAULT_DIST_TIMEOUT_S = 1800.0  # a collective's wait: well above a cold qwen3_8b first step (238 s, one H200)
+DEFAULT_STALL_AFTER_S = 300.0  # the engine's watchdog: no committed step for this long = a stall
+DEFAULT_QUEUE_DEPTH = 2  # target batches a worker may hold ready: one in use, one ahead
+
+
+def check_engine_settings(stall_after: float, queue_depth: int, where: str = "") -> None:
+    """The engine's settings' checks, shared by TopologyConfig (`where="topology."`) and the engine's
+    own EngineConfig: the one place they live."""
+    _need(stall_after > 0, f"{where}stall_after", "must be > 0 seconds")
+    _need(queue_depth >= 1, f"{where}queue_depth", "must be >= 1")
 
 
 def _device_list(value: tuple[str, ...], name: str) -> tuple[str, ...]:
@@ -226,7 +235,7 @@ class TopologyConfig:
     drafter_devices: tuple[str, ...] = ()
     """Engine: one drafter replica thread per entry; replica 0 (the trainer: its optimizer, checkpoints
     and metrics) runs on the first. Empty = one device."""
-    stall_after: float = 300.0
+    stall_after: float = DEFAULT_STALL_AFTER_S
     """Engine: no committed step for this many seconds = a stall: dump every thread's stack and stop.
     Prewarm runs before the watchdog; a step and, under torchrun, rank 0's checkpoint save must fit."""
     prewarm: bool = True
@@ -234,7 +243,7 @@ class TopologyConfig:
     worker threads start (false = the seeds' race: for experiments only)."""
     guard: bool = True
     """Engine: forbid compiles while the worker threads run (a late compile raises instead of racing)."""
-    queue_depth: int = 2
+    queue_depth: int = DEFAULT_QUEUE_DEPTH
     """Engine: batches each target worker may hold ready (2: one in use, one ahead)."""
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torchrun: auto = NCCL for CUDA drafters with gloo beside it, gloo on CPU; gloo or nccl to force."""
@@ -251,9 +260,9 @@ class TopologyConfig:
         _need(bool(self.target_devices) == bool(self.drafter_devices), "topology.target_devices",
               "target_devices and drafter_devices go together (e.g. 0,1,2,3,4 and 5,6,7), or both empty")
         _need(not self.drafter_devices or self.device == "auto", "topology.device",
-              "must stay auto with drafter_devices: the trainer (replica 0) runs on the first drafter device")
-        _need(self.stall_after > 0, "topology.stall_after", "must be > 0 seconds")
-        _need(self.queue_depth >= 1, "topology.queue_depth", "must be >= 1")
+              "must stay auto with drafter_devices (--device does not go with --drafter-devices): the trainer "
+              "(replica 0) runs on the first drafter device; drop --device")
+        check_engine_settings(self.stall_after, self.queue_depth, "topology.")
         _need(self.dist_timeout > 0, "topology.dist_timeout", "must be > 0 seconds")
 
     @property
@@ -426,6 +435,29 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
     if tp is str:
         return str(value)
     raise ValueError(f"{name}: unsupported type {tp!r}")
+
+
+@dataclass(frozen=True)
+class FieldInfo:
+    key: str  # section.field
+    type: Any  # the annotated type (bool, int, float, str, tuple[str, ...], a Literal, X | None)
+    default: Any  # the field's default in the section's dataclass
+
+
+def field_info(key: str) -> FieldInfo:
+    """The type and default of config field `key` ("topology.stall_after"), read from the config
+    tree: what a command-line option mirroring the field is built from. ValueError names an unknown key."""
+    sec_name, _, fname = key.partition(".")
+    sections = typing.get_type_hints(Config)
+    if sec_name not in sections or not dataclasses.is_dataclass(sections[sec_name]):
+        raise ValueError(f"{key}: unknown section")
+    sec_cls = sections[sec_name]
+    fields = {f.name: f for f in dataclasses.fields(sec_cls)}
+    if fname not in fields:
+        raise ValueError(f"{key}: unknown field; {sec_name} has {', '.join(fields)}")
+    f = fields[fname]
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    return FieldInfo(key, typing.get_type_hints(sec_cls)[fname], default)
 
 
 RENAMED = {"train.device": "topology.device"}

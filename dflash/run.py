@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from compilewatch import BadInput
+from compilewatch import BadInput, CheckFailed
 from dflash.config import Config, TopologyConfig
 
 if TYPE_CHECKING:
@@ -36,10 +36,23 @@ Event = Callable[[str, dict[str, Any]], None]
 
 @dataclass(frozen=True)
 class RunOutcome:
+    """What one run returns, whatever its mode."""
     mode: Mode
     result: "TrainResult"  # this process's (rank 0's is the run's)
     engine: "EngineReport | None"  # the engine's report (engine and distributed modes)
-    distributed: "DistributedResult | None"  # this rank's and every rank's reports (distributed mode)
+    distributed: "DistributedResult | None" = None  # this rank's and every rank's reports (distributed mode)
+    failure: CheckFailed | None = None  # distributed: this rank's error (PeerFailed when a peer caused it)
+    rank_report: str | None = None  # distributed: where this rank's report.json is
+
+    @property
+    def ranks(self) -> tuple:
+        """Every rank's report (distributed mode, when the run ended ok everywhere; else this rank's)."""
+        return () if self.distributed is None else self.distributed.ranks
+
+    @property
+    def verdicts(self) -> tuple[str, ...]:
+        """Across ranks: caches, identical weights (distributed mode)."""
+        return () if self.distributed is None else self.distributed.verdicts
 
 
 def pick_mode(cfg: Config, distributed: bool | None = None) -> Mode:
@@ -67,35 +80,54 @@ def check_devices(topo: TopologyConfig) -> None:
 
 
 def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None, on_event: Event | None = None,
-          info: "RankInfo | None" = None, until: int | None = None) -> RunOutcome:
-    """Train the run `cfg` describes (see the module docstring). `on_event(kind, data)` receives
-    progress; kind "notes" carries the Trainer's notes once it is built. `until`: stop after that
-    step (the schedule still spans the whole run). Raises BadInput for bad input."""
+          info: "RankInfo | None" = None, until: int | None = None, watch: bool = True) -> RunOutcome:
+    """Train the run `cfg` describes (see the module docstring). Events, in order: "mode" ({"mode"},
+    once the mode is picked and the devices checked: nothing heavy has run yet); distributed: "rank"
+    (this rank's devices, backend, cache) and "ranks" (cross-rank cache verdicts); "notes" (the
+    Trainer's notes, single and engine modes); then the Trainer's progress. `until`: stop after that
+    step (the schedule still spans the whole run). `info`: this rank (default: torchrun's
+    environment). Raises BadInput for bad input."""
+    from dflash.training.trainer import Trainer
+
     on_event = on_event or (lambda kind, data: None)
     mode = pick_mode(cfg, distributed)
     check_devices(cfg.topology)
+    on_event("mode", {"mode": mode})
+    joined = None
     if mode == "distributed":
-        from dflash.distributed.train_rank import train_distributed
+        from dflash.distributed.group import require_rank_info
+        from dflash.distributed.train_rank import join
 
-        out = train_distributed(cfg, resume=resume, until=until, on_event=on_event, info=info)
-        return RunOutcome(mode, out.result, out.engine, out)
-    from dflash.training.trainer import Trainer
-
-    topo = cfg.topology
+        joined = join(cfg, info or require_rank_info(), on_event)
+        cfg = joined.cfg
+    topo = joined.topology if joined is not None else cfg.topology
     home = None
-    if mode == "engine":
+    if mode != "single":
         from dflash.engine.program import target_home
 
         home = target_home(topo.target_devices, topo.drafter_devices)
-    trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event, target_device=home)
+    # the one place a run's Trainer is built, for every mode
+    trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event, lock=joined is None or joined.info.primary,
+                                  device=topo.trainer_device, target_device=home)
     try:
-        on_event("notes", {"notes": list(trainer.notes)})
-        if mode == "single":
-            return RunOutcome(mode, trainer.train(until), None, None)
-        from dflash.engine.program import train_multi
+        if joined is None:
+            on_event("notes", {"notes": list(trainer.notes)})
+        else:
+            from dflash.distributed.train_rank import agree
 
-        result, report = train_multi(trainer, topo.target_devices, topo.drafter_devices, stall_after=topo.stall_after,
-                                     prewarm=topo.prewarm, guard=topo.guard, queue_depth=topo.queue_depth, until=until)
-        return RunOutcome(mode, result, report, None)
+            agree(joined, trainer, on_event)
+        if mode == "single":
+            result, report = trainer.train(until), None
+        else:
+            from dflash.engine.program import train_multi
+
+            result, report = train_multi(trainer, topo, watch=watch, until=until,
+                                         group=joined.group if joined is not None else None)
     finally:
         trainer.close()
+    if joined is None:
+        return RunOutcome(mode, result, report)
+    from dflash.distributed.train_rank import failure, finish_rank, rank_report_path
+
+    out = finish_rank(joined, trainer, result, report, watch=watch)
+    return RunOutcome(mode, result, report, out, failure(out), rank_report_path(out))

@@ -13,7 +13,7 @@ import os
 import pickle
 from pathlib import Path
 
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 from compilewatch.cache import stamps
 
 OTHER_KEY = "f" * 64

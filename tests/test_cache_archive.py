@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 from compilewatch.cache import archive, fingerprint as fp_mod, verify as verify_mod
 from compilewatch.errors import BadInput
 from tests.cache_helpers import OTHER_KEY, make_cache, moved, tree, write

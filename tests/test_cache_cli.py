@@ -8,7 +8,7 @@ import os
 import pytest
 
 from cli.main import app
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 from compilewatch.cache import archive
 from tests.cache_helpers import OTHER_KEY, entry_pickle, make_cache, tree, write
 from tests.helpers import invoke, invoke_json

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 from compilewatch.cache import fingerprint as fp_mod
 from compilewatch.cache import layout
 from compilewatch.errors import BadInput

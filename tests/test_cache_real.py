@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 from compilewatch.cache import archive, fingerprint as fp_mod, layout, stamps, verify as verify_mod
 
 SCRIPT = '''

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 from compilewatch.cache import verify as verify_mod
 from tests.cache_helpers import OTHER_KEY, entry_pickle, make_cache, tree, write
 

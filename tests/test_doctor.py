@@ -11,7 +11,7 @@ from cli.main import app
 from compilewatch import doctor
 from compilewatch.devices import gpus
 from compilewatch.tracing import torchcompat
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 from tests.helpers import invoke, invoke_json
 from tests.test_gpus import fake_nvml, no_driver, seeds_drafters
 

@@ -12,7 +12,7 @@ from tests.numerics import reduction_tol
 
 pytest.importorskip("dflash.training.trainer")
 
-from dflash.config import apply_overrides, tiny  # noqa: E402
+from dflash.config import TopologyConfig, apply_overrides, tiny  # noqa: E402
 from dflash.engine.program import train_multi  # noqa: E402
 from dflash.training.trainer import Trainer  # noqa: E402
 
@@ -41,7 +41,7 @@ def test_engine_training_equals_the_single_device_trainer_with_the_same_global_b
     multi = Trainer.from_config(config(tmp_path / "multi", chat_file))
     steps_multi = []
     multi.on_event = lambda kind, d: steps_multi.append(d["metrics"]) if kind == "step" else None
-    result, report = train_multi(multi, ["cpu", "cpu"], ["cpu", "cpu"], stall_after=120)
+    result, report = train_multi(multi, TopologyConfig(target_devices=["cpu", "cpu"], drafter_devices=["cpu", "cpu"], stall_after=120))
     multi.close()
     assert report.ok, report.verdicts
     assert report.max_param_diff == 0.0 and report.prewarm.ok
@@ -62,15 +62,15 @@ def test_engine_training_equals_the_single_device_trainer_with_the_same_global_b
 
 def test_an_engine_run_resumed_from_its_checkpoint_repeats_the_uninterrupted_run(tmp_path, chat_file):
     whole = Trainer.from_config(config(tmp_path / "whole", chat_file, **{"train.max_steps": 4}))
-    train_multi(whole, ["cpu"], ["cpu", "cpu"])
+    train_multi(whole, TopologyConfig(target_devices=["cpu"], drafter_devices=["cpu", "cpu"]))
     whole.close()
     first = Trainer.from_config(config(tmp_path / "split", chat_file, **{"train.max_steps": 4}))
-    _, rep1 = train_multi(first, ["cpu"], ["cpu", "cpu"], until=2)
+    _, rep1 = train_multi(first, TopologyConfig(target_devices=["cpu"], drafter_devices=["cpu", "cpu"]), until=2)
     first.close()
     assert rep1.ok and rep1.steps_done == 2
     second = Trainer.from_config(config(tmp_path / "split", chat_file, **{"train.max_steps": 4}), resume=True)
     assert second.step == 2
-    _, rep2 = train_multi(second, ["cpu"], ["cpu", "cpu"])
+    _, rep2 = train_multi(second, TopologyConfig(target_devices=["cpu"], drafter_devices=["cpu", "cpu"]))
     second.close()
     assert rep2.ok and rep2.steps_done == 4 and rep2.start_step == 2 and rep2.max_param_diff == 0.0
     # bit-identical: one machine, the same kernels in the same order, the same data, weights and
@@ -168,7 +168,7 @@ def test_a_split_trainer_holds_only_embedding_and_head_and_trains_and_evaluates_
     (same weights, same kernels, same order on one machine): losses, weights and eval are bit-identical."""
     kw = {"eval.at_end": True, "eval.num_prompts": 2, "eval.max_new_tokens": 8}
     whole = Trainer.from_config(config(tmp_path / "whole", chat_file, **kw))
-    result_w, rep_w = train_multi(whole, ["cpu"], ["cpu", "cpu"])
+    result_w, rep_w = train_multi(whole, TopologyConfig(target_devices=["cpu"], drafter_devices=["cpu", "cpu"]))
     whole.close()
     split = Trainer.from_config(config(tmp_path / "split", chat_file, **kw), target_device="cpu")
     assert not split.target.has_body and split.full_target.has_body
@@ -182,7 +182,7 @@ def test_a_split_trainer_holds_only_embedding_and_head_and_trains_and_evaluates_
     loads = []
     real_load = dflash.model.target.load_target
     monkeypatch.setattr(dflash.model.target, "load_target", lambda *a, **k: loads.append(a) or real_load(*a, **k))
-    result_s, rep_s = train_multi(split, ["cpu"], ["cpu", "cpu"])
+    result_s, rep_s = train_multi(split, TopologyConfig(target_devices=["cpu"], drafter_devices=["cpu", "cpu"]))
     assert loads == []  # the target worker on the target's device runs the Trainer's full target
     split.close()
     assert rep_s.ok and rep_w.ok and rep_s.max_param_diff == 0.0
@@ -214,7 +214,7 @@ def test_a_split_run_on_two_gpus_keeps_the_target_body_off_the_drafter_gpu(tmp_p
     body = {p.device for p in trainer.full_target.model.parameters()}
     assert body == {torch.device("cuda:0")} and not trainer.target.has_body
     assert {p.device for p in trainer.target.model.parameters()} == {torch.device("cuda:1")}
-    result, report = train_multi(trainer, ["cuda:0"], ["cuda:1"], stall_after=300)
+    result, report = train_multi(trainer, TopologyConfig(target_devices=["cuda:0"], drafter_devices=["cuda:1"], stall_after=300))
     trainer.close()
     assert report.ok, report.verdicts
     assert result.steps == 3 and result.eval is not None and result.eval.outputs_match
@@ -228,7 +228,7 @@ def test_an_engine_with_a_compiled_target_prewarms_it_before_the_guard_freezes(t
     trainer = Trainer.from_config(config(tmp_path / "run", chat_file))
     trainer.target.compile_taps = True  # what load_target sets on CUDA
     try:
-        result, report = train_multi(trainer, ["cpu"], ["cpu"], stall_after=300)
+        result, report = train_multi(trainer, TopologyConfig(target_devices=["cpu"], drafter_devices=["cpu"], stall_after=300))
     finally:
         trainer.close()
     assert report.ok, report.verdicts

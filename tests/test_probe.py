@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from cli.main import app
-from compilewatch.tracing import probe as probe_lib
+from compilewatch.devices import probe as probe_lib
 from compilewatch.tracing import torchcompat, tracehooks
 from compilewatch.errors import BadInput
 from tests.helpers import invoke, invoke_json

@@ -195,7 +195,7 @@ def env_summary() -> dict[str, Any]:
     from importlib import metadata
 
     import compilewatch
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     def version(dist: str) -> str | None:
         try:
@@ -310,7 +310,7 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
          progress: ProgressFn | None = None) -> SaveResult:
     """Write the cache at `path` (default: torch's) to `archive`, atomically. See the module docstring.
     `progress(bytes_done, bytes_total)` is called after each file (it must not raise)."""
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     t0 = time.perf_counter()
     archive = Path(os.path.abspath(os.path.expanduser(archive)))
@@ -520,7 +520,7 @@ def compatibility(archive_key: str, archive_torch: str, entry_keys: dict[str, in
                   entry_torch: dict[str, int] | None = None,
                   archive_info: dict[str, Any] | None = None) -> tuple[str, ...]:
     """Why an archive or backup from (system key, torch version) would not hit here; () if it would."""
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     torch = torchinfo.torch_module()
     here_key, here_torch = torchinfo.system_key(), str(torch.__version__)
@@ -723,7 +723,7 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
     `<cache>.backup-<timestamp>`. `progress(done, total)` follows the archive's bytes while extracting
     (it must not raise).
     """
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     t0 = time.perf_counter()
     source = Path(os.path.abspath(os.path.expanduser(source)))
@@ -767,7 +767,7 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
 
 def _restore_dir(source: Path, path: str | os.PathLike[str] | None, force: bool, t0: float) -> LoadResult:
     """Restore a backup (or any cache) dir by renaming it into place (it must be on the same filesystem)."""
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     loc = layout.locate(path)
     target = loc.path

@@ -260,7 +260,7 @@ def fingerprint(path: str | os.PathLike[str] | None = None, *, files: bool = Fal
     Raises BadInput for a missing dir or one that is not an inductor cache. `progress(bytes done,
     bytes total)` follows the hashing (files whose hash the stat index knows count as done at once).
     """
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     loc = layout.resolve_existing(path)  # before torch._dynamo is imported: that import creates the dir
     torchinfo.system_key()  # per-process costs (torch import, triton key) before the clock starts
@@ -270,7 +270,7 @@ def fingerprint(path: str | os.PathLike[str] | None = None, *, files: bool = Fal
 
 def _fingerprint(loc: layout.CacheLocation, files: bool, use_index: bool, workers: int | None,
                  progress: ProgressFn | None = None) -> Fingerprint:
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     root = loc.path
     t0 = time.perf_counter()

@@ -279,7 +279,7 @@ def default_root(env: Mapping[str, str] | None = None) -> tuple[Path, str]:
     variable is set in `env`, else "default". `env` defaults to os.environ; `compilewatch doctor`
     passes the variables as they were before torch ran (torch sets TORCHINDUCTOR_CACHE_DIR itself
     when it first resolves the dir, which would make a default look chosen)."""
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     env = os.environ if env is None else env
     return torchinfo.inductor_cache_dir(), "TORCHINDUCTOR_CACHE_DIR" if env.get("TORCHINDUCTOR_CACHE_DIR") else "default"

@@ -281,7 +281,7 @@ def _inside(p: str, folder: Path) -> bool:
 
 
 def _gpu_arch() -> int | None:
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     torch = torchinfo.torch_module()
     try:
@@ -295,7 +295,7 @@ def _gpu_arch() -> int | None:
 
 def verify(path: str | os.PathLike[str] | None = None, *, deep: bool = True, fix: bool = False) -> VerifyReport:
     """Check the cache at `path` (default: torch's inductor cache dir). See the module docstring."""
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     loc = layout.resolve_existing(path)
     root = loc.path

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal
 
 from compilewatch.tracing import counters as _counters
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 from compilewatch.tracing.compile_events import CompileRecorder
 from compilewatch.devices.spec import parse_devices
 from compilewatch.tracing.targets import EntryPointError, Workload, as_workload

@@ -40,7 +40,7 @@ from typing import Any, Iterable, Sequence
 from compilewatch.errors import BadInput
 from compilewatch.inputs import loads_json, read_text
 from compilewatch.jsonshape import build
-from compilewatch.env.torchinfo import TorchBuild
+from compilewatch.torchinfo import TorchBuild
 
 SCHEMA = "compilewatch.lock"
 SCHEMA_VERSION = 1
@@ -249,7 +249,8 @@ def _triton(dists: Iterable[Distribution]) -> TritonInfo | None:
 
 def _torch_facts(notes: list[str], ask_torch: bool = False, progress: Any = None,
                  ) -> tuple[TorchBuild | None, InductorInfo | None]:
-    from compilewatch.env import systemkey, torchinfo
+    from compilewatch import torchinfo
+    from compilewatch.env import systemkey
 
     try:
         build = torchinfo.torch_build() if ask_torch else torchinfo.torch_build_from_files()

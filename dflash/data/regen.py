@@ -117,3 +117,18 @@ def regen_file(input_path: str, output_path: str, target, *, max_new_tokens: int
     turns = sum(len(_prompts(c)) for c in out)
     return RegenResult(conversations=len(out), turns=turns, generated_tokens=n_tokens,
                        seconds=time.perf_counter() - t0, output=str(output_path))
+
+
+def regen(input_path: str, output_path: str, *, target: str, device: str | None = None, max_new_tokens: int = 512,
+          batch_size: int = 32, temperature: float = 0.0, on_event=None) -> RegenResult:
+    """`dflash regen`: load the target (a local directory or embedded:tiny) on `device` (default
+    auto), answer every user turn of INPUT again, write OUTPUT. `on_event` gets the phase and the
+    progress ("regen": done, total)."""
+    from dflash.config import TargetConfig
+    from dflash.model.target import load_target, resolve_device
+
+    on_event = on_event or (lambda kind, data: None)
+    tgt = load_target(TargetConfig(path=target), 1, resolve_device(device or "auto"))
+    on_event("phase", {"name": "regenerate", "conversations": "all"})
+    return regen_file(input_path, output_path, tgt, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                      temperature=temperature, progress=lambda d, n: on_event("regen", {"done": d, "total": n}))

@@ -1,6 +1,8 @@
-"""`dflash train` as one rank of a torchrun job: join, agree, train on the engine, compare, report.
+"""One rank of a torchrun job: join, agree, (train on the engine), compare, report.
 
-    out = train_distributed(cfg, resume=False)  # devices, backend, timeout: cfg.topology
+dflash.run.train drives it (`dflash.train(cfg, distributed=True)`): `join` before the Trainer is
+built, `agree` after, the engine trains (dflash.engine.program.train_multi with the group), then
+`finish_rank`. Devices, backend, timeout and engine settings come from `cfg.topology`.
 
 Order (every step is the same on every rank; the collectives are in the same order everywhere):
 1. Read torchrun's environment (dflash.distributed.group.rank_info); pick this rank's devices (the
@@ -22,6 +24,7 @@ Order (every step is the same on every rank; the collectives are in the same ord
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -29,8 +32,8 @@ import torch
 
 from compilewatch import BadInput, CheckFailed
 from dflash.distributed import rank_report as rr
-from dflash.config import Config, apply_overrides, to_toml
-from dflash.distributed.group import ProcessGroup, RankInfo, backend_for, is_peer_failure, rank_device, require_rank_info
+from dflash.config import Config, TopologyConfig, apply_overrides, to_toml
+from dflash.distributed.group import ProcessGroup, RankInfo, backend_for, is_peer_failure, rank_device
 from dflash.training.result import TrainResult
 from dflash.training.trainer import Trainer, default_run_dir
 
@@ -100,16 +103,21 @@ def check_agreement(facts: Sequence[dict[str, Any]], hosts: Sequence[str]) -> li
     return notes
 
 
-def train_distributed(cfg: Config, *, resume: bool = False, watch: bool = True, until: int | None = None,
-                      on_event: Event | None = None, info: RankInfo | None = None) -> DistributedResult:
-    """Train as one rank of a torchrun job (see the module docstring for the order of things); the
-    devices, backend, timeout and engine settings come from `cfg.topology`. Raises BadInput for bad
-    input, and when the ranks did not build the same run."""
-    from compilewatch import atomic_write_json
-    from dflash.engine.program import rank_dir, target_home, train_multi
+@dataclass
+class Joined:
+    """This rank in its job, before the Trainer exists: who it is, its devices (the topology with this
+    rank's device lists), the open process group, and the run's config (rank 0's run directory)."""
+    info: RankInfo
+    cfg: Config
+    topology: TopologyConfig
+    backend: str
+    cache: Any  # this rank's inductor cache before anything compiled (rank_report.CacheState)
+    group: ProcessGroup
 
-    on_event = on_event or (lambda kind, data: None)
-    info = info or require_rank_info()
+
+def join(cfg: Config, info: RankInfo, on_event: Event) -> Joined:
+    """Steps 1-4 (module docstring): this rank's devices, its cache before anything compiles, the
+    process group, and rank 0's run directory. The caller builds the Trainer next (dflash.run)."""
     topo = cfg.topology
     targets, drafters = _devices(info, cfg)
     cache = rr.cache_state()  # before anything compiles
@@ -123,24 +131,35 @@ def train_distributed(cfg: Config, *, resume: bool = False, watch: bool = True, 
         cfg = apply_overrides(cfg, {"checkpoint.out_dir": group.broadcast(str(default_run_dir(cfg)) if info.primary else None)})
     # replica 0 runs on this rank's first drafter device (rank_device's pick without device lists);
     # the run's config.toml keeps the user's spec ("auto": each rank resolves its own again on --resume)
-    trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event, lock=info.primary, device=drafters[0],
-                                  target_device=target_home(targets, drafters))
-    try:
-        seen = group.all_gather((_facts(trainer, rr.params_digest(trainer.drafter)), info.host, cache))
-        notes = check_agreement([s[0] for s in seen], [s[1] for s in seen])
-        trainer.notes.extend(notes)
-        group.broadcast_parameters(trainer.drafter)
-        caches = [rr.RankCache(r, host, c) for r, (_, host, c) in enumerate(seen)]
-        on_event("ranks", {"caches": caches, "verdicts": rr.cache_verdicts(caches)})
-        result, report = train_multi(trainer, targets, drafters, stall_after=topo.stall_after, prewarm=topo.prewarm,
-                                     guard=topo.guard, queue_depth=topo.queue_depth, watch=watch, until=until,
-                                     group=group)
-    finally:
-        trainer.close()
+    mine = dataclasses.replace(topo, device="auto", target_devices=targets, drafter_devices=drafters)
+    return Joined(info, cfg, mine, backend, cache, group)
+
+
+def agree(joined: Joined, trainer: Trainer, on_event: Event) -> None:
+    """Step 5's check: every rank built the same run (BadInput naming the rank that differs); rank
+    0's parameters are broadcast; the ranks' caches compared."""
+    group = joined.group
+    seen = group.all_gather((_facts(trainer, rr.params_digest(trainer.drafter)), joined.info.host, joined.cache))
+    notes = check_agreement([s[0] for s in seen], [s[1] for s in seen])
+    trainer.notes.extend(notes)
+    group.broadcast_parameters(trainer.drafter)
+    caches = [rr.RankCache(r, host, c) for r, (_, host, c) in enumerate(seen)]
+    on_event("ranks", {"caches": caches, "verdicts": rr.cache_verdicts(caches)})
+
+
+def finish_rank(joined: Joined, trainer: Trainer, result: TrainResult, report: Any, *,
+                watch: bool = True) -> DistributedResult:
+    """Step 7: this rank's report; when the run ended ok here, every rank's (gathered: also the
+    barrier after rank 0's final checkpoint) and the cross-rank verdicts."""
+    from compilewatch import atomic_write_json
+    from dflash.engine.program import rank_dir
+
+    info, group, topo = joined.info, joined.group, joined.topology
     own_dir = rank_dir(trainer.run_dir, info.rank)
     mine = rr.RankReport(
         rank=info.rank, world_size=info.world_size, local_rank=info.local_rank, node_rank=info.node_rank,
-        host=info.host, backend=backend, target_devices=targets, drafter_devices=drafters, cache=cache,
+        host=info.host, backend=joined.backend, target_devices=topo.target_devices,
+        drafter_devices=topo.drafter_devices, cache=joined.cache,
         prewarm=rr.prewarm_cache(report.prewarm), outcome=report.outcome, steps_done=report.steps_done,
         params_digest=rr.params_digest(trainer.drafter) if report.ok else None,
         watch_report=str(own_dir / "watch.jsonl") if watch else None, engine_verdicts=report.verdicts)

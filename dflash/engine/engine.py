@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
 
 from compilewatch import Frame, all_thread_stacks
+from dflash.config import DEFAULT_QUEUE_DEPTH, DEFAULT_STALL_AFTER_S, TopologyConfig, check_engine_settings
 from dflash.engine import compile_safety, replicas as _replicas
 from dflash.engine.routing import BatchRouter, Stopped, first_item, item_index
 
@@ -130,9 +131,9 @@ class EngineConfig:
     """Resume: the first step to run; item indices continue from it, so the data does too."""
     grad_accum: int = 1
     """Micro-batches per replica per step; the global batch is replicas x grad_accum micro-batches."""
-    queue_depth: int = 2
+    queue_depth: int = DEFAULT_QUEUE_DEPTH
     """Batches each target worker may hold ready (bounded: a fast target never runs far ahead)."""
-    stall_after: float = 300.0
+    stall_after: float = DEFAULT_STALL_AFTER_S
     """No committed step for this many seconds = a stall: dump every stack and stop."""
     prewarm: bool = True
     """Run every replica's step once in the main thread, device by device, before threads start."""
@@ -162,12 +163,18 @@ class EngineConfig:
             raise ValueError(f"steps: need 0 <= start_step < steps, got start_step={self.start_step}, steps={self.steps}")
         if self.grad_accum < 1:
             raise ValueError("grad_accum: must be >= 1")
-        if self.queue_depth < 1:
-            raise ValueError("queue_depth: must be >= 1")
-        if self.stall_after <= 0:
-            raise ValueError("stall_after: must be > 0 seconds")
+        check_engine_settings(self.stall_after, self.queue_depth)
         if self.save_every < 0:
             raise ValueError("save_every: must be >= 0")
+
+    @classmethod
+    def from_topology(cls, topo: TopologyConfig, **run: Any) -> "EngineConfig":
+        """The engine a run's topology section asks for, the section taken as it is (its devices,
+        stall watchdog, queue depth, prewarm, guard); `run` adds what the run decides (steps,
+        start_step, grad_accum, save_every, watch, watch_report)."""
+        return cls(target_devices=topo.target_devices, drafter_devices=topo.drafter_devices,
+                   queue_depth=topo.queue_depth, stall_after=topo.stall_after, prewarm=topo.prewarm,
+                   guard=topo.guard, **run)
 
 
 @dataclass(frozen=True, slots=True)

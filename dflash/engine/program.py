@@ -1,6 +1,6 @@
 """DFlash on the multi-device engine: target workers compute taps, drafter replicas train on them.
 
-`train_multi(trainer, target_devices, drafter_devices)` runs the same training as `Trainer.train()`
+`train_multi(trainer, cfg.topology)` runs the same training as `Trainer.train()`
 (same data order, anchors, schedule, loss, checkpoints), spread over threads:
 - the target workers (one per target device, each with its own copy of the frozen target) turn
   micro-batch `i` into `{"batch", "taps"}`;
@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from dflash.config import TopologyConfig, to_toml
 from dflash.engine.engine import Engine, EngineConfig, EngineReport, Program, Replica, StepRecord
 from dflash.model.drafter import DFlashDrafter
 from dflash.model.build import build_drafter
@@ -229,16 +230,15 @@ def rank_dir(run_dir, rank: int):
     return Path(run_dir) / "ranks" / f"rank-{rank}"
 
 
-def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices: Sequence[str], *,
-                stall_after: float = 300.0, prewarm: bool = True, guard: bool = True, watch: bool = True,
-                queue_depth: int = 2, until: int | None = None, group: Any = None) -> tuple[TrainResult, EngineReport]:
-    """Train with the engine; same outputs as Trainer.train() (run dir, metrics, checkpoints, eval).
+def train_multi(trainer: Trainer, topo: TopologyConfig, *, watch: bool = True, until: int | None = None,
+                group: Any = None) -> tuple[TrainResult, EngineReport]:
+    """Train with the engine on `topo` (the topology section as it is: devices, stall watchdog, queue
+    depth, prewarm, guard); same outputs as Trainer.train() (run dir, metrics, checkpoints, eval).
     `until`: stop after that step (the schedule still spans the whole run), like Trainer.train(until).
     `group`: a dflash.distributed.group.ProcessGroup when this process is one rank of several (see above)."""
     from compilewatch import atomic_write_text
-    from dflash.config import to_toml
-
     cfg = trainer.cfg
+    target_devices, drafter_devices = topo.target_devices, topo.drafter_devices
     rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
     program, plan = dflash_program(trainer, drafter_devices, rank=rank, world=world)
     total = cfg.train.max_steps or cfg.train.epochs * plan.steps_per_epoch
@@ -265,11 +265,9 @@ def train_multi(trainer: Trainer, target_devices: Sequence[str], drafter_devices
         report = finished_report(target_devices, drafter_devices, trainer.step, stop)
         writer.write_event("engine", {"report": report})
         return log.result(t0, run_eval=rank == 0), report
-    ecfg = EngineConfig(target_devices=tuple(target_devices), drafter_devices=tuple(drafter_devices), steps=stop,
-                        start_step=trainer.step, grad_accum=cfg.train.grad_accum, queue_depth=queue_depth,
-                        stall_after=stall_after, prewarm=prewarm, guard=guard, watch=watch,
-                        save_every=cfg.checkpoint.every,
-                        watch_report=str(own / "watch.jsonl") if watch else None)
+    ecfg = EngineConfig.from_topology(topo, steps=stop, start_step=trainer.step, grad_accum=cfg.train.grad_accum,
+                                      watch=watch, save_every=cfg.checkpoint.every,
+                                      watch_report=str(own / "watch.jsonl") if watch else None)
     # with a group: every rank's threads start together (after every rank's prewarm), and each step's
     # gradients are summed across ranks inside the engine's step barrier
     holder["engine"] = Engine(program, ecfg, on_step=on_step, collective=group,

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Literal
 
 from compilewatch.tracing import counters as _counters
 from compilewatch.tracing import fxpatch, stacks, torchcompat
-from compilewatch.env import torchinfo
+from compilewatch import torchinfo
 from compilewatch.tracing.compile_events import CompileRecorder, CompileWindow
 from compilewatch.devices.spec import parse_devices
 from compilewatch.tracing.stacks import Frame
