@@ -24,7 +24,7 @@ from compilewatch.tracing import torchcompat
 from compilewatch import torchinfo
 
 if TYPE_CHECKING:
-    from compilewatch.cache.remote_usage import RemoteUsage
+    from compilewatch.remote_usage import RemoteUsage
 
 Level = Literal["ok", "info", "warn", "problem"]
 
@@ -327,7 +327,7 @@ def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn
 
 def remote_verdicts(u: "RemoteUsage | None") -> list[Verdict]:
     """torch's remote caches: on and answering, or on and unreachable (a problem: torch stays silent)."""
-    from compilewatch.cache import remote_usage
+    from compilewatch import remote_usage
 
     if u is None:
         return []
@@ -341,7 +341,7 @@ def remote_verdicts(u: "RemoteUsage | None") -> list[Verdict]:
 
 def doctor() -> DoctorReport:
     """Collect every fact and verdict. Never raises for what it finds."""
-    from compilewatch.cache import remote_usage
+    from compilewatch import remote_usage
 
     before = _set_env()  # before anything below lets torch set TORCHINDUCTOR_CACHE_DIR
     env = env_facts(before)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from compilewatch import doctor as doctor_mod
-from compilewatch.cache import remote_usage
+from compilewatch import remote_usage
 from compilewatch.tracing import runner
 from compilewatch.tracing.watch_events import WatchEvent, summarize
 from tests.redis_helpers import free_port

@@ -281,7 +281,7 @@ def entries(client, *, kinds: tuple[str, ...] | None = None, deep: bool, keep: b
 
 def here() -> tuple[str, str | None, str]:
     """This machine's system key, torch-build hash (what entries stamp) and torch version."""
-    from compilewatch.env import torchinfo
+    from compilewatch import torchinfo
 
     return torchinfo.system_key(), stamps.current_torch_hash(), str(torchinfo.torch_module().__version__)
 

@@ -237,7 +237,7 @@ class Watcher:
         if "torch._inductor.remote_cache" not in sys.modules:
             return
         try:
-            from compilewatch.cache import remote_usage
+            from compilewatch import remote_usage
 
             u = remote_usage.usage()
         except Exception as e:  # noqa: BLE001 - reporting must never break the program's exit

@@ -80,3 +80,27 @@ def usage(env: Mapping[str, str] | None = None, *, counts: dict[str, dict[str, i
 def down_message(u: RemoteUsage) -> str:
     return (f"torch's remote caches ({', '.join(u.enabled)}) are on but the server does not answer: {u.why}; torch "
             "says nothing, it stops using the cache and compiles everything itself")
+
+
+_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def enable(url: str) -> dict[str, str]:
+    """Turn on torch's FX-graph and AOTAutograd remote caches at `url` for this process and the ones it
+    starts (compile workers, a trainer's children): the environment variables torch reads, and, where
+    torch already read them at import, its config. Call it before the first compile. Nothing is
+    contacted: a server that is down makes torch compile locally, and `usage()` reports it.
+    Returns the variables set. BadInput for a URL that is not redis://, rediss:// or unix://."""
+    from compilewatch.errors import BadInput
+
+    if not isinstance(url, str) or not url.startswith(_SCHEMES):
+        raise BadInput(f"not a Redis URL: {remote.redact(str(url))!r}",
+                       hint="write redis://[:PASSWORD@]HOST:PORT[/DB] (rediss:// for TLS)")
+    env = {remote_keys.KINDS["fxgraph"].env: "1", remote_keys.KINDS["aotautograd"].env: "1",
+           "TORCHINDUCTOR_REDIS_URL": url}
+    os.environ.update(env)
+    if "torch._inductor.config" in sys.modules:  # defaults were read from the environment at import
+        sys.modules["torch._inductor.config"].fx_graph_remote_cache = True
+    if "torch._functorch.config" in sys.modules:
+        sys.modules["torch._functorch.config"].enable_remote_autograd_cache = True
+    return env
