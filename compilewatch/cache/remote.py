@@ -18,6 +18,7 @@ traffic to another host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import Counter
@@ -120,7 +121,8 @@ def why_failed(exc: BaseException, url: str) -> str:
     return f"{safe}: {type(exc).__name__}: {text[:200]}"
 
 
-def connect(url: str | None = None, *, env: Mapping[str, str] | None = None, timeout: float = CONNECT_TIMEOUT_S):
+def connect(url: str | None = None, *, env: Mapping[str, str] | None = None, timeout: float = CONNECT_TIMEOUT_S,
+            socket_timeout: float = SOCKET_TIMEOUT_S):
     """A `redis.Redis` client for `url` (default: what torch would use), checked with PING.
 
     BadInput (exit 2) with the reason when the server cannot be used: unreachable, not Redis, wrong
@@ -128,7 +130,7 @@ def connect(url: str | None = None, *, env: Mapping[str, str] | None = None, tim
     redis = _redis()
     raw, _ = _raw_url(url, os.environ if env is None else env)
     try:
-        client = redis.Redis.from_url(raw, socket_connect_timeout=timeout, socket_timeout=SOCKET_TIMEOUT_S,
+        client = redis.Redis.from_url(raw, socket_connect_timeout=timeout, socket_timeout=socket_timeout,
                                       retry_on_timeout=False)
     except ValueError as e:
         raise BadInput(f"not a Redis URL: {redact(raw)} ({e})",
@@ -160,7 +162,7 @@ def probe(url: str | None = None, *, env: Mapping[str, str] | None = None,
     raw, source = _raw_url(url, env)
     t0 = time.perf_counter()
     try:
-        client = connect(raw, env=env, timeout=timeout)
+        client = connect(raw, env=env, timeout=timeout, socket_timeout=max(timeout, 1.0))  # a hung server too
         dt = time.perf_counter() - t0
         info = client.info("server")
         keys = int(client.dbsize())
@@ -171,6 +173,17 @@ def probe(url: str | None = None, *, env: Mapping[str, str] | None = None,
         return Reachability(redact(raw), source, False, f"{type(e).__name__}: {str(e)[:200]}", None, None)
     return Reachability(redact(raw), source, True, f"answered PING in {dt * 1000:.1f} ms",
                         str(info.get("redis_version")) if isinstance(info, dict) else None, keys)
+
+
+@contextlib.contextmanager
+def failing_server(url: str | None, what: str, hint: str = "run it again when the server is back"):
+    """A server that fails mid-command (it died, it was restarted, a key changed type) as BadInput."""
+    redis = _redis()
+    try:
+        yield
+    except redis.exceptions.RedisError as e:
+        raise BadInput(f"the server failed during {what}: {why_failed(e, _raw_url(url, os.environ)[0])}",
+                       hint=hint) from None
 
 
 # --- listing and capped reads -------------------------------------------------------------------------
@@ -331,6 +344,11 @@ def status(url: str | None = None, *, quick: bool = False, max_value: int = MAX_
     if not reach.reachable:
         return empty
     client = connect(url)
+    with failing_server(url, "status"):
+        return _status(client, reach, cfg, quick, max_value)
+
+
+def _status(client, reach: Reachability, cfg: RemoteConfig, quick: bool, max_value: int) -> RemoteStatus:
     sk, th, tv = (None, None, None) if quick else here()
     per: dict[str, list[int]] = {}
     by_sys: Counter[str] = Counter()
@@ -470,6 +488,11 @@ def verify(url: str | None = None, *, max_value: int = MAX_VALUE) -> RemoteVerif
     """Scan every entry of the remote cache (pickles parsed, never unpickled) and the server's posture."""
     raw, _ = _raw_url(url, os.environ)
     client = connect(url)
+    with failing_server(url, "verify"):
+        return _verify(client, raw, max_value)
+
+
+def _verify(client, raw: str, max_value: int) -> RemoteVerifyReport:
     sk, th, tv = here()
     findings: list[RemoteFinding] = []
     checked: Counter[str] = Counter()

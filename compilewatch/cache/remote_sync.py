@@ -191,20 +191,19 @@ def push(source: str | os.PathLike[str], url: str | None = None, *, overwrite: b
         archive_mod.compression_for(src)  # BadInput for a file that is none of the three
     client = remote.connect(url)
     try:
-        if kind == "dir":
-            pushed, nbytes, already, skipped = _push_dir(client, src, overwrite, max_value)
-        elif kind == "backup":
-            pushed, nbytes, already, skipped = _push_backup(client, src, overwrite, max_value)
-        else:
-            tmp = Path(tempfile.mkdtemp(prefix="compilewatch-push-"))
-            try:
-                archive_mod.load(src, tmp / "cache")  # every check `cache load` makes, provenance included
-                pushed, nbytes, already, skipped = _push_dir(client, tmp / "cache", overwrite, max_value)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    except _redis_errors() as e:
-        raise BadInput(f"the server failed during push: {remote.why_failed(e, _url(url))}",
-                       hint="what was written before the failure stays; run push again when the server is back") from None
+        with remote.failing_server(url, "push", "what was written before the failure stays; run push again "
+                                   "when the server is back"):
+            if kind == "dir":
+                pushed, nbytes, already, skipped = _push_dir(client, src, overwrite, max_value)
+            elif kind == "backup":
+                pushed, nbytes, already, skipped = _push_backup(client, src, overwrite, max_value)
+            else:
+                tmp = Path(tempfile.mkdtemp(prefix="compilewatch-push-"))
+                try:
+                    archive_mod.load(src, tmp / "cache")  # every check `cache load` makes, provenance included
+                    pushed, nbytes, already, skipped = _push_dir(client, tmp / "cache", overwrite, max_value)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
     finally:
         client.close()
     notes = (AOT_FLAG_NOTE,) if pushed.get("aotautograd") and kind != "backup" else ()
@@ -214,11 +213,6 @@ def push(source: str | os.PathLike[str], url: str | None = None, *, overwrite: b
 
 def _url(url: str | None) -> str:
     return remote._raw_url(url, os.environ)[0]
-
-
-def _redis_errors() -> tuple[type[BaseException], ...]:
-    redis = remote._redis()
-    return (redis.exceptions.RedisError,)
 
 
 # --- pull ---------------------------------------------------------------------------------------------
@@ -284,36 +278,8 @@ def pull(url: str | None = None, path: str | os.PathLike[str] | None = None, *, 
         if target.is_dir():
             _link_tree(target, staging)
         try:
-            for e in remote.entries(client, kinds=remote_keys.PUSHABLE, deep=True, keep=True, max_value=max_value):
-                if e.problem in ("untrusted", "unloadable"):
-                    raise BadInput(f"{remote.config(url).url}: refused {one_line(e.key, 200)}: {e.detail}",
-                                   hint="nothing was changed. `compilewatch cache remote verify` lists every such "
-                                        "entry; someone who could write to this server put it there (docs/security.md)")
-                if e.problem:
-                    skipped.append(Skipped(e.key, f"{e.problem}: {e.detail}"))
-                    continue
-                if remote.would_hit(e, sk, th) is False and not all_systems:
-                    skipped.append(Skipped(e.key, "built for another system key or torch build: it never hits here"))
-                    continue
-                parsed = remote_keys.parse_key(e.key)
-                assert e.content is not None and parsed.key is not None
-                try:
-                    rel = _local_rel(e.kind, parsed.key, e.content)
-                except ValueError as err:
-                    skipped.append(Skipped(e.key, str(err)))
-                    continue
-                dest = staging / rel
-                if _same_file_exists(dest.parent, e.content):
-                    already += 1
-                    continue
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                with open(dest, "xb") as fh:
-                    fh.write(e.content)
-                pulled[e.kind] += 1
-                nbytes += len(e.content)
-        except _redis_errors() as err:
-            raise BadInput(f"the server failed during pull: {remote.why_failed(err, _url(url))}",
-                           hint="nothing was changed; pull again when the server is back") from None
+            with remote.failing_server(url, "pull", "nothing was changed; pull again when the server is back"):
+                nbytes, already = _fetch(client, url, staging, pulled, skipped, sk, th, all_systems, max_value)
         finally:
             client.close()
         if pulled:
@@ -324,6 +290,40 @@ def pull(url: str | None = None, path: str | os.PathLike[str] | None = None, *, 
             shutil.rmtree(staging, ignore_errors=True)
     return PullResult(remote.config(url).url, str(target), backup, dict(pulled), nbytes, already, tuple(skipped),
                       time.perf_counter() - t0)
+
+
+def _fetch(client, url: str | None, staging: Path, pulled: Counter[str], skipped: list[Skipped], sk: str,
+           th: str | None, all_systems: bool, max_value: int) -> tuple[int, int]:
+    """Write the remote entries this machine would hit into `staging`; (bytes, entries already there)."""
+    nbytes = already = 0
+    for e in remote.entries(client, kinds=remote_keys.PUSHABLE, deep=True, keep=True, max_value=max_value):
+        if e.problem in ("untrusted", "unloadable"):
+            raise BadInput(f"{remote.config(url).url}: refused {one_line(e.key, 200)}: {e.detail}",
+                           hint="nothing was changed. `compilewatch cache remote verify` lists every such "
+                                "entry; someone who could write to this server put it there (docs/security.md)")
+        if e.problem:
+            skipped.append(Skipped(e.key, f"{e.problem}: {e.detail}"))
+            continue
+        if remote.would_hit(e, sk, th) is False and not all_systems:
+            skipped.append(Skipped(e.key, "built for another system key or torch build: it never hits here"))
+            continue
+        parsed = remote_keys.parse_key(e.key)
+        assert e.content is not None and parsed.key is not None
+        try:
+            rel = _local_rel(e.kind, parsed.key, e.content)
+        except ValueError as err:
+            skipped.append(Skipped(e.key, str(err)))
+            continue
+        dest = staging / rel
+        if _same_file_exists(dest.parent, e.content):
+            already += 1
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest, "xb") as fh:
+            fh.write(e.content)
+        pulled[e.kind] += 1
+        nbytes += len(e.content)
+    return nbytes, already
 
 
 # --- clear and its backup ------------------------------------------------------------------------------
@@ -370,47 +370,51 @@ def clear(url: str | None = None, *, backup: str | os.PathLike[str] | None = Non
     client = remote.connect(url)
     safe = remote.config(url).url
     try:
-        keys: list[remote.KeyInfo] = []
-        left = 0
-        for ki in remote.scan(client):
-            if ki.kind in remote_keys.KINDS or ki.kind == "pt2-unknown":
-                keys.append(ki)
-            else:
-                left += 1
-        over = [k for k in keys if (k.size or 0) > max_value]
-        if over:
-            raise BadInput(f"{len(over)} entries are larger than the {max_value} byte cap (e.g. "
-                           f"{one_line(over[0].key, 120)}, {over[0].size} bytes): they could not be backed up; "
-                           "nothing was deleted", hint="raise --max-value")
-        if not keys:
-            return RemoteClearResult(safe, 0, 0, None, 0, left, None)
-        dest = Path(os.path.abspath(os.path.expanduser(backup))) if backup else default_backup_path(url)
-        if dest.exists():
-            raise BadInput(f"{dest} already exists; nothing was deleted", hint="choose another --backup file")
-        digests: dict[str, str] = {}
-        nbytes = 0
-        with atomic_path(dest) as tmp:
-            with open(tmp, "w", encoding="ascii") as out:
-                out.write(json.dumps({"format": BACKUP_FORMAT, "version": 1, "url": safe, "host": socket.gethostname(),
-                                      "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n")
-                for ki in keys:
-                    value = remote.read_capped(client, ki.key, max_value)
-                    if value is None:
-                        continue
-                    out.write(json.dumps({"key": ki.key, "value": base64.b64encode(value).decode("ascii")}) + "\n")
-                    digests[ki.key] = hashlib.sha1(value).hexdigest()
-                    nbytes += len(value)
-        cas = client.register_script(_CAS_DELETE)
-        deleted = changed = 0
-        for key, digest in digests.items():
-            if cas(keys=[key], args=[digest]):
-                deleted += 1
-            else:
-                changed += 1
-    except _redis_errors() as e:
-        raise BadInput(f"the server failed during clear: {remote.why_failed(e, _url(url))}",
-                       hint="entries are deleted only after the backup file is complete; what was deleted is in it") from None
+        with remote.failing_server(url, "clear", "entries are deleted only after the backup file is complete; "
+                                   "what was deleted is in it"):
+            return _clear(client, url, safe, backup, max_value)
     finally:
         client.close()
+
+
+def _clear(client, url: str | None, safe: str, backup: str | os.PathLike[str] | None,
+           max_value: int) -> RemoteClearResult:
+    keys: list[remote.KeyInfo] = []
+    left = 0
+    for ki in remote.scan(client):
+        if ki.kind in remote_keys.KINDS or ki.kind == "pt2-unknown":
+            keys.append(ki)
+        else:
+            left += 1
+    over = [k for k in keys if (k.size or 0) > max_value]
+    if over:
+        raise BadInput(f"{len(over)} entries are larger than the {max_value} byte cap (e.g. "
+                       f"{one_line(over[0].key, 120)}, {over[0].size} bytes): they could not be backed up; "
+                       "nothing was deleted", hint="raise --max-value")
+    if not keys:
+        return RemoteClearResult(safe, 0, 0, None, 0, left, None)
+    dest = Path(os.path.abspath(os.path.expanduser(backup))) if backup else default_backup_path(url)
+    if dest.exists():
+        raise BadInput(f"{dest} already exists; nothing was deleted", hint="choose another --backup file")
+    digests: dict[str, str] = {}
+    nbytes = 0
+    with atomic_path(dest) as tmp:
+        with open(tmp, "w", encoding="ascii") as out:
+            out.write(json.dumps({"format": BACKUP_FORMAT, "version": 1, "url": safe, "host": socket.gethostname(),
+                                  "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n")
+            for ki in keys:
+                value = remote.read_capped(client, ki.key, max_value)
+                if value is None:
+                    continue
+                out.write(json.dumps({"key": ki.key, "value": base64.b64encode(value).decode("ascii")}) + "\n")
+                digests[ki.key] = hashlib.sha1(value).hexdigest()
+                nbytes += len(value)
+    cas = client.register_script(_CAS_DELETE)
+    deleted = changed = 0
+    for key, digest in digests.items():
+        if cas(keys=[key], args=[digest]):
+            deleted += 1
+        else:
+            changed += 1
     return RemoteClearResult(safe, deleted, nbytes, str(dest), changed, left,
                              f"compilewatch cache remote push {dest}" + ("" if url is None else " --url URL"))
