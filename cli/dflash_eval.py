@@ -36,7 +36,8 @@ def eval_cmd(
         progress("phase", {"name": "eval", "prompts": prompts or "the configured"})
         result = dflash.evaluate(checkpoint, target_path=target, data_path=data, num_prompts=prompts,
                                   max_new_tokens=max_new_tokens, device=device,
-                                  progress=lambda d, n: progress("eval", {"done": d, "total": n}))
+                                  progress=lambda d, n: progress("eval", {"done": d, "total": n}),
+                                  on_note=lambda note: output.err.print(f"[dim]note:[/] {note}"))
     output.emit(result, as_json, _render)
 
 

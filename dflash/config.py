@@ -97,6 +97,12 @@ class DataConfig:
     """Longest regenerated answer."""
     max_length: int = 3072
     """Sequences are truncated to this many tokens (paper: 3072)."""
+    max_record_chars: int | None = None
+    """A conversation with more characters than this (all turns) is skipped before it reaches the
+    tokenizer (a counted skip reason; an error with strict); None = 64 x max_length, far more text
+    than max_length tokens (a token is ~4 characters). Its JSONL line may hold at most
+    16 x this many bytes + 64 KiB (JSON escapes take up to 12 bytes a character): a longer line is
+    skipped unread."""
     num_anchors: int = 512
     """Blocks per sequence, sampled without replacement from loss-masked positions in [0, S-B]."""
     batch_size: int = 4
@@ -104,8 +110,9 @@ class DataConfig:
     buckets: tuple[int, ...] = ()
     """Padded sequence lengths (few shapes = few recompiles); empty = powers of two up to max_length."""
     strict: bool = False
-    """Any skipped record (unreadable line, no assistant turn, refused by the chat template, no anchor
-    position) is bad input (exit 2) instead of a counted skip."""
+    """Any skipped record (unreadable or oversized line, no assistant turn, one that starts with the
+    assistant, refused by the chat template, no anchor position) is bad input (exit 2) instead of a
+    counted skip."""
     cache_dir: str | None = None
     """Where tokenized data is cached (memory-mapped, keyed by data, tokenizer, template, max length
     and code version; dflash/data/cache.py): None = $DFLASH_DATA_CACHE, else ~/.cache/dflash/data
@@ -119,10 +126,19 @@ class DataConfig:
         _need(self.num_anchors >= 1, "data.num_anchors", "must be >= 1")
         _need(self.batch_size >= 1, "data.batch_size", "must be >= 1")
         _need(self.regen_max_new_tokens >= 1, "data.regen_max_new_tokens", "must be >= 1")
+        _need(self.max_record_chars is None or self.max_record_chars >= 1, "data.max_record_chars", "must be >= 1 or none")
         _need(self.workers is None or self.workers >= 1, "data.workers", "must be >= 1 or none")
         _need(self.cache_dir is None or bool(self.cache_dir), "data.cache_dir", 'must be a directory, "off" or none')
         _need(all(b >= 1 for b in self.buckets) and list(self.buckets) == sorted(set(self.buckets)),
               "data.buckets", "must be increasing positive lengths")
+
+    def record_chars(self) -> int:
+        """The most characters a conversation may have (max_record_chars, or 64 x max_length)."""
+        return self.max_record_chars if self.max_record_chars is not None else 64 * self.max_length
+
+    def line_bytes(self) -> int:
+        """The most bytes one JSONL line may have: 16 bytes a character (escapes) plus 64 KiB of keys."""
+        return 16 * self.record_chars() + (64 << 10)
 
     def bucket_lengths(self) -> tuple[int, ...]:
         if self.buckets:

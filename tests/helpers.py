@@ -1,7 +1,8 @@
-"""Helpers shared by tests: run a CLI app with CliRunner and parse its JSON."""
+"""Helpers shared by tests: run a CLI app with CliRunner and parse its JSON; a per-case time limit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -33,3 +34,21 @@ def requires_cuda(min_gpus: int = 1, bf16: bool = False):
     if bf16 and n and not torch.cuda.is_bf16_supported():
         reasons.append("needs bf16 support")
     return pytest.mark.skipif(bool(reasons), reason="; ".join(reasons) or "ok")
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Fail (TimeoutError) when the block runs longer than `seconds`: in a fault or fuzz suite a hang
+    is a failure, not a stuck CI job (SIGALRM: the main thread only; a blocking syscall is interrupted)."""
+    import signal
+
+    def fire(signum, frame):
+        raise TimeoutError(f"over the {seconds} s limit")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -100,7 +100,9 @@ def test_eval_accepts_the_latest_pointer_and_the_checkpoints_dir(tmp_path, chat_
     for p in (tmp_path, tmp_path / "checkpoints", tmp_path / "checkpoints" / "latest", want):
         assert ckpt.resolve_checkpoint(p) == want
     (tmp_path / "checkpoints" / "latest").write_text("../../elsewhere\n")  # never followed out of checkpoints/
-    assert ckpt.latest_checkpoint(tmp_path) == want
+    with pytest.raises(BadInput, match="does not name a checkpoint") as e:  # nor silently replaced (issue 31)
+        ckpt.latest_checkpoint(tmp_path)
+    assert "step_000001" in e.value.hint
 
 
 def test_tensorboard_is_off_by_default_and_a_clear_error_when_missing():
@@ -125,7 +127,8 @@ def test_export_config_and_safetensors_names(tmp_path, chat_file):
     finally:
         t.close()
     ck = ckpt.latest_checkpoint(tmp_path)
-    assert {p.name for p in ck.iterdir()} == {"config.json", "model.safetensors", "training_state.pt", "train_config.toml"}
+    assert {p.name for p in ck.iterdir()} == {"config.json", "model.safetensors", "training_state.pt", "train_config.toml",
+                                              "manifest.json"}  # sizes + checksums (issue 31)
     cfg = json.loads((ck / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
     assert cfg["block_size"] == 8 and cfg["num_target_layers"] == 6 and cfg["num_hidden_layers"] == 2

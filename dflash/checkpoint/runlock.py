@@ -54,8 +54,14 @@ class RunLock:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             raise self._held_error(me["host"]) from None
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(me, fh)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(me, fh)
+        except BaseException as e:  # a full disk: the half-written lock is ours (O_EXCL), never left behind
+            self.path.unlink(missing_ok=True)
+            if isinstance(e, OSError):
+                raise BadInput(f"cannot write the run lock {str(self.path)!r}: {e.strerror or e}") from None
+            raise
         self.held = True
         return self
 

@@ -9,6 +9,7 @@ Layout of a run directory:
         model.safetensors                layers.*, fc, hidden_norm, norm (reference names)
         training_state.pt                fp32 master weights, optimizer, step (for --resume)
         train_config.toml                the training config
+        manifest.json                    size + xxh3-128 of each file above (dflash/checkpoint/manifest.py)
     RUN/checkpoints/latest               the name of the newest complete checkpoint
 
 A checkpoint directory is written under a temporary name and renamed into place (atomic on POSIX),
@@ -19,6 +20,7 @@ existing directory of the same name is moved aside to `<name>.bak-<time>`, never
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 from compilewatch import BadInput, FILE_MODE, atomic_write_bytes, atomic_write_json, atomic_write_text
+from dflash.checkpoint import manifest
 from dflash.model.drafter import DFlashDrafter, DrafterSpec
 
 EXPORT_FILES = ("config.json", "model.safetensors")
@@ -73,8 +76,8 @@ def export_config(spec: DrafterSpec, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def spec_from_config(cfg: Any) -> DrafterSpec:
-    """Read a DrafterSpec back from an exported config.json (every field type-checked: BadInput)."""
+def spec_from_config(cfg: Any, where: str = "config.json") -> DrafterSpec:
+    """Read a DrafterSpec back from an exported config.json (every field type-checked and bounded: BadInput)."""
     try:
         d = cfg["dflash_config"]
         rope = cfg.get("rope_parameters")
@@ -91,27 +94,29 @@ def spec_from_config(cfg: Any) -> DrafterSpec:
             "rope_scaling": _rope_scaling(cfg), "attention_bias": cfg.get("attention_bias", False),
         }
     except (KeyError, TypeError, AttributeError) as e:
-        raise BadInput(f"config.json is not a DFlash drafter config (missing or bad {e})",
+        raise BadInput(f"{where} is not a DFlash drafter config (missing or bad {e})",
                        hint="export a checkpoint with `dflash train`; it writes config.json with dflash_config") from None
-    return checked_spec(fields, "config.json")
+    return checked_spec(fields, where)
 
 
 def checked_spec(fields: Any, where: str) -> DrafterSpec:
-    """A DrafterSpec from untrusted values: each field's type and the spec's own rules checked (BadInput)."""
+    """A DrafterSpec from untrusted values: each field's type, the spec's own rules, and sane bounds
+    and ranges (dflash.checkpoint.export_check.check_spec) checked before anything is allocated (BadInput)."""
     from compilewatch import dataclass_from_json
+    from dflash.checkpoint.export_check import check_spec
 
     try:
         spec = dataclass_from_json(DrafterSpec, fields, where)
-        if min(spec.hidden_size, spec.num_hidden_layers, spec.num_attention_heads, spec.num_key_value_heads,
-               spec.head_dim, spec.vocab_size, spec.block_size) <= 0:
-            raise ValueError("sizes must be positive")
-        return spec
     except (ValueError, ZeroDivisionError) as e:
         raise BadInput(f"{where}: not a drafter spec ({str(e)[:200]})") from None
+    return check_spec(spec, where)
 
 
 def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
-    rp = cfg.get("rope_scaling") or {k: v for k, v in (cfg.get("rope_parameters") or {}).items() if k != "rope_theta"}
+    rs = cfg.get("rope_scaling")
+    if rs is not None and not isinstance(rs, dict):
+        raise TypeError("rope_scaling (not an object)")
+    rp = rs or {k: v for k, v in (cfg.get("rope_parameters") or {}).items() if k != "rope_theta"}
     if not isinstance(rp, dict) or rp.get("rope_type", rp.get("type", "default")) == "default":
         return None
     return dict(rp)
@@ -160,6 +165,7 @@ def save_checkpoint(run_dir: Path, step: int, drafter: DFlashDrafter, export_dty
             fh.flush()
             os.fsync(fh.fileno())
         atomic_write_text(stage / CONFIG_FILE, config_toml)
+        manifest.record(stage, [*EXPORT_FILES, STATE_FILE, CONFIG_FILE])  # last: sizes + checksums of the above
         _publish(stage, final)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -168,19 +174,56 @@ def save_checkpoint(run_dir: Path, step: int, drafter: DFlashDrafter, export_dty
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run directory, or None."""
+def _step_number(name: str) -> int | None:
+    m = re.fullmatch(r"step_(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+def _damage(ck: Path, need: tuple[str, ...]) -> str | None:
+    """Why `ck` is not a usable checkpoint holding `need` (None: it is). Only stats: never opens a file."""
+    if not ck.is_dir():
+        return "it does not exist" if not os.path.lexists(ck) else "it is not a directory"
+    for name in need:
+        f = ck / name
+        if not f.is_file():  # stat, not open: a FIFO is reported, never read
+            what = "is missing" if not os.path.lexists(f) else "is a directory" if f.is_dir() else "is not a regular file"
+            return f"its {name} {what}"
+    return None
+
+
+def latest_checkpoint(run_dir: Path, need: tuple[str, ...] = (STATE_FILE,)) -> Path | None:
+    """The newest checkpoint of a run directory (the one `checkpoints/latest` names; without that
+    pointer, the highest step_N), or None when it has none. BadInput when that checkpoint is damaged
+    (a file of `need` missing or not a regular file): an older one is never used silently instead."""
     ckdir = Path(run_dir) / "checkpoints"
     pointer = ckdir / "latest"
-    if pointer.is_file():
+    older = sorted((p for p in ckdir.glob("step_*") if _step_number(p.name) is not None),
+                   key=lambda p: _step_number(p.name))
+    if os.path.lexists(pointer):
+        if not pointer.is_file():
+            raise BadInput(f"{str(pointer)!r} is not a file (it names the newest checkpoint)",
+                           hint=_older_hint(pointer, older))
         with open(pointer, encoding="utf-8", errors="replace") as fh:
             name = fh.read(256).strip()  # a step_NNNNNN name; never follow a path out of checkpoints/
+        if not name or "/" in name or "\\" in name or name in (".", "..") or "\0" in name:
+            raise BadInput(f"{str(pointer)!r} does not name a checkpoint ({name[:60]!r})", hint=_older_hint(pointer, older))
         cand = ckdir / name
-        if name and "/" not in name and "\\" not in name and name not in (".", "..") and (cand / STATE_FILE).is_file():
-            return cand
-    steps = sorted(p for p in ckdir.glob("step_*") if p.is_dir() and (p / STATE_FILE).is_file()
-                   and ".bak-" not in p.name)
-    return steps[-1] if steps else None
+    elif older:
+        cand = older[-1]
+    else:
+        return None
+    problem = _damage(cand, need)
+    if problem:
+        raise BadInput(f"the newest checkpoint {str(cand)!r} is damaged: {problem}",
+                       hint=_older_hint(pointer, [p for p in older if p != cand]))
+    return cand
+
+
+def _older_hint(pointer: Path, older: list[Path]) -> str:
+    if not older:
+        return "no other checkpoint to resume from: start the run again with another --out"
+    return (f"to continue from an older checkpoint, write its name into {str(pointer)!r} "
+            f"(there: {', '.join(p.name for p in older[-3:])})")
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -194,22 +237,39 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if (p / "config.json").is_file() and (p / "model.safetensors").is_file():
         return p
     if p.is_dir():
-        latest = latest_checkpoint(p)
+        latest = latest_checkpoint(p, need=EXPORT_FILES)
         if latest is not None:
             return latest
     raise BadInput(f"{str(p)!r} is not a dflash checkpoint or run directory",
                    hint="expected a directory with config.json + model.safetensors, or a run directory with checkpoints/")
 
 
-def load_export(path: Path, device: torch.device | str = "cpu") -> DFlashDrafter:
-    """An exported drafter (config.json + model.safetensors) as a DFlashDrafter in fp32."""
+def read_export_spec(path: Path) -> DrafterSpec:
+    """The drafter spec of an export, checked against its own weights before anything is allocated:
+    config.json read capped and every field typed and bounded, model.safetensors' header naming
+    exactly the tensors (and shapes) that spec implies (dflash.checkpoint.export_check)."""
+    from compilewatch import loads_json, read_text
+    from dflash.checkpoint.export_check import check_weights
+
+    path = Path(path)
+    fd, _st = manifest.open_regular(path / "config.json", "drafter config.json")  # a FIFO is never read
+    os.close(fd)
+    cfg = loads_json(read_text(path / "config.json", limit=16 << 20, what="drafter config.json"), str(path / "config.json"))
+    spec = spec_from_config(cfg, str(path / "config.json"))
+    check_weights(path / "model.safetensors", spec)
+    return spec
+
+
+def load_export(path: Path, device: torch.device | str = "cpu", spec: DrafterSpec | None = None) -> DFlashDrafter:
+    """An exported drafter (config.json + model.safetensors) as a DFlashDrafter in fp32. `spec`: what
+    `read_export_spec(path)` returned (read again when not given)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from compilewatch import loads_json, one_line, read_text
+    from compilewatch import one_line
 
-    cfg = loads_json(read_text(path / "config.json", limit=16 << 20, what="drafter config.json"), str(path / "config.json"))
-    drafter = DFlashDrafter(spec_from_config(cfg))
+    spec = read_export_spec(path) if spec is None else spec
+    drafter = DFlashDrafter(spec)
     try:  # safetensors holds tensors only (no code); a damaged file is bad input
         state = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -224,12 +284,16 @@ def load_export(path: Path, device: torch.device | str = "cpu") -> DFlashDrafter
 def load_training_state(path: Path) -> dict[str, Any]:
     """The training state of a checkpoint, loaded with `weights_only=True`: tensors and plain Python
     values only, so a crafted training_state.pt cannot run code. BadInput for anything that is not
-    the dict `Trainer.state_dict` writes (step, model, optimizer, spec)."""
+    the dict `Trainer.state_dict` writes (step, model, optimizer, spec). Only a regular file is opened
+    (a FIFO never blocks). Whether its tensors fit the drafter and optimizer is
+    dflash.checkpoint.state_check's (Trainer.load_state_dict runs it before changing anything)."""
     import pickle
 
     where = str(path / STATE_FILE)
+    fd, _st = manifest.open_regular(path / STATE_FILE, "the training state")  # a FIFO or a directory: BadInput
     try:
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        with os.fdopen(fd, "rb") as fh:
+            state = torch.load(fh, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, TypeError, AttributeError, ImportError, KeyError, IndexError,
             pickle.UnpicklingError) as e:
         from compilewatch import one_line
@@ -245,8 +309,10 @@ def load_training_state(path: Path) -> dict[str, Any]:
             if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
                 problems.append(f"{key!r} missing or not a {kind.__name__}")
         if not problems:
+            from dataclasses import asdict
+
             try:
-                checked_spec(state["spec"], "spec")
+                state["spec"] = asdict(checked_spec(state["spec"], "spec"))  # keys it does not know are dropped
             except BadInput as e:
                 problems.append(f"'spec' is not a drafter spec ({e.message})")
     if problems:
@@ -256,8 +322,9 @@ def load_training_state(path: Path) -> dict[str, Any]:
 
 
 def check_compatible(spec: DrafterSpec, target_hidden: int, target_layers: int, layer_ids: tuple[int, ...],
-                     where: str) -> None:
-    """BadInput when a checkpoint's drafter does not fit the target (hidden size, depth, taps)."""
+                     where: str, target_vocab: int | None = None) -> None:
+    """BadInput when a checkpoint's drafter does not fit the target (hidden size, depth, taps, and the
+    mask token id against the target's vocabulary when `target_vocab` is given)."""
     problems = []
     if spec.hidden_size != target_hidden:
         problems.append(f"hidden size {spec.hidden_size} vs the target's {target_hidden}")
@@ -265,6 +332,8 @@ def check_compatible(spec: DrafterSpec, target_hidden: int, target_layers: int, 
         problems.append(f"taps {list(spec.target_layer_ids)} vs {list(layer_ids)}")
     if spec.num_target_layers != target_layers:
         problems.append(f"trained on a {spec.num_target_layers}-layer target, this one has {target_layers}")
+    if target_vocab is not None and not 0 <= spec.mask_token_id < target_vocab:
+        problems.append(f"mask token id {spec.mask_token_id} is past the target's {target_vocab}-token vocabulary")
     if problems:
         raise BadInput(f"the checkpoint {where} does not match the target: " + "; ".join(problems),
                        hint="use the target (and target.layer_ids) the drafter was trained with")

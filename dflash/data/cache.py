@@ -55,7 +55,7 @@ from dflash.config import EMBEDDED_DATA, DataConfig
 from dflash.data.dataset import (DataStats, Sample, check_usable, hold_out_eval, load_conversations, stats_with_warnings,
                          tokenize_record)
 
-DATA_VERSION = 1  # bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
+DATA_VERSION = 2  # 2: oversized and assistant-first records skipped; bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
 FORMAT = "dflash-data-cache"
 MANIFEST = "manifest.json"
 INDEX = "index.npy"
@@ -131,7 +131,8 @@ def cache_key(data_id: str, tokenizer, cfg: DataConfig, block_size: int, n_eval:
     import transformers
 
     parts = {"data_version": DATA_VERSION, "data": data_id, "tokenizer": tokenizer_fingerprint(tokenizer),
-             "max_length": cfg.max_length, "block_size": block_size, "eval_held_out": n_eval,
+             "max_length": cfg.max_length, "max_record_chars": cfg.record_chars(), "block_size": block_size,
+             "eval_held_out": n_eval,
              "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
     return key, parts
@@ -258,13 +259,13 @@ def _worker_shard(args: tuple) -> tuple[int, np.ndarray, dict[str, Any]]:
 
 
 def encode_shard(tokenizer, shard: int, first_record: int, convs: list, out_dir: str, max_length: int,
-                 block_size: int) -> tuple[int, np.ndarray, dict[str, Any]]:
+                 block_size: int, max_chars: int | None = None) -> tuple[int, np.ndarray, dict[str, Any]]:
     """Tokenize one shard of records (numbered from `first_record`), write its token and mask files
     into `out_dir` (fsynced); return (shard, lengths of the kept sequences, stats as a dict)."""
     stats = DataStats()
     ids_parts, mask_parts, lengths = [], [], []
     for n, conv in enumerate(convs, first_record):
-        out = tokenize_record(tokenizer, conv, n, max_length, block_size, stats)
+        out = tokenize_record(tokenizer, conv, n, max_length, block_size, stats, max_chars)
         if out is not None:
             ids_parts.append(np.asarray(out[0], dtype=np.uint32))
             mask_parts.append(np.asarray(out[1], dtype=np.uint8))
@@ -327,7 +328,8 @@ def build_cache(root: Path, key: str, parts: dict[str, Any], convs: list, warnin
     tmp.mkdir()
     try:
         stats = stats_with_warnings(warnings)
-        jobs = [(i, a + 1, convs[a:b], str(tmp), cfg.max_length, block_size) for i, (a, b) in enumerate(ranges)]
+        jobs = [(i, a + 1, convs[a:b], str(tmp), cfg.max_length, block_size, cfg.record_chars())
+                for i, (a, b) in enumerate(ranges)]
         on_event("tokenize", {"done": 0, "total": len(convs), "workers": n_workers})
         results = []
         for shard, lengths, st in _run(jobs, tokenizer, n_workers):

@@ -4,9 +4,10 @@ Input: JSONL, one conversation per line, either `{"messages": [{"role", "content
 `{"conversations": [{"from": "human"|"gpt"|"system", "value"}, ...]}`. Each conversation is rendered
 through the target tokenizer's chat template once; the loss mask covers what the target generates
 for each assistant turn, end-of-turn token included (dflash/data/chat_mask.py). Sequences are truncated
-to `max_length`. Every record that is not trained on (an unreadable line, no assistant turn, a
-conversation the template refuses, no anchor position left) is counted by reason in `DataStats`,
-with its first examples; `data.strict` turns any of them into bad input.
+to `max_length`. Every record that is not trained on (an unreadable line, a line or conversation over
+the size limit (`data.max_record_chars`: never parsed or tokenized), no assistant turn, one that starts
+with the assistant, a conversation the template refuses, no anchor position left) is counted by
+reason in `DataStats`, with its first examples; `data.strict` turns any of them into bad input.
 
 `tokenize_record` is the one tokenizing step: the in-memory path (`build_dataset`, `data.cache_dir =
 "off"`) and the memory-mapped cache (dflash/data/cache.py, built in worker processes) both call it,
@@ -28,7 +29,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, BinaryIO, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -42,6 +43,9 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 SORT_WINDOW = 32  # batches per length-sorting window: less padding, still shuffled
 EXAMPLES_PER_REASON = 3  # skipped records kept as examples for each reason
 UNREADABLE = "unreadable JSONL line"
+OVERSIZED_LINE = "JSONL line over the size limit (data.max_record_chars)"
+OVERSIZED_RECORD = "conversation over data.max_record_chars characters"
+ASSISTANT_FIRST = "conversation starts with an assistant turn"
 NO_ANCHOR = "no anchor position (too short, or no assistant token in [0, S-B])"
 
 
@@ -134,21 +138,73 @@ def normalize_record(rec: Any) -> list[dict[str, str]]:
     raise ValueError('expected a "messages" or a "conversations" key')
 
 
-def read_jsonl(path: str | Path) -> tuple[list[list[dict[str, str]]], list[str]]:
-    """All conversations in a JSONL file, plus warnings for the lines that were skipped."""
+def capped_lines(fh: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes) for each line of a binary file, None for a line longer than `limit` bytes:
+    it is read past in chunks of at most `limit` bytes, never held whole (one 100 GB line costs
+    `limit` bytes of memory)."""
+    n = 0
+    while True:
+        raw = fh.readline(limit + 1)
+        if not raw:
+            return
+        n += 1
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):  # the rest of this line, dropped as it is read
+                raw = fh.readline(limit + 1)
+            yield n, None
+        else:
+            yield n, raw
+
+
+def record_chars(conv: list[dict[str, str]]) -> int:
+    return sum(len(m["content"]) + len(m["role"]) for m in conv)
+
+
+def _skip_warning(name: str, n: int, reason: str, detail: str) -> str:
+    return f"{name}:{n}: skipped ({reason}: {detail})"
+
+
+def warning_reason(warning: str) -> str:
+    """The skip reason of a read_jsonl warning (an oversized line or record, else UNREADABLE)."""
+    for reason in (OVERSIZED_LINE, OVERSIZED_RECORD):
+        if f": skipped ({reason}: " in warning:
+            return reason
+    return UNREADABLE
+
+
+def read_jsonl(path: str | Path, max_chars: int | None = None,
+               max_line_bytes: int | None = None) -> tuple[list[list[dict[str, str]]], list[str]]:
+    """All conversations in a JSONL file, plus warnings for the lines that were skipped: unreadable
+    ones, lines over `max_line_bytes` (never parsed) and conversations over `max_chars` characters
+    (never tokenized). Limits: DataConfig.record_chars() / line_bytes() (None: that default's for
+    the default max_length)."""
+    from dflash.config import DataConfig
+
+    defaults = DataConfig()
+    max_chars = defaults.record_chars() if max_chars is None else max_chars
+    max_line_bytes = defaults.line_bytes() if max_line_bytes is None else max_line_bytes
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise BadInput(f"dataset {str(p)!r} does not exist",
+    if not p.is_file():  # stat only: a FIFO or a directory is refused here, never opened
+        raise BadInput(f"dataset {str(p)!r} does not exist" if not p.exists() else f"dataset {str(p)!r} is not a file",
                        hint='give a JSONL file with one {"messages": [...]} or {"conversations": [...]} per line')
     convs, warnings = [], []
     with open(p, "rb") as fh:  # bytes: a line that is not UTF-8 is skipped like any other bad line
-        for n, raw in enumerate(fh, 1):
+        for n, raw in capped_lines(fh, max_line_bytes):
+            if raw is None:
+                warnings.append(_skip_warning(p.name, n, OVERSIZED_LINE, f"more than {max_line_bytes} bytes"))
+                continue
             if not raw.strip():
                 continue
             try:
-                convs.append(normalize_record(json.loads(raw.decode("utf-8"))))
+                conv = normalize_record(json.loads(raw.decode("utf-8")))
             except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:  # JSON, UTF-8, shape
                 warnings.append(f"{p.name}:{n}: skipped ({type(e).__name__}: {str(e)[:160]})")
+                continue
+            if record_chars(conv) > max_chars:
+                warnings.append(_skip_warning(p.name, n, OVERSIZED_RECORD,
+                                              f"{record_chars(conv)} characters, the limit is {max_chars}"))
+                continue
+            convs.append(conv)
     return convs, warnings
 
 
@@ -180,14 +236,14 @@ def load_conversations(cfg: DataConfig) -> tuple[list[list[dict[str, str]]], lis
         return embedded_prompts(EMBEDDED_TRAIN, seed=7), []
     if cfg.path.startswith("embedded:"):
         raise BadInput(f"unknown embedded dataset {cfg.path!r}", hint=f"the embedded dataset is {EMBEDDED_DATA}")
-    return read_jsonl(cfg.path)
+    return read_jsonl(cfg.path, cfg.record_chars(), cfg.line_bytes())
 
 
 def eval_prompts(cfg: DataConfig, n: int) -> list[list[dict[str, str]]]:
     """Prompts for `dflash eval`: held-out embedded prompts, or the first user turn of the last n records."""
     if cfg.path == EMBEDDED_DATA:
         return embedded_prompts(n, seed=EMBEDDED_EVAL_SEED)
-    convs, _ = read_jsonl(cfg.path)
+    convs, _ = read_jsonl(cfg.path, cfg.record_chars(), cfg.line_bytes())
     out = []
     for conv in reversed(convs):
         turns = []
@@ -209,13 +265,25 @@ def render_ids(tokenizer, messages: list[dict[str, str]], add_generation_prompt:
 
 
 def tokenize_record(tokenizer, conv: list[dict[str, str]], n: int, max_length: int, block_size: int,
-                    stats: DataStats) -> tuple[list[int], list[int]] | None:
+                    stats: DataStats, max_chars: int | None = None) -> tuple[list[int], list[int]] | None:
     """Record number `n` (1-based) -> (ids, loss mask), truncated to `max_length`; None when it is
     skipped (counted in `stats` by reason). The one tokenizing step of the in-memory path and of the
-    cache builder (dflash.data.cache), so both give the same tokens and masks."""
+    cache builder (dflash.data.cache), so both give the same tokens and masks. Never tokenized: a
+    record over `max_chars` characters (default 64 x max_length: read_jsonl skips them already;
+    this guards every other source), and one whose first turn after the system prompt is the
+    assistant's (an answer to nothing: most often a file whose roles are shifted or swapped, where
+    every "assistant" turn is really the user's; Llama, Gemma and Mistral templates refuse these
+    anyway, so skipping them makes no template train what the others drop)."""
     stats.records += 1
+    limit = 64 * max_length if max_chars is None else max_chars
+    if record_chars(conv) > limit:
+        stats.drop(OVERSIZED_RECORD, f"record {n} ({record_chars(conv)} characters, the limit is {limit})")
+        return None
     if not any(m["role"] == "assistant" for m in conv):
         stats.drop("no assistant turn", _example(n, conv))
+        return None
+    if next(m["role"] for m in conv if m["role"] != "system") == "assistant":
+        stats.drop(ASSISTANT_FIRST, _example(n, conv))
         return None
     try:
         ids, mask = tokenize_conversation(tokenizer, conv)
@@ -238,7 +306,7 @@ def tokenize_all(tokenizer, convs: Iterable[list[dict[str, str]]], cfg: DataConf
                  stats: DataStats) -> list[Sample]:
     samples = []
     for n, conv in enumerate(convs, 1):
-        out = tokenize_record(tokenizer, conv, n, cfg.max_length, block_size, stats)
+        out = tokenize_record(tokenizer, conv, n, cfg.max_length, block_size, stats, cfg.record_chars())
         if out is not None:
             samples.append(Sample(torch.tensor(out[0], dtype=torch.long), torch.tensor(out[1], dtype=torch.bool)))
     return samples
@@ -351,7 +419,7 @@ def stats_with_warnings(warnings: list[str] | None) -> DataStats:
     """Fresh stats that already count the lines read_jsonl skipped."""
     stats = DataStats(warnings=list(warnings or []))
     for w in stats.warnings:
-        stats.drop(UNREADABLE, w)
+        stats.drop(warning_reason(w), w)
     return stats
 
 

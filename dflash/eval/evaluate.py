@@ -218,15 +218,24 @@ def prompt_ids(tokenizer, convs: list[list[dict[str, str]]]) -> list[list[int]]:
 
 def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str | None = None,
                     num_prompts: int | None = None, max_new_tokens: int | None = None, device: str | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> EvalResult:
-    """Load a checkpoint (or a run's latest), its target and prompts, and evaluate it."""
+                    progress: Callable[[int, int], None] | None = None,
+                    on_note: Callable[[str], None] | None = None) -> EvalResult:
+    """Load a checkpoint (or a run's latest), its target and prompts, and evaluate it. The export is
+    checked before anything is allocated for it (checksums, config bounds, the weights' header;
+    dflash.checkpoint.export_check), and against the target before its weights are read. `on_note`:
+    things to tell the user (an export without checksums)."""
     from compilewatch import BadInput
-    from dflash.checkpoint.store import CONFIG_FILE, check_compatible, load_export, resolve_checkpoint
+    from dflash.checkpoint import manifest
+    from dflash.checkpoint.store import (CONFIG_FILE, EXPORT_FILES, check_compatible, load_export, read_export_spec,
+                                         resolve_checkpoint)
     from dflash.config import apply_overrides, load_toml
     from dflash.data.dataset import eval_prompts
     from dflash.model.target import load_target, resolve_device
 
     ck = resolve_checkpoint(path)
+    unverified = manifest.check(ck, [*EXPORT_FILES, *([CONFIG_FILE] if (ck / CONFIG_FILE).exists() else [])])
+    if unverified and on_note is not None:
+        on_note(unverified)
     overrides = {}
     if target_path:
         overrides["target.path"] = target_path
@@ -244,12 +253,13 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     dev = resolve_device(device or cfg.topology.device)
     if dev.type == "cpu" and cfg.train.cpu_threads:
         torch.set_num_threads(cfg.train.cpu_threads)
-    drafter = load_export(ck)
-    target = load_target(cfg.target, drafter.spec.num_hidden_layers, dev)
+    spec = read_export_spec(ck)
+    target = load_target(cfg.target, spec.num_hidden_layers, dev)
     if cfg.target.layer_ids is None:  # the checkpoint's taps are authoritative
-        target.layer_ids = tuple(drafter.spec.target_layer_ids)
-    check_compatible(drafter.spec, target.hidden_size, target.num_layers, target.layer_ids, str(ck))
-    drafter = drafter.to(dev, target.dtype).eval()
+        target.layer_ids = tuple(spec.target_layer_ids)
+    check_compatible(spec, target.hidden_size, target.num_layers, target.layer_ids, str(ck),
+                     target_vocab=target.vocab_size)
+    drafter = load_export(ck, spec=spec).to(dev, target.dtype).eval()
     convs = eval_prompts(cfg.data, num_prompts or cfg.eval.num_prompts)
     if not convs:
         raise BadInput(f"no prompts found in {cfg.data.path!r}", hint="pass --data with chat JSONL holding user turns")

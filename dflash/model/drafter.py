@@ -103,8 +103,9 @@ def rope_frequencies(spec: DrafterSpec) -> tuple[torch.Tensor, float]:
     cfg = Qwen3Config(hidden_size=spec.hidden_size, num_attention_heads=spec.num_attention_heads,
                       head_dim=spec.head_dim, max_position_embeddings=spec.max_position_embeddings,
                       rope_theta=spec.rope_theta, rope_scaling=dict(spec.rope_scaling))
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"))
-    return inv_freq.float(), float(scaling)
+    with torch.device("cpu"):  # transformers copies to the device it is given: not possible out of a meta context
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"))
+    return inv_freq.float().to(torch.get_default_device()), float(scaling)
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float = 1.0):

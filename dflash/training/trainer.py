@@ -23,8 +23,9 @@ from typing import Any, Callable
 import torch
 
 from compilewatch import BadInput
-from dflash.checkpoint import store as ckpt
+from dflash.checkpoint import manifest, store as ckpt
 from dflash.checkpoint.runlock import RunLock
+from dflash.checkpoint.state_check import check_training_state, load_optimizer_state
 from dflash.config import Config, to_toml
 from dflash.data.dataset import Batch, ChatDataset
 from dflash.data.prepare import load_training_data
@@ -118,26 +119,30 @@ class Trainer:
             drafter = build_drafter(cfg, spec, device)
             state = None
             if start is not None:
+                unverified = manifest.check(start)  # sizes + checksums of every file it lists (BadInput)
+                if unverified:
+                    notes.append(unverified)
                 state = ckpt.load_training_state(start)
                 saved = DrafterSpec(**state["spec"])
                 ckpt.check_compatible(saved, target.hidden_size, target.num_layers, target.layer_ids, str(start))
                 if saved != spec:
                     raise BadInput(f"the drafter in {str(start)!r} differs from this config's drafter",
                                    hint="resume with the run's own config (it is in the run directory's config.toml)")
-        except BaseException:
+            trainer = cls(cfg, target, dataset, drafter, run_dir, eval_convs=eval_convs, notes=notes, on_event=on_event,
+                          full_target=full_target)
+            trainer._threads_before = threads_before
+            if state is not None:
+                # checked against the drafter and optimizer before anything changes
+                trainer.load_state_dict(state, where=str(start / ckpt.STATE_FILE))
+                trainer.notes.append(f"resumed from {start} at step {trainer.step}")
+        except BaseException:  # every failure once the lock is held: release it (the next --resume must work)
             torch.set_num_threads(threads_before)
             if run_lock is not None:
                 run_lock.release()
                 if created and not any(run_dir.iterdir()):
                     run_dir.rmdir()  # bad input leaves nothing behind
             raise
-        trainer = cls(cfg, target, dataset, drafter, run_dir, eval_convs=eval_convs, notes=notes, on_event=on_event,
-                      full_target=full_target)
-        trainer._threads_before = threads_before
         trainer._lock = run_lock
-        if state is not None:
-            trainer.load_state_dict(state)
-            notes.append(f"resumed from {start} at step {trainer.step}")
         return trainer
 
     # ------------------------------------------------------------ state
@@ -147,9 +152,12 @@ class Trainer:
         return {"step": self.step, "model": {k: v.detach().cpu().clone() for k, v in self.drafter.state_dict().items()},
                 "optimizer": self.optimizer.state_dict(), "spec": asdict(self.drafter.spec), "total_steps": self.total_steps}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], where: str = "the training state") -> None:
+        """Continue from `state` (Trainer.state_dict's); BadInput, with nothing changed, when it does not
+        fit this drafter, optimizer and run length (dflash.checkpoint.state_check)."""
+        check_training_state(state, self.drafter, self.optimizer, self.total_steps, where)
         self.drafter.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.step = int(state["step"])
 
     # ------------------------------------------------------------ one step

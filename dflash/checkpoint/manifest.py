@@ -1,0 +1,184 @@
+"""What a checkpoint's files claim, checked: `manifest.json` holds each file's size and xxh3-128 digest.
+
+    record(directory, ["config.json", "model.safetensors", "training_state.pt", ...])  # last write before publishing
+    check(directory)              # every file the manifest lists; BadInput names the first that differs
+    check(directory, ["config.json", "model.safetensors"])   # only these (each must be listed)
+
+`record` streams each file through xxh3-128 (1 MiB of memory; benchmarks/dflash_manifest.py measures
+the rate) and writes the manifest atomically, so a checkpoint directory holds either no
+manifest or a complete one. `check` compares sizes first (no reading), then digests; a bit flip, a
+truncation, a missing file or something that is not a regular file (a directory, a FIFO: never
+opened for reading, so never blocks) is BadInput naming that file. A checkpoint without
+manifest.json (written before manifests existed) is accepted: `check` returns a note saying that
+nothing was verified, for the caller to show; with a manifest it returns None.
+
+The manifest is untrusted input like the files it lists: read capped, every field type-checked, and
+the names it lists must be plain file names inside the checkpoint (never a path out of it).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any, Iterable
+
+from compilewatch import BadInput
+
+MANIFEST = "manifest.json"
+FORMAT = "dflash-checkpoint-manifest"
+VERSION = 1
+ALGORITHM = "xxh3_128"
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists a handful of files: a few hundred bytes
+CHUNK = 1 << 20  # bytes hashed per read (one reused buffer)
+_HEX128 = re.compile(r"[0-9a-f]{32}")
+
+
+def open_regular(path: Path, what: str) -> tuple[int, os.stat_result]:
+    """An fd for reading `path` and its stat, or BadInput when it is missing or not a regular file.
+    O_NONBLOCK: opening a FIFO returns at once (and is then refused) instead of waiting for a writer."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise BadInput(f"{what} {str(path)!r} is missing") from None
+    except IsADirectoryError:
+        raise BadInput(f"{what} {str(path)!r} is a directory, not a file") from None
+    except OSError as e:
+        raise BadInput(f"{what} {str(path)!r} cannot be opened: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise BadInput(f"{what} {str(path)!r} is not a regular file ({_kind(st.st_mode)})")
+    return fd, st
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def _digest(fd: int, size: int) -> str:
+    """xxh3-128 of the first `size` bytes of `fd` (the size fstat gave: a file that grows while it
+    is hashed does not make this read forever). One reused buffer: no allocation per chunk."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    buf = memoryview(bytearray(max(1, min(CHUNK, size))))
+    left = size
+    with io.FileIO(fd, "rb", closefd=False) as f:
+        while left > 0:
+            n = f.readinto(buf[: min(len(buf), left)])
+            if not n:
+                break
+            h.update(buf[:n])
+            left -= n
+    return h.hexdigest()
+
+
+def file_entry(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """{"bytes": size, "xxh3_128": digest} of one regular file (BadInput if it is not one)."""
+    p = Path(path)
+    fd, st = open_regular(p, "checkpoint file")
+    try:
+        return {"bytes": st.st_size, ALGORITHM: _digest(fd, st.st_size)}
+    finally:
+        os.close(fd)
+
+
+def _plain_name(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise BadInput(f"{where}: {name!r} is not a file name inside the checkpoint")
+    return name
+
+
+def record(directory: Path, names: Iterable[str]) -> dict[str, Any]:
+    """Hash each named file of `directory` and write `directory/manifest.json` atomically; returns
+    the manifest. Call it last, once every listed file is written (and before the directory is
+    published)."""
+    from compilewatch import atomic_write_json
+
+    directory = Path(directory)
+    files = {}
+    for name in names:
+        _plain_name(name, "manifest.record")
+        if name == MANIFEST:
+            continue
+        files[name] = file_entry(directory / name)
+    manifest = {"format": FORMAT, "version": VERSION, "algorithm": ALGORITHM, "files": files}
+    atomic_write_json(directory / MANIFEST, manifest)
+    return manifest
+
+
+def read(directory: Path) -> dict[str, dict[str, Any]] | None:
+    """The files a checkpoint's manifest lists ({name: {"bytes", "xxh3_128"}}), every field checked;
+    None when there is no manifest.json."""
+    from compilewatch import loads_json
+
+    path = Path(directory) / MANIFEST
+    where = str(path)
+    if not os.path.lexists(path):
+        return None
+    fd, _st = open_regular(path, "the checkpoint manifest")
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise BadInput(f"{where}: larger than {MAX_MANIFEST_BYTES} bytes, not a checkpoint manifest")
+    man = loads_json(raw, where)
+    if not isinstance(man, dict) or man.get("format") != FORMAT:
+        raise BadInput(f"{where}: not a {FORMAT} (no matching \"format\")",
+                       hint="it was not written by dflash; move it aside to load the checkpoint unverified")
+    if man.get("version") != VERSION or man.get("algorithm") != ALGORITHM:
+        raise BadInput(f"{where}: version {man.get('version')!r} / algorithm {man.get('algorithm')!r}, "
+                       f"this dflash reads version {VERSION} / {ALGORITHM}")
+    files = man.get("files")
+    if not isinstance(files, dict):
+        raise BadInput(f"{where}: \"files\" is not an object")
+    out = {}
+    for name, entry in files.items():
+        _plain_name(name, where)
+        size = entry.get("bytes") if isinstance(entry, dict) else None
+        digest = entry.get(ALGORITHM) if isinstance(entry, dict) else None
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise BadInput(f"{where}: {name}: \"bytes\" is not a size ({size!r})")
+        if not isinstance(digest, str) or not _HEX128.fullmatch(digest):
+            raise BadInput(f"{where}: {name}: {ALGORITHM!r} is not a 32-digit hex digest")
+        out[name] = {"bytes": size, ALGORITHM: digest}
+    return out
+
+
+def check(directory: Path, names: Iterable[str] | None = None) -> str | None:
+    """BadInput naming the first file (of `names`, default every file the manifest lists) whose size
+    or digest differs from manifest.json, that is missing or not a regular file, or that the manifest
+    does not list. Returns None when every file checked out; a note (nothing verified) when the
+    checkpoint has no manifest.json (one written before manifests existed)."""
+    directory = Path(directory)
+    files = read(directory)
+    if files is None:
+        return f"{str(directory)!r} has no {MANIFEST} (written before checkpoints carried checksums): files not verified"
+    wanted = list(files) if names is None else [_plain_name(n, "manifest.check") for n in names]
+    hint = "the checkpoint is damaged (a bad disk or copy, or an edit): resume or evaluate another checkpoint"
+    for name in wanted:
+        if name == MANIFEST:
+            continue
+        path = directory / name
+        if name not in files:
+            raise BadInput(f"{str(path)!r} is not listed in {MANIFEST}: its contents cannot be verified", hint=hint)
+        want = files[name]
+        fd, st = open_regular(path, "checkpoint file")
+        try:
+            if st.st_size != want["bytes"]:
+                raise BadInput(f"{str(path)!r} is {st.st_size} bytes, {MANIFEST} says {want['bytes']}", hint=hint)
+            if _digest(fd, st.st_size) != want[ALGORITHM]:
+                raise BadInput(f"{str(path)!r} does not match its {ALGORITHM} checksum in {MANIFEST} "
+                               "(its bytes changed after it was written)", hint=hint)
+        finally:
+            os.close(fd)
+    return None
