@@ -27,6 +27,9 @@ from tests.redis_helpers import RedisServer, free_port
 
 PROG = Path(__file__).with_name("remote_compile_prog.py")
 REPO = PROG.parent.parent
+# torch 2.15 precompiles C++ headers into the cache dir (600+ MB per fresh cache, FACTS.md §3): off in
+# every process here, producer and consumer alike (the setting is part of the FX-graph key)
+NO_PCH = "0"
 _REMOTE_ENV = [k.env for k in remote_keys.KINDS.values()] + ["TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_REDIS_HOST",
                                                              "TORCHINDUCTOR_REDIS_PORT"]
 
@@ -36,7 +39,7 @@ def compile_in_fresh_process(cache_dir: Path, url: str | None = None, timeout: f
     remote FX-graph + AOTAutograd cache when given); its counters as a dict."""
     env = {k: v for k, v in os.environ.items() if k not in _REMOTE_ENV}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TRITON_CACHE_DIR=str(cache_dir / "triton"),
-               PYTHONPATH=str(REPO))
+               PYTHONPATH=str(REPO), TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=NO_PCH)
     if url is not None:
         env.update(TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE="1", TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE="1",
                    TORCHINDUCTOR_REDIS_URL=url)
@@ -58,7 +61,7 @@ def real_cache(tmp_path_factory) -> Path:
 
 
 def _copy(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst, symlinks=True)
+    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("precompiled_headers"))
     return dst
 
 
