@@ -202,9 +202,8 @@ def _render_pull(r) -> None:
         o.print(f"{r.already_local} entries were already in the local cache")
     if r.backup:
         o.print(f"previous cache moved to {r.backup}")
-    skipped = [s for s in r.skipped]
-    if skipped:
-        o.print(f"{len(skipped)} entries left on the server (see --json): " + skipped[0].reason)
+    if r.skipped:
+        o.print(f"{len(r.skipped)} entries left on the server (see --json), e.g. {r.skipped[0].reason}")
 
 
 # --- clear ------------------------------------------------------------------------------------------
