@@ -3,11 +3,17 @@
 `CompilewatchGroup` wraps every command invocation (also under typer's CliRunner, so tests see the
 same exit codes as users): `CompilewatchError` -> "error: ..." (+ "hint: ...") on stderr and its exit
 code (2 bad input, 1 a finding); Ctrl-C -> 130. Set COMPILEWATCH_DEBUG=1 to see the traceback.
+
+A closed stdout (`compilewatch cache ls | head -1`) ends the command quietly with exit code 141
+(128 + SIGPIPE), what a shell reports for `yes | head -1`'s `yes`: no message, no traceback, and a
+`set -o pipefail` script sees the same status as for coreutils. `run_app` is what the console scripts
+call: it also catches the broken pipe of the last flush at exit (click alone exits 1 on EPIPE).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -16,12 +22,18 @@ from typer.core import TyperGroup
 
 from compilewatch.errors import CompilewatchError
 from cli import output
+from cli.helptext import reflow_command
 
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 MAX_MESSAGE = 2000  # a message quoting a crafted file stays readable (the library cuts quotes too)
 
 
 class CompilewatchGroup(TyperGroup):
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        reflow_group(self)
+
     def invoke(self, ctx):  # type: ignore[override]
         try:
             return super().invoke(ctx)
@@ -37,6 +49,69 @@ class CompilewatchGroup(TyperGroup):
         except KeyboardInterrupt:
             output.err.print("interrupted")
             raise typer.Exit(130) from None
+        except BrokenPipeError:
+            _silence_stdout()
+            raise typer.Exit(EXIT_BROKEN_PIPE) from None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush of what is still buffered does
+    not fail again on the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test runner's capture)
+        pass
+
+
+def _stdout_pipe_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone (poll reports POLLERR on its write end)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _stdout_identity() -> tuple[int, int] | None:
+    try:
+        st = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def run_app(app: typer.Typer) -> None:
+    """Run `app` as a console script (see the module docstring for the closed-pipe rule)."""
+    before = _stdout_identity()
+    try:
+        try:
+            app()
+        except SystemExit as e:
+            # Help and usage text are written by typer's own rich console before any command runs:
+            # on EPIPE it points stdout at /dev/null and exits 1 (click does the same without the
+            # redirect). Either way the pipe was closed: the same 141 as for a command's output.
+            if e.code == 1 and (_stdout_pipe_closed() or _stdout_identity() != before):
+                raise BrokenPipeError from None
+            raise
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+        sys.exit(EXIT_BROKEN_PIPE)
+
+
+def reflow_group(group: TyperGroup) -> None:
+    """Help text as rich wraps it (cli/helptext.py): this group's and each of its commands' (sub-groups
+    are CompilewatchGroups too and reflow their own)."""
+    reflow_command(group)
+    for cmd in group.commands.values():
+        if not isinstance(cmd, TyperGroup):
+            reflow_command(cmd)
 
 
 def make_root_app(name: str, help: str, version: str, doc: str) -> typer.Typer:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from cli import output
@@ -28,6 +29,18 @@ app = make_app(
     "Every command acts on torch's cache dir (TORCHINDUCTOR_CACHE_DIR, else /tmp/torchinductor_<user>) "
     "unless --dir says otherwise. Nothing is ever deleted without a backup unless you say --no-backup/--delete and --yes.",
 )
+
+@app.callback()
+def _cache_group(ctx: typer.Context) -> None:
+    ctx.call_on_close(_say_recovered)
+
+
+def _say_recovered() -> None:
+    """A load killed between its two renames is repaired by the next cache command (swap.recover): say so."""
+    from compilewatch.cache import swap
+
+    for line in swap.take_recovered():
+        output.err.print(f"[yellow]repaired:[/] {escape(line)}")
 
 from cli.cache_remote import app as remote_app  # noqa: E402 - `cache remote ...`
 
@@ -60,6 +73,9 @@ def where_cmd(dir: DirOpt = None, as_json: JsonOpt = False) -> None:
     output.emit(loc, as_json, _render_where)
 
 
+_ALWAYS_SHOWN = ("fxgraph", "aotautograd", "codegen", "triton", "precompiled_headers")
+
+
 def _render_where(loc: layout.CacheLocation) -> None:
     o = output.out
     state = "exists" if loc.exists else "[yellow]does not exist[/]"
@@ -68,9 +84,16 @@ def _render_where(loc: layout.CacheLocation) -> None:
     if loc.exists and not loc.looks_like_cache:
         o.print("[yellow]this dir holds things torch does not write: cache commands will refuse it[/]")
     table = Table("sub-cache", "exists", "path", "what it holds", box=None)
+    rare = []
     for s in loc.subcaches:
-        table.add_row(s.name, "yes" if s.exists else "-", str(s.path), s.description)
+        if not s.exists and s.name not in _ALWAYS_SHOWN:
+            rare.append(s.name)
+            continue
+        where = str(s.path) + ("" if s.inside else "  [yellow](outside the cache dir: not saved or cleared with it)[/]")
+        table.add_row(s.name, "yes" if s.exists else "-", where, s.description)
     o.print(table)
+    if rare:
+        o.print(f"[dim]not here (written only by some backends or options; docs/cache.md): {', '.join(rare)}[/]")
     o.print(f"lock file: {loc.lock_file}")
     if loc.siblings:
         o.print("[bold]beside it[/] (backups and set-aside entries compilewatch kept; `cache load DIR` restores a backup):")
@@ -126,6 +149,10 @@ def _render_fingerprint(fp: fp_lib.Fingerprint) -> None:
     for s in sorted(fp.subcaches, key=lambda s: -s.bytes):
         table.add_row(s.name, str(s.files), output.fmt_bytes(s.bytes), s.content_hash, _ago(s.newest_mtime_ns))
     o.print(table)
+    outside = [s for s in layout.locate(fp.path).subcaches if s.exists and not s.inside]
+    if outside:
+        o.print("[dim]not in this fingerprint (outside the dir): "
+                + ", ".join(f"{s.name} {s.path}" for s in outside) + "[/]")
     o.print(f"[dim]{fp.hashed} files hashed, {fp.reused} from the stat index, {fp.in_flight} in-flight temp files "
             f"skipped, {output.fmt_seconds(fp.duration_s)}[/]")
     for w in fp.warnings:

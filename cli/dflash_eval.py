@@ -33,10 +33,13 @@ def eval_cmd(
     import dflash  # torch and transformers: only when evaluating
 
     with TrainProgress() as progress:
-        progress("phase", {"name": "eval", "prompts": prompts or "the configured"})
+        def on_progress(done: int, total: int) -> None:
+            if done == 0:  # the checkpoint, target and prompts loaded: a bad path was an error before any line
+                progress("phase", {"name": "eval", "prompts": total})
+            progress("eval", {"done": done, "total": total})
+
         result = dflash.evaluate(checkpoint, target_path=target, data_path=data, num_prompts=prompts,
-                                  max_new_tokens=max_new_tokens, device=device,
-                                  progress=lambda d, n: progress("eval", {"done": d, "total": n}),
+                                  max_new_tokens=max_new_tokens, device=device, progress=on_progress,
                                   on_note=lambda note: output.err.print(f"[dim]note:[/] {note}"))
     output.emit(result, as_json, _render)
 

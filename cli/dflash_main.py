@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dflash
 from cli import dflash_eval, dflash_prepare, dflash_regen, dflash_train
-from cli.app import make_root_app
+from cli.app import make_root_app, run_app
 
 app = make_root_app("dflash", "Train DFlash block-diffusion drafters, safe with threads and torch.compile.",
                     dflash.__version__,
@@ -17,7 +17,7 @@ app.command("prepare")(dflash_prepare.prepare_cmd)
 
 
 def main() -> None:
-    app()
+    run_app(app)
 
 
 if __name__ == "__main__":

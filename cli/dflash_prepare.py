@@ -29,8 +29,8 @@ def prepare_cmd(
 
     Examples:
       dflash prepare data/regen.jsonl --target /models/Qwen3-8B --recipe qwen3_8b
-      dflash prepare data/regen.jsonl --target /models/Qwen3-8B --recipe qwen3_8b \\
-        --out /shared/dflash-data --workers 16
+      dflash prepare data/regen.jsonl --target /models/Qwen3-8B \\
+        --recipe qwen3_8b --out /shared/dflash-data --workers 16
     """
     import dflash
     from cli.dflash_progress import TrainProgress

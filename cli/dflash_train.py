@@ -9,6 +9,7 @@ import typer
 
 import dflash
 from cli import output
+from cli.dflash_next import print_next_steps
 from cli.dflash_dist import DistributedOpt, RankLog, record_error, render_rank
 from cli.dflash_engine import finish, render_engine
 from cli.dflash_flags import TRAIN_FLAGS, with_config_flags
@@ -179,6 +180,7 @@ def _render(r: dict) -> None:
     if r["checkpoints"]:
         o.print(f"export: {r['checkpoints'][-1]} (config.json + model.safetensors)")
     o.print(f"run dir: {r['run_dir']} (metrics.jsonl, config.toml)")
+    print_next_steps(r)
 
 
 def _render_dry(r) -> None:

@@ -45,6 +45,8 @@ def _render(r: doctor_lib.DoctorReport) -> None:
                   if c.exists else f"{c.path} ({c.source}), not created yet")
     if c.subdirs:
         facts.add_row("", ", ".join(f"{k} {output.fmt_bytes(v)}" for k, v in c.subdirs.items()))
+    if c.elsewhere:
+        facts.add_row("", "outside it: " + ", ".join(f"{k} {output.fmt_bytes(v)}" for k, v in c.elsewhere.items()))
     match = {True: "matches", False: "DOES NOT MATCH", None: "unknown"}[c.system_key_match]
     facts.add_row("system key", f"{c.system_key[:16]}… ({match})")
     if r.remote is not None:

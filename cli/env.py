@@ -71,6 +71,8 @@ def diff_env_cmd(
     formats: Annotated[Optional[list[str]], typer.Option(
         "--format", help=f"Override detection: once for both files, twice for OLD then NEW. One of: {', '.join(FORMAT_NAMES)}."
     )] = None,
+    show_all: Annotated[bool, typer.Option("--all", "-a", help="List every change; by default info changes "
+                                                               "below --fail-on are counted, a few named.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Diff two environments, each change ranked by its impact on compiled-artifact reuse
@@ -99,7 +101,7 @@ def diff_env_cmd(
     new_fmt = fmts[-1] if fmts else None
     result = envdiff.diff_files(old, new, old_format=old_fmt, new_format=new_fmt)
     failed = result.fails(threshold)
-    output.emit(result, as_json, lambda r: _render_diff(r, threshold, failed))
+    output.emit(result, as_json, lambda r: _render_diff(r, threshold, failed, show_all))
     raise typer.Exit(1 if failed else 0)
 
 
@@ -137,12 +139,23 @@ def _render_lock(lock: envlock.EnvLock) -> None:
         output.err.print(f"[dim]note:[/] {note}")
 
 
-def _render_diff(r: envdiff.EnvDiff, threshold: str, failed: bool) -> None:
+_ACTIONS = ("updated", "downgraded", "added", "removed", "changed")  # Change.action, lower case
+SHOWN_PER_GROUP = 3  # info changes sharing a consequence: more than this are counted, not listed
+
+
+def _cut(text: object) -> str:
+    from compilewatch.inputs import one_line
+
+    return one_line(text, 500)
+
+
+def _render_diff(r: envdiff.EnvDiff, threshold: str, failed: bool, show_all: bool = False) -> None:
     from compilewatch.env import diff as envdiff
 
     o = output.out
-    o.print(f"[bold]diff-env[/] {r.old.path} ({r.old.format}, {r.old.packages} packages) -> "
-            f"{r.new.path} ({r.new.format}, {r.new.packages} packages)")
+    cut = _cut  # every string here comes from the files: one line, bounded, never markup
+    o.print(f"[bold]diff-env[/] {escape(cut(r.old.path))} ({r.old.format}, {r.old.packages} packages) -> "
+            f"{escape(cut(r.new.path))} ({r.new.format}, {r.new.packages} packages)")
     if not r.changes:
         o.print("no changes")
     for sev in envdiff.SEVERITIES:
@@ -150,15 +163,44 @@ def _render_diff(r: envdiff.EnvDiff, threshold: str, failed: bool) -> None:
         if not group:
             continue
         o.print(f"\n[{_STYLE[sev]}]{sev} ({len(group)})[/]")
+        if sev == "info" and not show_all and threshold != "info":
+            hidden = _render_info_counts(group)
+            if hidden:
+                output.hint(f"{hidden} info changes counted, not listed: --all lists every one (--json has them all)")
+            continue
         for c in group:
-            o.print(f"  {c.headline}", markup=False)
-            o.print(f"      {c.consequence}", style="dim", markup=False)
+            o.print(f"  {cut(c.headline)}", markup=False)
+            o.print(f"      {cut(c.consequence)}", style="dim", markup=False)
             if c.note:
-                o.print(f"      ({c.note})", style="dim", markup=False)
+                o.print(f"      ({cut(c.note)})", style="dim", markup=False)
             if c.details:
-                o.print(f"      {'; '.join(c.details)}", style="dim", markup=False)
-    for note in r.notes:  # notes quote the files: never markup
-        output.err.print(f"[dim]note:[/] {escape(note)}")
+                o.print(f"      {cut('; '.join(c.details))}", style="dim", markup=False)
+    for note in r.notes:
+        output.err.print(f"[dim]note:[/] {escape(cut(note))}")
     summary = ", ".join(f"{r.counts.get(s, 0)} {s}" for s in envdiff.SEVERITIES)
     verdict = f"exit 1: changes at or above {threshold}" if failed else f"exit 0: nothing at or above {threshold}"
     o.print(f"\n[bold]→[/] {summary}; {verdict}")
+
+
+def _render_info_counts(group: "list[envdiff.Change]") -> int:
+    """Info changes grouped by their consequence: a small group listed, a large one as counts by
+    action and its first names. Returns how many changes were not listed."""
+    from collections import Counter
+
+    by_consequence: dict[str, list] = {}
+    for c in group:
+        by_consequence.setdefault(c.consequence, []).append(c)
+    o, hidden = output.out, 0
+    for consequence, changes in by_consequence.items():
+        if len(changes) <= SHOWN_PER_GROUP:
+            for c in changes:
+                o.print(f"  {_cut(c.headline)}", markup=False)
+                o.print(f"      {_cut(c.consequence)}", style="dim", markup=False)
+            continue
+        actions = Counter(c.action.lower() for c in changes)
+        names = ", ".join(_cut(c.subject) for c in changes[:SHOWN_PER_GROUP])
+        o.print(f"  {len(changes)} changes: " + ", ".join(f"{actions[a]} {a}" for a in _ACTIONS if actions[a])
+                + f" (e.g. {names}, ...)", markup=False)
+        o.print(f"      {_cut(consequence)}", style="dim", markup=False)
+        hidden += len(changes)
+    return hidden

@@ -11,7 +11,7 @@ from cli import probe as probe_cli
 from cli import warm as warm_cli
 from cli import run as run_cli
 from cli import timeline as timeline_cli
-from cli.app import make_root_app
+from cli.app import make_root_app, run_app
 
 app = make_root_app(
     "compilewatch",
@@ -36,7 +36,7 @@ app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_o
 
 
 def main() -> None:
-    app()
+    run_app(app)
 
 
 if __name__ == "__main__":

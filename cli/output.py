@@ -21,10 +21,17 @@ from compilewatch.serialize import to_jsonable
 OFF_TTY_WIDTH = 4096
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Let a closed pipe propagate (rich would exit 1 here): cli/app.py handles it once."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def make_console(**kw: Any) -> Console:
     """A Console with our defaults: no highlighting, no wrapping of long lines, and off a terminal
     OFF_TTY_WIDTH columns (instead of 80)."""
-    c = Console(soft_wrap=True, highlight=False, **kw)
+    c = _Console(soft_wrap=True, highlight=False, **kw)
     if not c.is_terminal:
         c.width = OFF_TTY_WIDTH
     return c

@@ -59,6 +59,7 @@ _LAZY = {
     "atomic_write_json": ("compilewatch.fsutil", "atomic_write_json"),
     "read_text": ("compilewatch.inputs", "read_text"),
     "loads_json": ("compilewatch.inputs", "loads_json"),
+    "loads_toml": ("compilewatch.env.formats.tomlutil", "load_toml"),
     "one_line": ("compilewatch.inputs", "one_line"),
     "dataclass_from_json": ("compilewatch.jsonshape", "build"),
     "to_jsonable": ("compilewatch.serialize", "to_jsonable"),

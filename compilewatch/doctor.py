@@ -72,6 +72,7 @@ class CacheStatus:
     method: str  # how this was found out
     foreign_entries: int | None = None  # entries built for another system/torch (compilewatch.cache only)
     broken_entries: int | None = None  # empty/truncated/unloadable entries (compilewatch.cache only)
+    elsewhere: dict[str, int] | None = None  # bytes of its sub-caches outside `path` (precompiled headers, ...)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +169,8 @@ def cache_status(env: dict[str, str] | None = None) -> CacheStatus:
     errors = sum(n for k, n in rep.counts.items() if k in getattr(cache_verify, "ERROR_KINDS", ()))
     return CacheStatus(str(root), source, True, sum(f.size for f in w.files), len(w.files), dict(sorted(per.items())),
                        key, tuple(sorted(stamped)), match, "compilewatch.cache walk + verify (quick)",
-                       foreign_entries=foreign, broken_entries=errors)
+                       foreign_entries=foreign, broken_entries=errors,
+                       elsewhere={f"{e.name} ({e.path})": e.bytes for e in cache_layout.elsewhere(cache_layout.locate(root))})
 
 
 def fx_facts() -> FxFacts:

@@ -32,3 +32,11 @@ class CheckFailed(CompilewatchError):
     """A check that ran and found a problem, reported as an error (exit code 1)."""
 
     exit_code = 1
+
+
+class WriteFailed(CompilewatchError, OSError):
+    """A file could not be written (a full disk, an I/O error, a read-only or unwritable place).
+    Exit code 2. Also an OSError with the original `errno`, so code that tolerates a failed
+    best-effort write (`except OSError`) keeps doing so."""
+
+    exit_code = 2

@@ -1,15 +1,23 @@
 """Filesystem helpers that never leave half-written files: write to a temp file beside the target,
-fsync, then rename over it (atomic on POSIX within one filesystem)."""
+fsync, then rename over it (atomic on POSIX within one filesystem).
+
+This is the one place a failed write becomes a message: a full disk (ENOSPC, EDQUOT), an I/O error
+(EIO), a read-only filesystem, a folder we may not write, a target that is a directory all raise
+`WriteFailed` (exit 2: one line naming the file and the reason; the temp file is removed and the
+target is as it was). `check_writable` asks the same question before long work starts (a run whose
+report could never be written should not run for hours first)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from compilewatch.errors import WriteFailed
 from compilewatch.serialize import to_jsonable
 
 
@@ -24,27 +32,97 @@ def _read_umask() -> int:
 FILE_MODE = 0o666 & ~_read_umask()
 
 
+# errnos that mean "the write itself failed" when they come out of the caller's writing code (an
+# OSError about something else, e.g. reading a source file, passes through unchanged)
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG}
+
+
+def write_failed(target: Path, e: OSError) -> WriteFailed:
+    """The WriteFailed for writing `target` that failed with `e`."""
+    reason = e.strerror or type(e).__name__
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "free some space (or write elsewhere) and retry"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        hint = "write it somewhere you may write"
+    else:
+        hint = "check the disk and the path, then retry"
+    err = WriteFailed(f"cannot write {target}: {reason}; nothing was written ({target} is as it was)", hint=hint)
+    err.errno, err.strerror, err.filename = e.errno, e.strerror, str(target)
+    return err
+
+
+def _parent_not_a_dir(target: Path) -> WriteFailed | None:
+    """WriteFailed when the nearest existing ancestor of `target` is not a directory (`FILE/x.json`)."""
+    for anc in target.parents:
+        if os.path.lexists(anc):
+            if not anc.is_dir():
+                return WriteFailed(f"cannot write {target}: {anc} is not a directory", hint="give a path in a folder")
+            return None
+    return None
+
+
+def check_writable(target: str | os.PathLike[str]) -> Path:
+    """WriteFailed now if `target` could not be written later: it is a directory, or
+    its folder cannot be created or written (tested by creating and removing a temp file there)."""
+    target = Path(target)
+    if target.is_dir():
+        raise WriteFailed(f"cannot write {target}: it is a directory", hint="give a file name")
+    if (bad := _parent_not_a_dir(target)) is not None:
+        raise bad
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".check", dir=target.parent)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise write_failed(target, e) from None
+    return target
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str], *, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside `target`; on success it is renamed onto `target`.
 
-    On any exception the temporary file (or directory) is removed and `target` is untouched.
+    On any exception the temporary file (or directory) is removed and `target` is untouched; an
+    OSError of the write itself (see the module docstring) becomes WriteFailed.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)
-    os.close(fd)
+    if target.is_dir():
+        raise WriteFailed(f"cannot write {target}: it is a directory", hint="give a file name")
+    if (bad := _parent_not_a_dir(target)) is not None:
+        raise bad
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)
+        os.close(fd)
+    except OSError as e:
+        raise write_failed(target, e) from None
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        if tmp_path.is_file():
-            with open(tmp_path, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.chmod(tmp_path, FILE_MODE)
-        os.replace(tmp_path, target)
+        try:
+            yield tmp_path
+        except WriteFailed:
+            raise
+        except OSError as e:
+            if e.errno in _WRITE_ERRNOS:
+                raise write_failed(target, e) from None
+            raise
+        try:
+            if tmp_path.is_file():
+                with open(tmp_path, "rb") as fh:
+                    os.fsync(fh.fileno())
+                os.chmod(tmp_path, FILE_MODE)
+            os.replace(tmp_path, target)
+        except OSError as e:
+            raise write_failed(target, e) from None
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp_path.unlink()
+        with contextlib.suppress(OSError):
+            if tmp_path.is_dir() and not tmp_path.is_symlink():
+                import shutil
+
+                shutil.rmtree(tmp_path, ignore_errors=True)
+            else:
+                tmp_path.unlink()
         raise
 
 

@@ -99,6 +99,12 @@ def inductor_cache_dir() -> Path:
     return Path(os.path.abspath(env or _torch_default_cache_dir()))
 
 
+def default_cache_dir() -> Path:
+    """torch's default inductor cache dir (`/tmp/torchinductor_<user>`), whatever TORCHINDUCTOR_CACHE_DIR
+    says: torch keeps its precompiled headers there (codecache._HEADER_DIR). No side effects."""
+    return Path(os.path.abspath(_torch_default_cache_dir()))
+
+
 @functools.lru_cache(maxsize=1)
 def _torch_default_cache_dir() -> str:
     """torch's `default_cache_dir()`, run from its file. Its one torch import (`torch._environment`,

@@ -12,17 +12,11 @@ TOML has no null: `None` is written as the string "none" and read back as None f
 from __future__ import annotations
 
 import dataclasses
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 EMBEDDED_TARGET = "embedded:tiny"  # the tiny Qwen3 target built locally from a config (no download)
 EMBEDDED_DATA = "embedded:tiny-chat"  # the shipped prompts, answered by the target (dflash regen)
@@ -558,12 +552,12 @@ def load_toml(path: str | Path, overrides: dict[str, Any] | None = None) -> Conf
 
     The file is untrusted input: a missing, huge, binary or malformed file, or a field of the wrong
     type, is BadInput naming the file (never a traceback)."""
-    from compilewatch import BadInput, one_line, read_text
+    from compilewatch import BadInput, loads_toml, one_line, read_text
 
     path = Path(path)
     text = read_text(path, limit=MAX_CONFIG_BYTES, what="TOML config file")
     try:
-        data = tomllib.loads(text)
+        data = loads_toml(text, str(path))  # compilewatch's one TOML reader: bounded key depth
         recipe = str(data.get("recipe", "tiny"))
         if recipe not in RECIPES:
             raise ValueError(f"recipe: unknown recipe {one_line(repr(recipe), 60)}; known: {', '.join(RECIPES)}")

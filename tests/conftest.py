@@ -5,15 +5,41 @@
   touch a user's cache.
 - Environment variables a test leaks fail that test.
 - GPU tests: `@requires_cuda(...)` (tests/helpers.py) skips with the reason; `-m gpu` runs only them.
+  A GPU test fails when a warning points at the project's own code (dynamo's "lru_cache-wrapped
+  function at 'mask.py:180'" was one; tests/test_no_project_warnings.py holds the same rule on CPU).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
+from pathlib import Path
 
 import pytest
 
 from tests.redis_helpers import redis_server, redis_url  # noqa: F401 - fixtures (a real redis-server)
+
+_PROJECT_DIRS = tuple(str(Path(__file__).resolve().parents[1] / d) for d in ("compilewatch", "dflash", "cli"))
+
+
+def project_warnings(records) -> list[str]:
+    """The warnings raised from, or naming, a file of compilewatch/, dflash/ or cli/."""
+    return [f"{r.filename}:{r.lineno}: {str(r.message)[:300]}" for r in records
+            if str(r.filename).startswith(_PROJECT_DIRS) or any(d in str(r.message) for d in _PROJECT_DIRS)]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    if item.get_closest_marker("gpu") is None:
+        return (yield)
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        result = yield
+    for r in records:  # shown in pytest's summary as before
+        warnings.warn_explicit(r.message, r.category, r.filename, r.lineno)
+    ours = project_warnings(records)
+    assert not ours, f"warnings from the project's own code during a GPU test: {ours}"
+    return result
 
 _ENV_ALLOW = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTEST_CURRENT_TEST", "COLUMNS", "NO_COLOR",
               "TORCHINDUCTOR_COMPILE_THREADS", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",

@@ -22,8 +22,17 @@ from tests.cache_helpers import OTHER_KEY, big_cache, make_cache, write
     ("triton/0/KEY/k.cubin", "triton", "triton/0/KEY"),
     ("locks/cabc.lock", "locks", "locks"),
     ("cache/" + "0" * 64, "cache", "cache/" + "0" * 64),
-    ("gcc/x/y.o", "other", "gcc/x"),
+    ("gcc/x/y.o", "gcc", "gcc/x"),
+    ("precompiled_headers/cabc.h", "precompiled_headers", "precompiled_headers/cabc"),
+    ("precompiled_headers/cabc.h.gch", "precompiled_headers", "precompiled_headers/cabc"),
+    ("precompiled_headers/locks/cabc.lock", "precompiled_headers", "precompiled_headers/locks"),
+    ("memoizer_cache.json", "memoizer", "memoizer_cache.json"),
+    ("configs_abc.json", "cutlass", "configs_abc.json"),
+    ("torch_cutlass/x.py", "cutlass", "torch_cutlass/x.py"),
+    ("halide-runtime-host-abc/done", "halide", "halide-runtime-host-abc/done"),
+    ("dynamo/code_state_f.pkl", "dynamo", "dynamo/code_state_f.pkl"),
     ("README", "other", "README"),
+    ("configs_x/y", "other", "configs_x/y"),
 ])
 def test_subcache_and_entry_of(rel, sub, entry):
     assert layout.subcache_of(rel) == sub

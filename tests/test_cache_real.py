@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -31,26 +32,44 @@ def f(x, y):
 x = torch.randn(8, 16, requires_grad=True)
 y = torch.randn(8, 16)
 torch.compile(f)(x, y).sum().backward()
-print(json.dumps({k: dict(counters[k]) for k in ("inductor", "aot_autograd")}))
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+out = {k: dict(counters[k]) for k in ("inductor", "aot_autograd")}
+print(json.dumps({**out, "default_cache_dir": default_cache_dir()}))
 '''
 
 
-def compile_into(cache_dir: Path, script_dir: Path) -> dict:
+def compile_into(cache_dir: Path, script_dir: Path, tmp_root: Path | None = None) -> dict:
+    """Compile SCRIPT into `cache_dir` in a subprocess. TMPDIR is `tmp_root` (default
+    `script_dir/tmp`): torch's default dir, where it writes precompiled headers whatever
+    TORCHINDUCTOR_CACHE_DIR says, is `tmp_root/torchinductor_<user>`, not the machine's /tmp."""
     script = script_dir / "compile_one.py"
     script.write_text(SCRIPT)
+    tmp_root = tmp_root or script_dir / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1")
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1", TMPDIR=str(tmp_root))
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+class RealCompile(NamedTuple):
+    cache: Path  # TORCHINDUCTOR_CACHE_DIR of the compile
+    default_dir: Path  # torch's default dir in that process (holds precompiled_headers/)
+    tmp_root: Path
+
+
 @pytest.fixture(scope="session")
-def real_cache(tmp_path_factory) -> Path:
+def real_compile(tmp_path_factory) -> RealCompile:
     base = tmp_path_factory.mktemp("real-cache")
     counts = compile_into(base / "inductor", base)
     assert counts["inductor"].get("fxgraph_cache_miss", 0) >= 1
-    return base / "inductor"
+    return RealCompile(base / "inductor", Path(counts["default_cache_dir"]), base / "tmp")
+
+
+@pytest.fixture(scope="session")
+def real_cache(real_compile) -> Path:
+    return real_compile.cache
 
 
 @pytest.fixture
@@ -85,12 +104,12 @@ def test_real_cache_dangling_and_truncated_entries(cache_copy):
     assert verify_mod.verify(cache_copy).counts == {"dangling": 1, "truncated": 1}
 
 
-def test_saved_and_loaded_cache_hits_in_a_new_process(cache_copy, tmp_path):
+def test_saved_and_loaded_cache_hits_in_a_new_process(real_compile, cache_copy, tmp_path):
     res = archive.save(tmp_path / "warm.tar.gz", cache_copy)
     assert res.mega_cache == {"inductor": 2, "aot_autograd": 1}
     loaded = archive.load(tmp_path / "warm.tar.gz", tmp_path / "elsewhere")
     assert loaded.content_hash == fp_mod.fingerprint(cache_copy).content_hash
-    counts = compile_into(tmp_path / "elsewhere", tmp_path)
+    counts = compile_into(tmp_path / "elsewhere", tmp_path, real_compile.tmp_root)
     assert counts["aot_autograd"].get("autograd_cache_hit") == 1, counts
     assert counts["inductor"].get("fxgraph_cache_miss", 0) == 0, counts
 
@@ -115,3 +134,23 @@ def test_every_pickle_of_a_real_cache_passes_the_scanner(real_cache):
             assert r.ok, (f.rel, r.refused, r.problem)
             scanned += 1
     assert scanned >= 3  # 2 FX graphs + 1 AOTAutograd entry
+
+
+def test_every_subcache_of_a_fresh_cache_is_named(real_compile, monkeypatch):
+    """Every file torch wrote for one CPU inductor compile, in the cache dir and in torch's default dir
+    (precompiled headers: 150 MB on 2.13, ~600 MB on 2.15), belongs to a named sub-cache, not "other";
+    `locate` shows the header dir outside TORCHINDUCTOR_CACHE_DIR (not saved or cleared with it)."""
+    from compilewatch import torchinfo
+
+    named = {layout.subcache_of(f.rel) for f in layout.walk(real_compile.cache).files}
+    assert "other" not in named and {"fxgraph", "aotautograd", "codegen"} <= named, named
+    assert layout.unknown_entries(real_compile.cache) == ()
+    default = {layout.subcache_of(f.rel) for f in layout.walk(real_compile.default_dir).files}
+    assert "other" not in default, [f.rel for f in layout.walk(real_compile.default_dir).files
+                                    if layout.subcache_of(f.rel) == "other"]
+    assert "precompiled_headers" in default, default  # 2.11-2.15 all precompile cpp_prefix.h on CPU
+    monkeypatch.setattr(torchinfo, "default_cache_dir", lambda: real_compile.default_dir)
+    subs = {s.name: s for s in layout.locate(real_compile.cache).subcaches}
+    ph = subs["precompiled_headers"]
+    assert ph.exists and not ph.inside and ph.path == real_compile.default_dir / "precompiled_headers"
+    assert subs["fxgraph"].inside and subs["fxgraph"].exists

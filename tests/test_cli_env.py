@@ -94,3 +94,36 @@ def test_format_names_in_help_match_the_readers():
     from compilewatch.env.formats import FORMATS
 
     assert FORMAT_NAMES == FORMATS
+
+
+def _freezes(tmp_path, n: int):
+    """Two pip freezes where `n` packages off the compile path changed (updated, added, removed)."""
+    old = ["torch==2.13.0"] + [f"pkg-up-{i}==1.0" for i in range(n)] + ["pkg-gone==1.0"]
+    new = ["torch==2.13.0"] + [f"pkg-up-{i}==1.1" for i in range(n)] + ["pkg-new==2.0"]
+    (tmp_path / "old.txt").write_text("\n".join(old) + "\n")
+    (tmp_path / "new.txt").write_text("\n".join(new) + "\n")
+    return str(tmp_path / "old.txt"), str(tmp_path / "new.txt")
+
+
+def test_diff_env_counts_info_changes_and_lists_them_on_request(tmp_path):
+    old, new = _freezes(tmp_path, 40)
+    r = invoke(app, ["diff-env", old, new])
+    assert r.exit_code == 0, r.output
+    info = r.stdout[r.stdout.index("info (42)"):]
+    assert "42 changes: 40 updated, 1 added, 1 removed (e.g. " in info
+    assert "Updated pkg-up-7" not in r.stdout  # counted, not listed
+    assert "--all lists every one" in r.stderr
+    every = invoke(app, ["diff-env", old, new, "--all"])
+    assert all(f"Updated pkg-up-{i} v1.0 -> v1.1" in every.stdout for i in range(40))
+    assert "Added pkg-new" in every.stdout and "Removed pkg-gone" in every.stdout
+    # info is the finding with --fail-on info: then every one is listed
+    assert "Updated pkg-up-7 v1.0 -> v1.1" in invoke(app, ["diff-env", old, new, "--fail-on", "info"]).stdout
+    data = invoke_json(app, ["diff-env", old, new])  # --json keeps the full data
+    assert sum(c["severity"] == "info" for c in data["changes"]) == 42
+
+
+def test_diff_env_lists_a_few_info_changes_as_they_are(tmp_path):
+    old, new = _freezes(tmp_path, 1)
+    r = invoke(app, ["diff-env", old, new])
+    assert "Updated pkg-up-0 v1.0 -> v1.1" in r.stdout and "Added pkg-new v2.0" in r.stdout
+    assert "--all" not in r.stderr

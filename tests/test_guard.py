@@ -307,3 +307,18 @@ def test_close_while_a_thread_is_inside_the_hook(monkeypatch):
     assert errors == [] and results == [False, False]
     with CompileGuard(thread_local=False):  # a later guard installs over torch's function again
         assert ef._callback_from_stance is hook
+
+
+def test_deprecated_guard_warm_still_warms_and_names_its_replacement(guard):
+    """CompileGuard.warm was the documented warm in the previous release: it keeps working for one
+    release (same entry points and devices, a verify pass, `.ok`) with a DeprecationWarning that names
+    compilewatch.prewarm; it warms inside allow_compiles(), so it also works after freeze()."""
+    fn = torch.compile(lambda x: x * 5, backend="eager")
+    with pytest.warns(DeprecationWarning, match=r"compilewatch\.prewarm\(devices, entry_points\)"):
+        report = guard.warm({"step": lambda dev: fn(torch.randn(4, device=dev))}, devices=["cpu"])
+    assert report.ok and report.warm[0].compile_windows == 1 and report.verify[0].compile_windows == 0
+    guard.freeze()
+    late = torch.compile(lambda x: x - 1, backend="eager")
+    with pytest.warns(DeprecationWarning):
+        assert guard.warm(lambda dev: late(torch.randn(2, device=dev))).ok  # one callable, default device cpu
+    assert guard.frozen and late(torch.randn(2)).shape == (2,)  # warmed: no compile, no GuardError

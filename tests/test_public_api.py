@@ -60,6 +60,7 @@ SURFACE = {
     "atomic_write_json": "function(target, data, *, indent=)",
     "read_text": "function(path, *, limit=, what=)",
     "loads_json": "function(text, where)",
+    "loads_toml": "function(text, path)",
     "one_line": "function(text, width=)",
     "dataclass_from_json": "function(cls, data, where, path=)",
     "to_jsonable": "function(obj)",

@@ -151,13 +151,13 @@ def test_compilewatch_run_leads_with_the_compile_failure(tmp_path):
     """The issue's case end to end: `compilewatch run` on a program that keeps its own errors."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     prog = ROOT / "tests" / "race_programs" / "recompile_assert_beside_hot_thread.py"
-    res = subprocess.run([sys.executable, "-m", "cli.main", "run", "--json", "--strict", "--", sys.executable,
+    res = subprocess.run([sys.executable, "-m", "cli.main", "run", "--json", "--", sys.executable,
                           str(prog)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     s = json.loads(res.stdout)["summary"]
     if not NYI_ASSERT:
         assert res.returncode == 0 and s["ok"], (res.stderr, s["verdicts"])
         return
-    assert res.returncode == 1, res.stderr  # the program exits 0; --strict fails on the failure
+    assert res.returncode == 1, res.stderr  # the program exits 0; the failure it hid is a finding: 1
     assert not s["ok"] and s["failures"] >= 1
     cf = next(f for f in s["findings"] if f["kind"] == "compile_failed")
     assert cf["pattern"] == "recompile_dynamic_symint_assert" and cf["threads"] == ["trainer"] and cf["race"] is False
@@ -178,19 +178,27 @@ def _ev(kind: str, seq: int, **detail):
     return WatchEvent(kind=kind, time=float(seq), pid=1, thread="serving", thread_id=7, seq=seq, detail=detail)
 
 
-@pytest.mark.parametrize("events, strict, strict_risks, code", [
-    ([], 0, 0, 0),
-    ([_ev("module_call_leak", 1, module="Linear", error=None)], 1, 0, 0),  # a risk: --strict passes
-    ([_ev("module_call_leak", 1, module="Linear", error=None)], 0, 1, 1),  # --strict-risks fails on it
-    ([_ev("module_call_leak", 1, module="Linear", error="NameError: module is not installed as a submodule")], 1, 0, 1),
-    ([_ev("compile_failed", 1, function="f (p.py:1)", error="RuntimeError: boom")], 0, 0, 0),  # not strict: exit 0
+@pytest.mark.parametrize("events, strict, strict_risks, program_code, code", [
+    ([], 0, 0, 0, 0),
+    ([_ev("module_call_leak", 1, module="Linear", error=None)], 0, 0, 0, 0),  # a risk alone: 0
+    ([_ev("module_call_leak", 1, module="Linear", error=None)], 0, 1, 0, 1),  # --strict-risks fails on it
+    ([_ev("module_call_leak", 1, module="Linear", error="NameError: module is not installed as a submodule")], 0, 0, 0, 1),
+    ([_ev("compile_failed", 1, function="f (p.py:1)", error="RuntimeError: boom")], 0, 0, 0, 1),  # a failure: 1
+    ([_ev("compile_failed", 1, function="f (p.py:1)", error="RuntimeError: boom")], 1, 0, 0, 1),  # --strict: same
+    ([_ev("compile_failed", 1, function="f (p.py:1)", error="RuntimeError: boom")], 0, 0, 3, 3),  # program's own code
+    ([], 0, 1, 137, 137),
 ])
-def test_strict_fails_on_failures_and_strict_risks_on_risks(monkeypatch, events, strict, strict_risks, code):
+def test_exit_rule(monkeypatch, events, strict, strict_risks, program_code, code):
+    """The one rule (cli/run.py EXIT_RULE, also in README and docs/run.md): the program's code when it is
+    not 0; else 1 on a failure (or an incomplete watch), and on a risk with --strict-risks; else 0."""
+    import dataclasses
+
     from cli import run as run_cli
     from cli.main import app
     from tests.helpers import invoke
 
-    monkeypatch.setattr(run_cli.runner, "run_watched", lambda *a, **k: _result(events))
+    result = dataclasses.replace(_result(events), exit_code=program_code)
+    monkeypatch.setattr(run_cli.runner, "run_watched", lambda *a, **k: result)
     args = ["run", "--json"] + (["--strict"] if strict else []) + (["--strict-risks"] if strict_risks else [])
     res = invoke(app, [*args, "--", sys.executable, "p.py"])
     assert res.exit_code == code, res.stdout

@@ -55,11 +55,11 @@ from typing import IO, Any, BinaryIO
 import xxhash
 
 from compilewatch.cache import fingerprint as fp_mod
-from compilewatch.cache import layout, picklescan, stamps
+from compilewatch.cache import busy, layout, picklescan, stamps, swap, tarsafe
 from compilewatch.cache.relocate import rebase_triton_paths
 from compilewatch.cache.fingerprint import FileEntry, Fingerprint, ProgressFn
 from compilewatch.cache.lock import cache_lock
-from compilewatch.errors import BadInput, CompilewatchError
+from compilewatch.errors import BadInput
 from compilewatch.fsutil import atomic_path
 from compilewatch.inputs import loads_json, one_line
 from compilewatch.jsonshape import build
@@ -409,8 +409,8 @@ class _Reader:
         self.archive = archive
         self.raw = open(archive, "rb")
         try:
-            self.stream = _compressed_reader(self.raw, archive)
-            self.tar = tarfile.open(fileobj=self.stream, mode="r|")
+            self.stream = tarsafe.GuardedStream(_compressed_reader(self.raw, archive))
+            self.tar = tarfile.open(fileobj=self.stream, mode="r|")  # type: ignore[call-overload]
         except (tarfile.TarError, OSError, EOFError, ValueError) as e:
             self.close()
             raise self.corrupt(e) from None
@@ -419,13 +419,16 @@ class _Reader:
             raise
 
     def corrupt(self, e: BaseException | str) -> BadInput:
-        why = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
+        why = e if isinstance(e, str) else str(e) if isinstance(e, tarsafe.UnsafeTar) else f"{type(e).__name__}: {e}"
         return BadInput(f"{self.archive} is not a readable compilewatch cache archive ({one_line(why, 400)})",
                         hint="it may be truncated or corrupt; nothing was changed")
 
     def members(self):
         try:
             for m in self.tar:
+                problem = tarsafe.check_member(m)
+                if problem is not None:
+                    raise self.corrupt(problem)
                 yield m
         except (tarfile.TarError, OSError, EOFError, ValueError) as e:
             raise self.corrupt(e) from None
@@ -673,29 +676,11 @@ def _scan_pickles(archive: Path, root: Path, got: dict[str, tuple[int, str, int]
             raise untrusted(archive, PREFIX + rel, scan)
 
 
-def _swap_in(new: Path, target: Path) -> Path | None:
-    """Rename `new` onto `target`, moving an existing non-empty `target` to a timestamped backup first."""
-    backup = None
-    if target.exists():
-        if target.is_dir() and not os.listdir(target):
-            target.rmdir()
-        else:
-            backup = layout.timestamped_sibling(target, "backup")
-            os.rename(target, backup)
-    try:
-        os.rename(new, target)
-    except BaseException as e:
-        if backup is not None:
-            try:
-                os.rename(backup, target)
-            except OSError:  # something recreated the dir between the two renames (a running job)
-                raise CompilewatchError(
-                    f"{target} was recreated by another process while it was being replaced; the previous "
-                    f"cache is safe at {backup}",
-                    hint=f"stop the process writing the cache, then `compilewatch cache load {backup} --dir {target}`",
-                ) from e
-        raise
-    return backup
+def _swap_in(new: Path, target: Path, *, new_is_temp: bool = True) -> Path | None:
+    """Rename `new` onto `target`, moving an existing non-empty `target` to a timestamped backup first
+    (journaled: a killed swap is completed or rolled back by the next command, `swap.recover`)."""
+    return swap.swap_in(new, target, new_is_temp=new_is_temp,
+                        backup_for=lambda t: layout.timestamped_sibling(t, "backup"))
 
 
 def _check_target(target: Path, force: bool) -> None:
@@ -752,7 +737,7 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
         if not trust:
             _scan_pickles(source, tmp, got)
         rewritten = rebase_triton_paths(tmp, target)
-        with cache_lock(target):
+        with cache_lock(target), busy.not_compiling(target):
             backup = _swap_in(tmp, target)
     finally:
         if tmp.exists():
@@ -790,8 +775,8 @@ def _restore_dir(source: Path, path: str | os.PathLike[str] | None, force: bool,
     if os.stat(source).st_dev != os.stat(target.parent).st_dev:
         raise BadInput(f"{source} is on another filesystem than {target}: it cannot be renamed into place",
                        hint=f"save it with `compilewatch cache save X.tar.gz --dir {source}` and load that")
-    with cache_lock(target):
-        backup = _swap_in(source, target)
+    with cache_lock(target), busy.not_compiling(target):
+        backup = _swap_in(source, target, new_is_temp=False)
         rewritten = rebase_triton_paths(target, target)
     return LoadResult(
         source=str(source), path=str(target), backup=str(backup) if backup else None, files=fp.files,

@@ -1,18 +1,19 @@
 """Where the inductor cache lives, what its sub-caches are, and the one walk over its files.
 
 The cache dir is torch's own answer (`torchinfo.inductor_cache_dir()`: TORCHINDUCTOR_CACHE_DIR, else
-`/tmp/torchinductor_<user>`). Inside it, torch 2.11-2.13 writes (FACTS.md §3 and torch's codecache):
+`/tmp/torchinductor_<user>`). `KINDS` names every sub-cache torch 2.11, 2.13 and 2.15 write there (read
+from each version's source: `_inductor/codecache.py`, `runtime/cache_dir_utils.py`,
+`runtime/autotune_cache.py`, `runtime/caching/`, `_dynamo/pgo.py`, `_dynamo/package.py`,
+`_functorch/_aot_autograd/autograd_cache.py`, `cpp_builder.py`, `codegen/cutlass/`, ...): where it is,
+what it holds, what it is tied to (the system key, the device, the host compiler), which versions write
+it. docs/cache.md has the same table. `subcache_of` puts every file of a walk in one of them; "other" is
+only for what no supported torch writes.
 
-| sub-cache | path | what it holds |
-|---|---|---|
-| fxgraph | `fxgraph/<2>/<key>/<entry>` | pickled CompiledFxGraph (generated code + triton kernel bundle) |
-| aotautograd | `aotautograd/<key>/<entry>` | pickled AOTAutograd results pointing at fxgraph keys |
-| codegen | `<2 chars>/c<hash>.{py,cpp,so,...}` | generated Python / C++ and built kernels |
-| triton | `triton/<device>/<key>/` | triton kernels (when TRITON_CACHE_DIR is unset) |
-| cache | `cache/<system key>`, `cache/<name>` | system-keyed local caches (autotuning results) |
-| dynamo | `dynamo/` | PGO code state and precompile packages |
-| locks | `locks/*.lock` | torch's per-kernel file locks (empty files) |
-| other | anything else | e.g. `gcc/`, `precompiled_headers/`, `unhashed_kernel_inputs/` |
+Two sub-caches are not always inside the cache dir: `triton/` moves to TRITON_CACHE_DIR when that is set,
+and `precompiled_headers/` is always under torch's *default* dir (`codecache._HEADER_DIR` is
+`default_cache_dir()/precompiled_headers`, by design: "these headers need to be global"), so with
+TORCHINDUCTOR_CACHE_DIR set it is elsewhere and save / clear / prune of the cache dir never see it.
+`locate` says where each one is and whether it is inside.
 
 Files whose name (or a parent folder's name) starts with "." are in flight: torch's `write_atomic`
 writes `.<pid>.<tid>.tmp` then renames it, and triton writes into `tmp.pid_<pid>_<uuid>/` folders.
@@ -33,17 +34,95 @@ from compilewatch.errors import BadInput
 
 SIDECAR = ".compilewatch"  # compilewatch's folder inside a cache dir (stat index); never archived
 
-SUBCACHES: dict[str, str] = {
-    "fxgraph": "FX graph cache: pickled CompiledFxGraph entries (code + triton kernel bundle)",
-    "aotautograd": "AOTAutograd cache: pickled forward/backward results that point at fxgraph keys",
-    "codegen": "generated Python / C++ source and built kernels in two-character hash folders",
-    "triton": "triton kernel cache (cubin/ptx/json per kernel) when TRITON_CACHE_DIR is unset",
-    "cache": "system-keyed local caches (autotuning results), one JSON file per system key",
-    "dynamo": "dynamo PGO code state and precompile packages",
-    "locks": "torch's per-kernel file locks (empty files, safe to lose)",
-    "other": "anything else torch or its extensions wrote here",
-}
-_NAMED = {"fxgraph", "aotautograd", "triton", "cache", "dynamo", "locks"}
+
+@dataclass(frozen=True, slots=True)
+class SubCacheKind:
+    """One sub-cache torch writes (a row of docs/cache.md's table)."""
+
+    name: str
+    where: str  # its path inside the cache dir
+    holds: str
+    tied_to: str  # what decides whether its entries are reusable on another machine / device
+    torch: str  # the supported torch versions that write it
+    when: str  # when torch writes it
+
+
+_EVERY = "2.11, 2.13, 2.15"
+KINDS: tuple[SubCacheKind, ...] = (
+    SubCacheKind("fxgraph", "fxgraph/<2>/f<key>/<entry>",
+                 "FX graph cache: pickled CompiledFxGraph entries (code + triton kernel bundle)",
+                 "the system key (GPU name, CUDA, triton) and torch build, both in the key; the device "
+                 "index through the inputs' metadata", _EVERY, "every inductor compile"),
+    SubCacheKind("aotautograd", "aotautograd/a<key>/<entry>",
+                 "AOTAutograd cache: pickled forward/backward results that point at fxgraph keys",
+                 "the torch build; the system key through the fxgraph entries it names", _EVERY,
+                 "every inductor compile through AOTAutograd"),
+    SubCacheKind("codegen", "<2>/c<hash>.{py,cpp,so,...}, <2>/<sha256>.best_config",
+                 "generated Python / C++ source, kernels built from it, and triton autotuning results",
+                 "the code's own hash (rebuilt when missing); .so files to the host compiler and CPU; "
+                 ".best_config to the GPU", _EVERY, "every inductor compile; .best_config on CUDA"),
+    SubCacheKind("triton", "triton/<device index>/<KERNEL HASH>/",
+                 "triton kernel cache (cubin/ptx/json per kernel) when TRITON_CACHE_DIR is unset",
+                 "the device index (the folder) and the GPU arch + triton version (the hash)", _EVERY,
+                 "compiles of triton kernels (GPU)"),
+    SubCacheKind("cache", "cache/<system key>, cache/<name>",
+                 "local caches: autotuning results per system key (JSON); named on-disk caches",
+                 "the system key (the file name); named caches are under torch's default dir", _EVERY,
+                 "autotuning (max-autotune, GPU)"),
+    SubCacheKind("dynamo", "dynamo/code_state_<key>.pkl, dynamo/<package>",
+                 "PGO code state (which dims went dynamic) and precompile packages",
+                 "the torch version and the code's source; not the device", _EVERY,
+                 "automatic dynamic shapes (PGO) and torch.compiler precompile"),
+    SubCacheKind("locks", "locks/<key>.lock",
+                 "torch's per-kernel file locks (empty files, safe to lose)", "nothing", _EVERY,
+                 "every C++ / kernel build"),
+    SubCacheKind("precompiled_headers", "precompiled_headers/c<hash>.h{,.gch}, precompiled_headers/locks/",
+                 "precompiled C++ headers for CPU kernels (cpp_prefix.h; 150 MB and more each)",
+                 "the host compiler, its version and flags (in the hash); not the system key or device; "
+                 "always under torch's default dir, not TORCHINDUCTOR_CACHE_DIR", _EVERY,
+                 "the first CPU C++ compile (config.cpp_cache_precompile_headers, on by default)"),
+    SubCacheKind("memoizer", "memoizer_cache.json, memoizer_cache.lock",
+                 "the dump of inductor's persistent memoizer (runtime/caching)",
+                 "the memoized function's parameters (in each key)", _EVERY, "when a persistent memoizer dumps"),
+    SubCacheKind("gcc", "gcc/", "a C++ compiler torch installed with conda (old systems without one)",
+                 "the host", _EVERY, "only when no usable C++ compiler was found"),
+    SubCacheKind("aoti_eager", "aoti_eager/<namespace>/<device>/",
+                 "AOTInductor kernels for eager ops", "the device type (the folder)", _EVERY,
+                 "only with AOTI eager mode"),
+    SubCacheKind("autoheuristic", "autoheuristic/<GPU name>/",
+                 "data collected to train inductor's autoheuristics", "the GPU name (the folder)", _EVERY,
+                 "only when collecting (TORCHINDUCTOR_AUTOHEURISTIC_COLLECT)"),
+    SubCacheKind("cutlass", "torch_cutlass/, configs_<key>.json",
+                 "CUTLASS sources and the generated op configs", "the GPU arch and CUDA version (the key)",
+                 _EVERY, "only with the CUTLASS backend (CUDA)"),
+    SubCacheKind("halide", "halide-runtime-<target>-<hash>/", "the Halide backend's standalone runtime",
+                 "the Halide target (host / host-cuda) and config", _EVERY, "only with the Halide backend"),
+    SubCacheKind("debug", "bisect/, unhashed_kernel_inputs/",
+                 "the compiler bisector's state; kernel inputs dumped for debugging",
+                 "the run that wrote them", _EVERY, "only under the bisector or the kernel-input dump option"),
+    SubCacheKind("cutedsl", "cutedsl_compile_cache/", "CuTe DSL compiled objects (<hash>.o)",
+                 "the GPU arch (in the hash)", "2.13, 2.15", "only with CuTe DSL kernels (CUDA)"),
+    SubCacheKind("quack", "quack/", "QuACK (flex GEMM) kernel cache", "the GPU arch", "2.13, 2.15",
+                 "only with flex GEMM kernels (CUDA)"),
+    SubCacheKind("flydsl", "flydsl_compile_cache/", "FlyDSL compiled kernels", "the GPU arch", "2.15",
+                 "only with FlyDSL kernels (ROCm)"),
+    SubCacheKind("temp", "tmp*/, tmp*.py, inductor_const_spill_<pid>_<id>",
+                 "temporary files: fresh-cache dirs, autotuning code dumps, spilled constants",
+                 "the process that wrote them (torch removes spills itself)", _EVERY,
+                 "force_disable_caches, debug output logging; constant spilling (2.15)"),
+    SubCacheKind("other", "anything else", "what no supported torch writes (another tool, or a newer torch)",
+                 "unknown", "-", "-"),
+)
+SUBCACHES: dict[str, str] = {k.name: k.holds for k in KINDS}  # name -> what it holds
+KIND_BY_NAME: dict[str, SubCacheKind] = {k.name: k for k in KINDS}
+# the top-level names of each sub-cache (exact folder or file names, then name prefixes)
+_NAMED = {"fxgraph", "aotautograd", "triton", "cache", "dynamo", "locks", "precompiled_headers", "gcc",
+          "aoti_eager", "autoheuristic"}
+_NAMED_AS = {"torch_cutlass": "cutlass", "bisect": "debug", "unhashed_kernel_inputs": "debug",
+             "cutedsl_compile_cache": "cutedsl", "quack": "quack", "flydsl_compile_cache": "flydsl",
+             "memoizer_cache.json": "memoizer", "memoizer_cache.lock": "memoizer"}
+_PREFIXES = (("halide-runtime-", "halide"), ("inductor_const_spill_", "temp"), ("configs_", "cutlass"),
+             ("tmp", "temp"))
 _HASH_DIR = re.compile(r"^[a-z0-9]{2}$")
 _TRITON_TMP = "tmp.pid_"
 
@@ -54,6 +133,8 @@ class SubCache:
     path: Path
     exists: bool
     description: str
+    inside: bool = True  # in the cache dir: saved, loaded, pruned and cleared with it
+    tied_to: str = ""  # what decides whether its entries are reusable (SubCacheKind.tied_to)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +181,13 @@ def subcache_of(rel: str) -> str:
 def _subcache_of_head(head: str, nested: bool) -> str:
     if head in _NAMED:
         return head
+    if head in _NAMED_AS:
+        return _NAMED_AS[head]
     if nested and _HASH_DIR.match(head):
         return "codegen"
+    for prefix, name in _PREFIXES:
+        if head.startswith(prefix) and (name != "cutlass" or not nested and head.endswith(".json")):
+            return name
     return "other"
 
 
@@ -123,6 +209,8 @@ def entry_of(rel: str) -> tuple[str, str]:
         return sub, parts[0] + "/" + parts[-1].split(".", 1)[0] if len(parts) == 2 else "/".join(parts[:2])
     if sub == "locks":
         return sub, "locks"
+    if sub == "precompiled_headers" and len(parts) == 2:  # c<hash>.h and its c<hash>.h.gch: one header
+        return sub, parts[0] + "/" + parts[1].split(".", 1)[0]
     if sub in ("cache", "dynamo"):
         return sub, "/".join(parts[:2])
     return sub, "/".join(parts[:2])
@@ -178,7 +266,7 @@ _FX_KEY_DIR = re.compile(r"^f[a-z0-9]{40,}$")
 _AOT_KEY_DIR = re.compile(r"^a[a-z0-9]{40,}$")
 _TRITON_KERNEL_DIR = re.compile(r"^[A-Z2-7]{52}$")  # triton's base32 kernel hash
 _SYSTEM_KEY_FILE = re.compile(r"^[0-9a-f]{64}$")  # cache/<system key>: sha256 hex of CacheBase.get_system()
-_OTHER_TORCH_DIRS = {"gcc", "precompiled_headers", "unhashed_kernel_inputs", "aot_inductor", "kernel", "cache"}
+_OTHER_TORCH_DIRS = {"aot_inductor", "kernel"}  # names torch's own tools use (kept: not a sign of a foreign dir)
 
 
 def _listdir(path: str | os.PathLike[str], limit: int = 64) -> list[str]:
@@ -247,8 +335,10 @@ def unknown_entries(path: str | os.PathLike[str]) -> tuple[str, ...]:
             continue
         full = os.path.join(root, n)
         if not _is_dir(full):
-            out.append(n)
-        elif not (n in _NAMED or n in _OTHER_TORCH_DIRS or _TRITON_KERNEL_DIR.match(n)
+            if _subcache_of_head(n, False) == "other":
+                out.append(n)
+        elif not (_subcache_of_head(n, True) not in ("other", "codegen") or n in _OTHER_TORCH_DIRS
+                  or _TRITON_KERNEL_DIR.match(n)
                   or (_HASH_DIR.match(n) and all(_CODE_FILE.match(f) or _AUTOTUNE_FILE.match(f)
                                                  for f in _listdir(full)))):
             out.append(n + "/")
@@ -267,6 +357,14 @@ def looks_like_cache(path: str | os.PathLike[str]) -> bool:
     if not cache_evidence(path):
         return False
     return len(unknown_entries(path)) * 2 < len(names)
+
+
+def header_dir() -> Path:
+    """Where torch keeps precompiled C++ headers: `<torch's default cache dir>/precompiled_headers`,
+    whatever TORCHINDUCTOR_CACHE_DIR says (torch's `codecache._HEADER_DIR`, torch 2.11-2.15)."""
+    from compilewatch import torchinfo
+
+    return Path(torchinfo.default_cache_dir()) / "precompiled_headers"
 
 
 def lock_file_for(path: Path) -> Path:
@@ -297,6 +395,9 @@ def locate(path: str | os.PathLike[str] | None = None) -> CacheLocation:
         root = Path(path)
         source = "argument"
     root = Path(os.path.abspath(os.path.expanduser(root)))
+    from compilewatch.cache import swap
+
+    swap.recover(root)  # a load killed between its two renames: completed or rolled back first
     env_triton = os.environ.get("TRITON_CACHE_DIR")
     if env_triton:
         triton_dir, triton_source = Path(os.path.abspath(env_triton)), "TRITON_CACHE_DIR"
@@ -304,24 +405,53 @@ def locate(path: str | os.PathLike[str] | None = None) -> CacheLocation:
         triton_dir, triton_source = root / "triton", "inside the inductor dir"
     triton_inside = triton_dir == root / "triton" or root in triton_dir.parents
     subs = []
-    for name, desc in SUBCACHES.items():
+    names = _safe_listdir(root) if root.is_dir() else []
+    for kind in KINDS:
+        name, desc, inside = kind.name, kind.holds, True
         if name == "codegen":
-            exists = root.is_dir() and any(_HASH_DIR.match(n) for n in _safe_listdir(root))
+            exists = any(_HASH_DIR.match(n) and _is_dir(str(root / n)) for n in names)
             sub_path = root
         elif name == "other":
             continue
         elif name == "triton":
-            sub_path, exists = triton_dir, triton_dir.is_dir()
-        else:
+            sub_path, exists, inside = triton_dir, triton_dir.is_dir(), triton_inside
+        elif name == "precompiled_headers":
+            sub_path = header_dir()
+            exists, inside = sub_path.is_dir(), sub_path.parent == root
+        elif name in _NAMED:
             sub_path = root / name
             exists = sub_path.is_dir()
-        subs.append(SubCache(name, sub_path, exists, desc))
+        else:  # named by several folder / file names or prefixes: the first one present, else the cache dir
+            present = sorted(n for n in names if _subcache_of_head(n, _is_dir(str(root / n))) == name)
+            sub_path = root / present[0] if len(present) == 1 else root
+            exists = bool(present)
+        subs.append(SubCache(name, sub_path, exists, desc, inside, kind.tied_to))
     exists = root.is_dir()
     return CacheLocation(
         path=root, source=source, exists=exists, looks_like_cache=exists and looks_like_cache(root),
         triton_dir=triton_dir, triton_source=triton_source, triton_inside=triton_inside,
         subcaches=tuple(subs), lock_file=lock_file_for(root), siblings=siblings_of(root),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Elsewhere:
+    """A sub-cache of this cache that lives outside its dir (not saved, pruned or cleared with it)."""
+
+    name: str
+    path: str
+    files: int
+    bytes: int
+
+
+def elsewhere(loc: CacheLocation) -> tuple[Elsewhere, ...]:
+    """The existing sub-caches of `loc` outside its dir, each with its size (one walk of each)."""
+    out = []
+    for s in loc.subcaches:
+        if s.exists and not s.inside:
+            w = walk(s.path)
+            out.append(Elsewhere(s.name, str(s.path), len(w.files), sum(f.size for f in w.files)))
+    return tuple(out)
 
 
 SIBLING_LABELS = ("backup", "quarantine", "pruned", "deleting")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from compilewatch.cache import archive as archive_mod
+from compilewatch.cache import busy
 from compilewatch.cache import fingerprint as fp_mod
 from compilewatch.cache import layout
 from compilewatch.cache.fingerprint import Fingerprint
@@ -62,11 +63,31 @@ def _entries(files: tuple[layout.FileStat, ...]) -> list[Entry]:
     return [Entry(sub, name, *v) for (sub, name), v in acc.items()]
 
 
-def _entry_paths(root: Path, e: Entry, files: tuple[layout.FileStat, ...]) -> list[str]:
-    """The files and folders that make up entry `e` (what prune moves)."""
-    if (root / e.name).exists():
-        return [e.name]
-    return [f.rel for f in files if layout.entry_of(f.rel) == (e.subcache, e.name)]
+def _entry_paths(root: Path, removed: list[Entry], files: tuple[layout.FileStat, ...]) -> list[str]:
+    """The files and folders that make up the `removed` entries (what prune moves): an entry whose
+    name is a path (a key folder) moves whole, one that is not (a generated module's stem) moves
+    file by file. One pass over `files`, however many entries are removed."""
+    wanted = {(e.subcache, e.name) for e in removed}
+    by_entry: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for f in files:
+        k = layout.entry_of(f.rel)
+        if k in wanted:
+            by_entry[k].append(f.rel)
+    out: list[str] = []
+    for e in removed:
+        if os.path.lexists(root / e.name):
+            out.append(e.name)
+        else:
+            out.extend(by_entry[(e.subcache, e.name)])
+    return out
+
+
+def _dir_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 # --- ls / du --------------------------------------------------------------------------------------
@@ -153,7 +174,8 @@ def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, ye
           force: bool = False) -> ClearResult:
     """Move the cache to `<cache>.backup-<timestamp>` (default) or, with backup=False and yes=True, delete it.
 
-    Refuses a dir without inductor's structure (`layout.looks_like_cache`) unless `force`."""
+    Refuses a dir without inductor's structure (`layout.looks_like_cache`) unless `force`, and
+    (CheckFailed, exit 1) while torch is compiling into it (`busy.not_compiling`)."""
     if not backup and not yes:
         raise BadInput("--no-backup deletes the cache for good and needs --yes to confirm; nothing was changed",
                        hint="drop --no-backup to keep a backup you can restore")
@@ -162,12 +184,13 @@ def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, ye
     with cache_lock(root):
         w = layout.walk(root)
         nfiles, nbytes = len(w.files), sum(f.size for f in w.files)
-        if backup:
-            dest = layout.timestamped_sibling(root, "backup")
-            os.rename(root, dest)
-            return ClearResult(str(root), nfiles, nbytes, str(dest), False, restore_command(dest, root))
-        doomed = layout.timestamped_sibling(root, "deleting")
-        os.rename(root, doomed)  # off the live path first: torch never sees a half-deleted cache
+        with busy.not_compiling(root, w.in_flight):  # never out from under a live compile
+            if backup:
+                dest = layout.timestamped_sibling(root, "backup")
+                os.rename(root, dest)
+                return ClearResult(str(root), nfiles, nbytes, str(dest), False, restore_command(dest, root))
+            doomed = layout.timestamped_sibling(root, "deleting")
+            os.rename(root, doomed)  # off the live path first: torch never sees a half-deleted cache
     shutil.rmtree(doomed)
     return ClearResult(str(root), nfiles, nbytes, None, True, None)
 
@@ -199,27 +222,33 @@ def prune(max_size: int | str, path: str | os.PathLike[str] | None = None, *, dr
         raise BadInput("--delete removes entries for good and needs --yes to confirm; nothing was changed")
     loc = layout.resolve_existing(path, force=force)
     root = loc.path
-    with cache_lock(root):
-        w = layout.walk(root)
-        before = sum(f.size for f in w.files)
-        candidates = sorted((e for e in _entries(w.files) if e.subcache != "locks"),
-                            key=lambda e: (e.last_used_ns, e.name))
-        removed: list[Entry] = []
-        total = before
-        for e in candidates:
-            if total <= max_bytes:
-                break
-            removed.append(e)
-            total -= e.bytes
-        moved_to = None
-        if removed and not dry_run:
-            rels = [p for e in removed for p in _entry_paths(root, e, w.files)]
-            dest = layout.timestamped_sibling(root, "deleting" if delete else "pruned")
+    # Plan without the lock (a walk of a large cache takes a while; readers and torch keep going),
+    # then hold the exclusive lock only for the renames. An entry that vanished meanwhile is skipped.
+    planned_id = _dir_id(root)
+    w = layout.walk(root)
+    before = sum(f.size for f in w.files)
+    candidates = sorted((e for e in _entries(w.files) if e.subcache != "locks"),
+                        key=lambda e: (e.last_used_ns, e.name))
+    removed: list[Entry] = []
+    total = before
+    for e in candidates:
+        if total <= max_bytes:
+            break
+        removed.append(e)
+        total -= e.bytes
+    moved_to = None
+    if removed and not dry_run:
+        rels = _entry_paths(root, removed, w.files)
+        dest = layout.timestamped_sibling(root, "deleting" if delete else "pruned")
+        with cache_lock(root):
+            if _dir_id(root) != planned_id:  # loaded, cleared or restored while we planned
+                raise BadInput(f"{root} was replaced while prune was planning; nothing was moved",
+                               hint="run the prune again")
             layout.move_aside(root, rels, dest)
-            if delete:
-                shutil.rmtree(dest)
-            else:
-                moved_to = str(dest)
+        if delete:
+            shutil.rmtree(dest, ignore_errors=True)
+        else:
+            moved_to = str(dest)
     return PruneResult(str(root), max_bytes, before, total, tuple(removed), moved_to, delete and not dry_run, dry_run)
 
 

@@ -34,23 +34,52 @@ def normalize_device(spec: str) -> str:
 
 def parse_device(spec: str) -> str:
     """Normalize one device spec (normalize_device) and check that this process can use it."""
-    s = normalize_device(spec)
-    visible = visible_devices()
-    if s not in visible:
-        raise BadInput(
-            f"device {spec!r} is not visible to this process",
-            hint=f"visible devices: {', '.join(visible)} (check CUDA_VISIBLE_DEVICES)",
-        )
-    return s
+    return parse_devices([spec])[0]
 
 
 def parse_devices(specs: str | list[str]) -> list[str]:
-    """Parse a comma-separated list (or a list) of device specs; duplicates are an error."""
+    """Parse a comma-separated list (or a list) of device specs; duplicates are an error, and so is
+    any device this process cannot use (one message naming every device asked for and why)."""
     items = specs.split(",") if isinstance(specs, str) else list(specs)
-    devices = [parse_device(x) for x in items]
+    devices = [normalize_device(x) for x in items]
     if not devices:
         raise BadInput("no devices given", hint="e.g. --devices 0,1 or --devices cpu")
+    visible = visible_devices()
+    missing = [d for d in devices if d not in visible]
+    if missing:
+        raise not_visible(devices, missing, visible)
     dupes = sorted({d for d in devices if devices.count(d) > 1})
     if dupes and dupes != ["cpu"]:
         raise BadInput(f"device listed twice: {', '.join(dupes)}", hint="list each GPU once")
     return devices
+
+
+def not_visible(asked: list[str], missing: list[str], visible: list[str]) -> BadInput:
+    """The BadInput for devices this process cannot use: what was asked, which are missing, and why
+    (a CPU-only torch, no CUDA driver or GPU, CUDA_VISIBLE_DEVICES hiding them, or too few GPUs)."""
+    import os
+
+    import torch
+
+    gpus = [d for d in visible if d != "cpu"]
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    asked_s = ", ".join(asked)
+    if missing == asked:
+        which = "none of them is" if len(asked) > 1 else "it is not"
+    else:
+        which = ", ".join(missing) + (" is not" if len(missing) == 1 else " are not")
+    if torch.version.cuda is None:
+        why, hint = (f"this torch ({torch.__version__}) is a CPU-only build",
+                     "install a CUDA build of torch for GPUs, or use --devices cpu")
+    elif not gpus and cvd is not None and cvd.strip() in ("", "-1"):
+        why, hint = (f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU",
+                     "unset CUDA_VISIBLE_DEVICES or list the GPUs in it, or use --devices cpu")
+    elif not gpus:
+        why, hint = ("no CUDA driver or GPU is present (torch.cuda.is_available() is False)",
+                     "run on a machine with an NVIDIA GPU and its driver (`compilewatch gpus` says what the "
+                     "driver reports), or use --devices cpu")
+    else:
+        why = f"this process sees {len(gpus)} GPU(s): {', '.join(gpus)}"
+        hint = ("indices count the visible GPUs from 0"
+                + (f" (CUDA_VISIBLE_DEVICES={cvd!r} renumbers them)" if cvd else ""))
+    return BadInput(f"asked for {asked_s}: {which} visible to this process: {why}", hint=hint)

@@ -255,6 +255,7 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
     """
     devs = parse_devices(devices)
     workload = as_workload(fn, name)
+    _repair_cache_swap()
     t0 = time.perf_counter()
     workload.build()
     warm = _pass(workload, devs, "warm", strict, max(1, steps), progress)
@@ -266,6 +267,17 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
         wall_s=report_wall, ok=all(r.ok for r in warm) and all(r.ok for r in verify_runs),
         verdicts=tuple(_verdicts(warm, verify_runs, verify)),
     )
+
+
+def _repair_cache_swap() -> None:
+    """A `cache load` killed between its renames leaves no cache dir: complete or roll it back before
+    compiling into it (compilewatch.cache.swap; one stat when there is nothing to repair)."""
+    from compilewatch.cache import swap
+
+    try:
+        swap.recover(torchinfo.inductor_cache_dir())
+    except OSError:  # cannot repair from here: the next cache command says so
+        pass
 
 
 def _torch_version() -> str:

@@ -32,7 +32,7 @@ import contextlib
 import functools
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from compilewatch.tracing import fxpatch, tracehooks
 from compilewatch.errors import BadInput, CompilewatchError
@@ -289,7 +289,27 @@ class CompileGuard:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- freeze ---------------------------------------------------------------------------------
+    # --- warm (deprecated) and freeze ------------------------------------------------------------
+    def warm(self, entry_points: "Mapping[str, Callable[[str], Any]] | Callable[[str], Any]",
+             devices: "Sequence[str] | str" = ("cpu",), *, verify: bool = True) -> Any:
+        """Deprecated in 0.2.0, removed in the release after it: use `compilewatch.prewarm(devices,
+        entry_points)`, the one warm implementation (`compilewatch warm` and dflash use it too).
+
+        Runs every entry point for every device in this thread, one after another, and, with
+        `verify`, a second pass that must compile nothing; returns prewarm's WarmReport (`.ok`).
+        Works before and after `freeze()` (it warms inside `allow_compiles()`)."""
+        import warnings
+
+        import compilewatch  # the public name it forwards to (tracing does not import the devices room)
+
+        warnings.warn("CompileGuard.warm(entry_points, devices) is deprecated and will be removed in the next "
+                      "release: use compilewatch.prewarm(devices, entry_points) (same entry points, same "
+                      "verify pass; inside guard.allow_compiles() after freeze())", DeprecationWarning, stacklevel=2)
+        self.install()
+        with self.allow_compiles():
+            return compilewatch.prewarm(list(devices) if not isinstance(devices, str) else devices, entry_points,
+                                        verify=verify)
+
     def freeze(self) -> None:
         """From now on, a compile in any thread (outside `allow_compiles()`) raises GuardError."""
         self.install()

@@ -7,6 +7,10 @@ appear (so a stall is visible while the program still hangs); when it exits, the
 reports are merged by time into one report and summarized. The child's exit code is passed through.
 The child runs in its own process group; SIGTERM, SIGHUP and SIGINT sent to `compilewatch run` are
 forwarded to that group, and the report is still written and the run directory removed.
+
+A run directory is `<tmp>/compilewatch-run-<pid>-<random>/` with an `owner` file (pid and process
+start time). A `compilewatch run` killed with SIGKILL cannot remove its own; the next run removes
+every such directory of this user whose owner is gone (`clean_stale_run_dirs`).
 """
 
 from __future__ import annotations
@@ -95,7 +99,14 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
         raise BadInput(f"--stall-after must be > 0 seconds, got {stall_after:g}")
     if shutil.which(command[0]) is None and not Path(command[0]).is_file():
         raise BadInput(f"command not found: {command[0]}", hint="give the program to run after --, e.g. -- python train.py")
-    run_dir = Path(tempfile.mkdtemp(prefix="compilewatch-run-"))
+    from compilewatch.fsutil import check_writable
+
+    for out in (report, timeline):  # before the program runs, not after it ran for hours
+        if out is not None:
+            check_writable(out)
+    clean_stale_run_dirs()
+    _repair_cache_swap()
+    run_dir = _make_run_dir()
     tail = _Tail(run_dir)
     t0 = time.perf_counter()
     forwarded: list[int] = []
@@ -105,8 +116,13 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
         # torchrun's workers included, through us: we forward it to the group, wait for the program to
         # exit, and still write the report.
         with _forward_signals(forwarded) as group:
-            proc = subprocess.Popen(list(command), env=child_env(run_dir, stall_after, repair), stdout=stdout,
-                                    start_new_session=True, preexec_fn=_die_with_parent())
+            try:
+                proc = subprocess.Popen(list(command), env=child_env(run_dir, stall_after, repair), stdout=stdout,
+                                        start_new_session=True, preexec_fn=_die_with_parent())
+            except OSError as e:  # not executable (EACCES), not a program (ENOEXEC), a directory, ...
+                raise BadInput(f"cannot run {command[0]}: {e.strerror or e}",
+                               hint="make it executable (chmod +x) or run it through its interpreter, "
+                                    "e.g. -- python FILE") from None
             group.append(proc.pid)
             for sig in list(forwarded):  # arrived while the child was starting
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -149,6 +165,82 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
     exit_code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
     return RunResult(command, exit_code, wall, report_path, timeline_path,
                      tuple(sorted({e.pid for e in events})), summary, tuple(forwarded))
+
+
+def _repair_cache_swap() -> None:
+    """Complete or roll back a `cache load` killed between its renames before the program compiles
+    into torch's cache dir (compilewatch.cache.swap; one stat when there is nothing to repair)."""
+    from compilewatch.cache import swap
+    from compilewatch import torchinfo
+
+    try:
+        swap.recover(torchinfo.inductor_cache_dir())
+    except OSError:
+        pass
+
+
+RUN_DIR_PREFIX = "compilewatch-run-"
+
+
+def _process_start(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # noqa: BLE001 - gone, not ours to see, or psutil unavailable
+        return None
+
+
+def _make_run_dir() -> Path:
+    from compilewatch.fsutil import write_failed
+
+    base = Path(tempfile.gettempdir())
+    try:
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-", dir=base))
+    except OSError as e:  # a full or read-only temp dir: say so before the program runs
+        raise write_failed(base / f"{RUN_DIR_PREFIX}{os.getpid()}-*", e) from None
+    try:  # the owner file only sharpens the stale-dir rule (the pid is in the name)
+        (run_dir / "owner").write_text(f"{os.getpid()} {_process_start(os.getpid())!r}\n")
+    except OSError:
+        pass
+    return run_dir
+
+
+def clean_stale_run_dirs(tmp: str | os.PathLike[str] | None = None) -> list[str]:
+    """Remove the run directories in `tmp` (default: the temp dir) that belong to this user and whose
+    `compilewatch run` is gone (its pid is not running, or runs a process that started at another
+    time: the pid was reused). Directories of the older unnamed form (`compilewatch-run-<random>`)
+    are removed when nothing changed in them for a day. Returns what was removed."""
+    base = Path(tmp if tmp is not None else tempfile.gettempdir())
+    removed = []
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(RUN_DIR_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        d = base / name
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.getuid():
+            continue
+        pid_text = name[len(RUN_DIR_PREFIX):].split("-", 1)[0]
+        if pid_text.isdigit():
+            pid = int(pid_text)
+            started = _process_start(pid)
+            try:
+                recorded = (d / "owner").read_text().split()[1]
+            except (OSError, IndexError):
+                recorded = None
+            alive = started is not None and (recorded in (None, "None") or recorded == repr(started))
+            if alive:
+                continue
+        elif time.time() - st.st_mtime < 86400:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(str(d))
+    return removed
 
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)

@@ -180,7 +180,10 @@ class EvalResult:
 
 def evaluate(proposer: Proposer, target, prompts: list[list[int]], max_new_tokens: int, block_size: int,
              progress: Callable[[int, int], None] | None = None) -> EvalResult:
-    """Run plain and speculative greedy decoding on every prompt; compare and time them."""
+    """Run plain and speculative greedy decoding on every prompt; compare and time them.
+    `progress(done, total)`: (0, total) once everything is loaded, then after each prompt."""
+    if progress:
+        progress(0, len(prompts))
     if prompts:  # warm both paths once (allocator, first-call overheads) outside the timing
         plain_generate(target, prompts[0], 2)
         speculative_generate(proposer, target, prompts[0], 2, block_size)

@@ -175,8 +175,12 @@ def _compiled_flex():
 
 
 def flex_attention_fn(device: torch.device) -> Callable:
-    """Compiled flex_attention on CUDA; the eager (dense math, forward-only) one elsewhere."""
-    if device.type == "cuda" and _USE_COMPILED_FLEX:
+    """Compiled flex_attention on CUDA; the eager (dense math, forward-only) one elsewhere.
+
+    Inside a region dynamo is already compiling (`train.compile_layers`: each draft layer compiled)
+    it is plain flex_attention, which that compile lowers itself: calling the `functools.cache`d
+    `_compiled_flex` there made dynamo trace through the cache wrapper and warn on every run."""
+    if device.type == "cuda" and _USE_COMPILED_FLEX and not torch.compiler.is_compiling():
         return _compiled_flex()
     return flex_attention
 

@@ -24,11 +24,13 @@ _ARCHIVE = re.compile(r"^(?P<name>.+)-(?P<version>[^-]+)-(?P<build>[^-]+)\.(?:co
 
 
 MAX_YAML_NODES = 1_000_000  # values after alias expansion; a real environment.yml has a few hundred
+MAX_YAML_BYTES = 64 << 20  # characters of those values: one aliased 100 KB string used 10^4 times is refused
 
 
 def load_yaml(text: str, path: str):
-    """yaml.safe_load, refusing documents whose aliases expand past MAX_YAML_NODES values (a
-    "billion laughs" file is a few hundred bytes that expand to 10^9 strings)."""
+    """yaml.safe_load, refusing documents whose aliases expand past MAX_YAML_NODES values or
+    MAX_YAML_BYTES characters of scalars (a "billion laughs" file is a few hundred bytes that expand
+    to 10^9 strings; a 1 MB file aliasing one long string expands to GBs once anything joins it)."""
     import yaml
 
     try:
@@ -37,28 +39,34 @@ def load_yaml(text: str, path: str):
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e)
         raise bad_line(path, mark.line + 1 if mark else None, f"invalid YAML: {one_line(problem, 200)}") from None
-    if _expanded_size(data, {}) > MAX_YAML_NODES:
-        raise bad_line(path, None, f"YAML aliases expand to more than {MAX_YAML_NODES:,} values: refused",
+    nodes, chars = _expanded_size(data, {})
+    if nodes > MAX_YAML_NODES or chars > MAX_YAML_BYTES:
+        what = f"{MAX_YAML_NODES:,} values" if nodes > MAX_YAML_NODES else f"{MAX_YAML_BYTES >> 20} MiB of text"
+        raise bad_line(path, None, f"YAML aliases expand to more than {what}: refused",
                        hint="an environment file does not need anchors and aliases (`&x` / `*x`)")
     return data
 
 
-def _expanded_size(obj, memo: dict[int, int]) -> int:
-    """How many values `obj` holds once every shared (aliased) node is counted each time it is used."""
+def _expanded_size(obj, memo: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(values, characters of scalars) `obj` holds once every shared (aliased) node is counted each
+    time it is used. Linear in the number of distinct nodes; stops counting past either limit."""
     if not isinstance(obj, (list, dict)):
-        return 1
+        return 1, len(obj) if isinstance(obj, (str, bytes)) else 8
     key = id(obj)
     if key in memo:
         return memo[key]
-    memo[key] = MAX_YAML_NODES + 1  # a node that contains itself (a recursive alias) is refused
+    memo[key] = (MAX_YAML_NODES + 1, 0)  # a node that contains itself (a recursive alias) is refused
     items = obj.items() if isinstance(obj, dict) else ((None, v) for v in obj)
-    total = 1
+    nodes, chars = 1, 8
     for k, v in items:
-        total += _expanded_size(k, memo) + _expanded_size(v, memo)
-        if total > MAX_YAML_NODES:
+        kn, kc = _expanded_size(k, memo)
+        vn, vc = _expanded_size(v, memo)
+        nodes += kn + vn
+        chars += kc + vc
+        if nodes > MAX_YAML_NODES or chars > MAX_YAML_BYTES:
             break
-    memo[key] = total
-    return total
+    memo[key] = (nodes, chars)
+    return nodes, chars
 
 
 def parse_environment_yml(text: str, path: str) -> EnvSpec:

@@ -11,8 +11,14 @@ Every line pip accepts is read, also those that name no package: `.`, `./pkg`, `
 or sdist file name gives the name and version; a VCS URL gives a name guessed from the repository
 (pip would build it to know); anything else becomes an entry named `<kind>:<source>` (kinds
 `local`, `url`, `vcs`), compared by its source. A line pip would reject is skipped with a note naming
-file:line, and the rest of the file is still read; a file in which no line is a requirement is
-BadInput (it is not a requirements file).
+file:line, and the rest of the file is still read; a file in which no line, or fewer than half of
+the lines, are requirements is BadInput: it is not a requirements file (20 KB of random printable
+characters hold a few hundred lines that happen to parse: a one-letter name, a "path"). A path must
+look like one (no spaces, quotes or shell punctuation), `name @ URL` needs a URL or a path, a logical
+line is at most MAX_LINE characters and a name at most MAX_NAME_LEN.
+
+Linear in the file: `name==version` lines (nearly all of a `pip freeze`) are read by one regular
+expression; the rest go through packaging's parser.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import PurePosixPath
 from urllib.parse import unquote, urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, canonicalize_name
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
@@ -41,6 +48,11 @@ _COMMENT = re.compile(r"(^|\s)#.*$")
 _FREEZE_EDITABLE = re.compile(r"\(([A-Za-z0-9][A-Za-z0-9._-]*)==([^)\s]+)\)")
 _URL_START = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # a bare URL line: no `name @` before it
 _VCS_START = re.compile(r"^(git|hg|svn|bzr)\+", re.IGNORECASE)  # `bzr+lp:project` has no `://`
+_PATH_TEXT = re.compile(r"^[\w.~/\\:+@%=,-]+$")  # what a real path or file name is made of
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_PINNED = re.compile(rf"^({_NAME})\s*==\s*([0-9][A-Za-z0-9.!+_-]*)$")  # the pip freeze line, fast path
+MAX_LINE = 64 << 10  # characters of one logical line (a line with 50 --hash options is ~5 KB)
+MAX_NAME_LEN = 200  # characters of a package name (PyPI's longest are under 100)
 _ARCHIVE_EXTS = (".whl", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tar", ".zip")
 
 
@@ -48,24 +60,35 @@ def parse_requirements(text: str, path: str) -> EnvSpec:
     packages: list[Package] = []
     notes: list[str] = []
     skipped: list[BadInput] = []
+    options = 0
     last_comment = ""
     for lineno, line in _logical_lines(text):
         stripped = line.strip()
         if stripped.startswith("#"):
-            last_comment = stripped
+            last_comment = stripped[:MAX_LINE]
             continue
-        stripped = _COMMENT.sub("", stripped).strip()
+        stripped = _COMMENT.sub("", stripped).strip() if "#" in stripped else stripped
         if not stripped:
             continue
         try:
+            if len(stripped) > MAX_LINE:
+                raise bad_line(path, lineno, f"a line of {len(stripped)} characters, longer than any requirement "
+                                             f"({MAX_LINE} at most)")
             if stripped.startswith("-"):
+                options += 1
                 pkg = _option_line(stripped, path, lineno, last_comment, notes)
             else:
-                pkg = _requirement(stripped, path, lineno)
+                pkg = _pinned(stripped) or _requirement(stripped, path, lineno)
         except BadInput as e:
             skipped.append(e)
             notes.append(f"skipped {e.message}")
             pkg = None
+        if pkg is not None:
+            if len(pkg.name) > MAX_NAME_LEN + 8:  # room for the `local:` style prefix
+                e = bad_line(path, lineno, f"a package name of {len(pkg.name)} characters ({MAX_NAME_LEN} at most)")
+                skipped.append(e)
+                notes.append(f"skipped {e.message}")
+                pkg = None
         if pkg is not None:
             packages.append(pkg)
             if pkg.name.startswith(("local:", "url:", "vcs:")):
@@ -74,22 +97,47 @@ def parse_requirements(text: str, path: str) -> EnvSpec:
         last_comment = ""
     if skipped and not packages:
         raise skipped[0]  # not one line was a requirement: this is not a requirements file
+    if len(skipped) * 2 > len(skipped) + len(packages) + options:
+        first = skipped[0]
+        raise BadInput(f"{path}: not a requirements file: {len(skipped)} of "
+                       f"{len(skipped) + len(packages) + options} lines are not requirements "
+                       f"(first: {one_line(first.message, 200)})",
+                       hint="expected `pip freeze` output or a requirements.txt; name the format with --format "
+                            "if it is another one")
     return EnvSpec(path=path, format="requirements", packages=tuple(packages), notes=tuple(notes))
 
 
+def _pinned(line: str) -> Package | None:
+    """`name==version` read by one regular expression (None: not that simple; the full parser reads it)."""
+    m = _PINNED.match(line)
+    if m is None:
+        return None
+    try:
+        Version(m.group(2))
+    except InvalidVersion:
+        return None  # the full parser says what is wrong with it
+    return Package(name=canonicalize_name(m.group(1)), version=m.group(2))
+
+
 def _logical_lines(text: str):
-    """(first line number, joined line) with `\\` continuations joined."""
-    buf, start = "", 0
+    """(first line number, joined line) with `\\` continuations joined (linear: parts are joined once)."""
+    parts: list[str] = []
+    start = 0
     for i, raw in enumerate(text.splitlines(), 1):
-        if not buf:
+        if not parts:
             start = i
         if raw.endswith("\\") and not raw.lstrip().startswith("#"):
-            buf += raw[:-1] + " "
+            parts.append(raw[:-1])
+            parts.append(" ")
             continue
-        yield start, buf + raw
-        buf = ""
-    if buf:
-        yield start, buf
+        if parts:
+            parts.append(raw)
+            yield start, "".join(parts)
+            parts = []
+        else:
+            yield start, raw
+    if parts:
+        yield start, "".join(parts)
 
 
 def _option_line(line: str, path: str, lineno: int, last_comment: str, notes: list[str]) -> Package | None:
@@ -157,8 +205,9 @@ def _unnamed(target: str, *, editable: bool = False) -> Package:
 
 def _looks_like_path(text: str) -> bool:
     """pip's test for a local project or archive: a path separator, a leading dot, or an archive name."""
-    return (text.startswith((".", "/", "~")) or "/" in text.split("@")[0] or "\\" in text
-            or text.lower().endswith(_ARCHIVE_EXTS))
+    return ((text.startswith((".", "/", "~")) or "/" in text.split("@")[0] or "\\" in text
+             or text.lower().endswith(_ARCHIVE_EXTS))
+            and _PATH_TEXT.match(text.split(";")[0].strip()) is not None)
 
 
 def _requirement(line: str, path: str, lineno: int) -> Package:
@@ -177,6 +226,9 @@ def _requirement(line: str, path: str, lineno: int) -> Package:
     name = canonicalize_name(req.name)
     marker = str(req.marker) if req.marker else None
     if req.url:
+        if not (_URL_START.match(req.url) or req.url.startswith("file:") or _PATH_TEXT.match(req.url)):
+            raise bad_line(path, lineno, f"not a URL: {one_line(repr(req.url), 160)}",
+                           hint="expected `name @ https://...`, `name @ file:///...` or `name @ ./path`")
         return Package(name=name, version=_version_from_url(req.url), source=normalize_source(req.url), marker=marker)
     specs = list(req.specifier)
     if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
