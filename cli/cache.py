@@ -46,6 +46,9 @@ def _say_recovered() -> None:
     for line in swap.take_recovered():
         output.err.print(f"[yellow]repaired:[/] {output.clean(line)}")
 
+from cli.cache_remote import app as remote_app  # noqa: E402 - `cache remote ...`
+
+app.add_typer(remote_app, name="remote")
 
 DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="The inductor cache dir (default: the one torch uses).")]
 ForceDirOpt = Annotated[bool, typer.Option("--force", help="Act on --dir even though it does not look like an inductor cache (no fxgraph/, aotautograd/, triton kernels or generated code files).")]

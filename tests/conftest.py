@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.redis_helpers import redis_server, redis_url  # noqa: F401 - fixtures (a real redis-server)
+
 _PROJECT_DIRS = tuple(str(Path(__file__).resolve().parents[1] / d) for d in ("compilewatch", "dflash", "cli"))
 
 

@@ -9,8 +9,10 @@ from cli.main import app
 from tests.helpers import invoke
 
 COMMANDS = {"probe", "lock", "diff-env", "warm", "gpus", "doctor", "run", "timeline", "cache"}
-CACHE_COMMANDS = {"where", "fingerprint", "verify", "save", "load", "clear", "prune", "ls", "du", "diff", "trust"}
+CACHE_COMMANDS = {"where", "fingerprint", "verify", "save", "load", "clear", "prune", "ls", "du", "diff", "trust",
+                  "remote"}
 TRUST_COMMANDS = {"key", "add", "list", "remove"}
+REMOTE_COMMANDS = {"status", "push", "pull", "verify", "clear"}
 
 
 def _group():
@@ -22,13 +24,16 @@ def test_command_list_is_frozen():
     assert set(group.commands) == COMMANDS
     assert set(group.commands["cache"].commands) == CACHE_COMMANDS
     assert set(group.commands["cache"].commands["trust"].commands) == TRUST_COMMANDS
+    assert set(group.commands["cache"].commands["remote"].commands) == REMOTE_COMMANDS
 
 
 def test_every_command_has_help_and_json():
     group = _group()
     leaves = [([name], cmd) for name, cmd in group.commands.items() if name != "cache"]
-    leaves += [(["cache", name], cmd) for name, cmd in group.commands["cache"].commands.items() if name != "trust"]
-    leaves += [(["cache", "trust", name], cmd) for name, cmd in group.commands["cache"].commands["trust"].commands.items()]
+    groups = ("trust", "remote")
+    leaves += [(["cache", name], cmd) for name, cmd in group.commands["cache"].commands.items() if name not in groups]
+    for sub in groups:
+        leaves += [(["cache", sub, name], cmd) for name, cmd in group.commands["cache"].commands[sub].commands.items()]
     for path, cmd in leaves:
         r = invoke(app, [*path, "--help"])
         assert r.exit_code == 0, path
