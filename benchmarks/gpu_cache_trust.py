@@ -71,7 +71,7 @@ def pickle_facts(cache: Path) -> dict:
     for f in sorted(p for p in cache.rglob("*") if p.is_file()):
         with open(f, "rb") as fh:
             head = fh.read(2)
-        if not head or head[0] != 0x80:
+        if not picklescan.is_pickle_file(str(f.relative_to(cache)), head):  # every file torch would unpickle
             continue
         n += 1
         r = picklescan.scan(f.read_bytes())

@@ -17,7 +17,6 @@ import sys
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 from typer.core import TyperGroup
 
 from compilewatch.errors import CompilewatchError
@@ -42,9 +41,9 @@ class CompilewatchGroup(TyperGroup):
                 raise
             # messages quote paths, tracebacks and torch errors ("[/__w/pytorch/...]"): never markup
             message = e.message if len(e.message) <= MAX_MESSAGE else e.message[:MAX_MESSAGE] + "… (cut)"
-            output.err.print(f"[red]error:[/] {escape(message)}", markup=True)
+            output.err.print(f"[red]error:[/] {output.clean(message)}", markup=True)
             if e.hint:
-                output.err.print(f"[dim]hint:[/] {escape(e.hint)}")
+                output.err.print(f"[dim]hint:[/] {output.clean(e.hint)}")
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             output.err.print("interrupted")

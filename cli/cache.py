@@ -10,13 +10,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cli import output
+from cli import cache_trust, output
 from cli.app import make_app
 from cli.options import JsonOpt
 from cli.progress import byte_progress
 from cli.lazy import lazy
 
 archive = lazy("compilewatch.cache.archive")
+archive_check = lazy("compilewatch.cache.archive_check")
 fp_lib = lazy("compilewatch.cache.fingerprint")
 layout = lazy("compilewatch.cache.layout")
 manage = lazy("compilewatch.cache.manage")
@@ -30,6 +31,9 @@ app = make_app(
     "unless --dir says otherwise. Nothing is ever deleted without a backup unless you say --no-backup/--delete and --yes.",
 )
 
+app.add_typer(cache_trust.app, name="trust")
+
+
 @app.callback()
 def _cache_group(ctx: typer.Context) -> None:
     ctx.call_on_close(_say_recovered)
@@ -40,8 +44,11 @@ def _say_recovered() -> None:
     from compilewatch.cache import swap
 
     for line in swap.take_recovered():
-        output.err.print(f"[yellow]repaired:[/] {escape(line)}")
+        output.err.print(f"[yellow]repaired:[/] {output.clean(line)}")
 
+from cli.cache_remote import app as remote_app  # noqa: E402 - `cache remote ...`
+
+app.add_typer(remote_app, name="remote")
 
 DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="The inductor cache dir (default: the one torch uses).")]
 ForceDirOpt = Annotated[bool, typer.Option("--force", help="Act on --dir even though it does not look like an inductor cache (no fxgraph/, aotautograd/, triton kernels or generated code files).")]
@@ -67,7 +74,7 @@ def where_cmd(dir: DirOpt = None, as_json: JsonOpt = False) -> None:
     Example: compilewatch cache where
     """
     loc = layout.locate(dir)
-    output.emit(loc, as_json, _render_where)
+    output.emit(loc, as_json, _render_where, escape_markup=True)
 
 
 _ALWAYS_SHOWN = ("fxgraph", "aotautograd", "codegen", "triton", "precompiled_headers")
@@ -128,7 +135,7 @@ def fingerprint_cmd(
         import dataclasses
 
         fp = dataclasses.replace(fp, entries=None)
-    output.emit(fp, as_json, _render_fingerprint)
+    output.emit(fp, as_json, _render_fingerprint, escape_markup=True)
 
 
 def _render_fingerprint(fp: fp_lib.Fingerprint) -> None:
@@ -159,6 +166,7 @@ def _render_fingerprint(fp: fp_lib.Fingerprint) -> None:
 # --- verify ---------------------------------------------------------------------------------------
 @app.command("verify")
 def verify_cmd(
+    archive_path: Annotated[Optional[Path], typer.Argument(metavar="[ARCHIVE]", help="Verify this archive instead of a cache dir: who made it (made here, signed by a trusted key, or foreign), then every pickle in it scanned. Nothing is extracted.")] = None,
     dir: DirOpt = None,
     fix: Annotated[bool, typer.Option("--fix", help="Move bad and foreign entries to <cache>.quarantine-<time>/ (never deletes); rewrite relocated triton paths.")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="Read bytes only; do not parse pickle opcodes (nothing is ever unpickled, in either mode).")] = False,
@@ -167,14 +175,26 @@ def verify_cmd(
     """Find unusable entries (empty, truncated, unloadable, missing kernel binaries) and entries built
     for another system key or torch build. Exit 1 when it finds any (with --fix: when any remain).
 
+    With ARCHIVE: say first whether the archive was made here, signed by a key you trust, or is
+    foreign, then scan every pickle in it (nothing is extracted or unpickled). Exit 1 when it is
+    foreign or a pickle is refused.
+
     Examples:
 
       compilewatch cache verify
 
       compilewatch cache verify --fix --json
+
+      compilewatch cache verify warm-cache.tar.gz
     """
+    if archive_path is not None:
+        if fix or dir is not None:
+            raise typer.BadParameter("--fix and --dir act on a cache dir, not on ARCHIVE")
+        rep = archive_check.verify_archive(archive_path)
+        output.emit(rep, as_json, _render_verify_archive, escape_markup=True)
+        raise typer.Exit(0 if rep.ok else 1)
     report = verify_lib.verify(dir, deep=not quick, fix=fix)
-    output.emit(report, as_json, _render_verify)
+    output.emit(report, as_json, _render_verify, escape_markup=True)
     remaining = not report.ok and not (fix and report.moved)
     raise typer.Exit(1 if remaining else 0)
 
@@ -206,6 +226,30 @@ def _render_verify(r: verify_lib.VerifyReport) -> None:
         output.hint("`compilewatch cache verify --fix` moves the bad entries aside; torch then recompiles them")
 
 
+def _provenance_line(p) -> str:
+    colour = {"own": "green", "trusted": "green", "foreign": "red"}[p.verdict]
+    made = p.made_by
+    who = f" — made by {made['user']}@{made['host']}" if {"user", "host"} <= set(made) and p.verdict != "foreign" else ""
+    when = f" on {made['created_at']}" if made.get("created_at") and p.verdict != "foreign" else ""
+    return f"[{colour}]{p.summary}[/]{who}{when}"
+
+
+def _render_verify_archive(r) -> None:
+    o = output.out
+    o.print(_provenance_line(r.provenance))
+    verdict = "[green]ok[/]" if r.ok else "[red]not loadable without --trust[/]"
+    o.print(f"[bold]verify {r.path}[/]: {r.members} members, {r.pickles_scanned} pickles and "
+            f"{r.mega_artifacts_scanned} Mega-Cache artifacts scanned, {verdict}")
+    if r.findings:
+        table = Table("kind", "member", "detail", box=None)
+        for f in r.findings[:200]:
+            table.add_row(f"[red]{f.kind}[/]", f.member, f.detail)
+        o.print(table)
+    if r.provenance.verdict == "foreign":
+        output.hint("an archive is code: load it only if you trust who made it (`cache trust add` their key, "
+                    "or `cache load --trust` once); docs/security.md")
+
+
 # --- save / load ----------------------------------------------------------------------------------
 @app.command("save")
 def save_cmd(
@@ -228,7 +272,7 @@ def save_cmd(
     with byte_progress("save") as on_bytes:
         result = archive.save(archive_path, dir, mega=not no_mega, level=level, overwrite=overwrite,
                               progress=on_bytes)
-    output.emit(result, as_json, _render_save)
+    output.emit(result, as_json, _render_save, escape_markup=True)
 
 
 def _render_save(r: archive.SaveResult) -> None:
@@ -237,6 +281,9 @@ def _render_save(r: archive.SaveResult) -> None:
     o.print(f"{r.files} files, {output.fmt_bytes(r.bytes)} → {output.fmt_bytes(r.archive_bytes)} ({r.compression}) "
             f"in {output.fmt_seconds(r.duration_s)}")
     o.print(f"content hash {r.content_hash}")
+    if r.signed_by:
+        o.print(f"signed by this machine's key {r.signed_by} (other machines trust it with `cache trust add`; "
+                "`cache trust key` prints it)")
     if r.mega_cache:
         o.print("Mega-Cache: " + ", ".join(f"{n} {k}" for k, n in sorted(r.mega_cache.items())))
     for w in r.warnings:
@@ -248,15 +295,16 @@ def load_cmd(
     source: Annotated[Path, typer.Argument(metavar="ARCHIVE", help="An archive from `cache save`, or a backup dir from `cache clear`.")],
     dir: DirOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Load even if it was made for another system key or torch version, or if --dir does not look like an inductor cache.")] = False,
-    trust: Annotated[bool, typer.Option("--trust", help="Load pickles that name globals torch's caches never use (they run code when torch loads them). Only for archives you made or fully trust.")] = False,
+    trust: Annotated[bool, typer.Option("--trust", help="Load a foreign archive (not made here, not signed by a key in `cache trust list`) and pickles the scanner refuses: you accept it as code from a stranger. Prefer `cache trust add` for people you trust.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Load an archive (or restore a backup dir) as the cache, atomically; the current cache is moved to
     a timestamped backup. Refuses archives from another system key or torch version unless --force.
 
-    An archive is code: torch runs what its entries carry. Every pickle is checked (never unpickled)
-    and one that names a global torch's caches never use is refused unless --trust; load archives only
-    from people you trust (docs/security.md).
+    An archive is code: torch runs what its entries carry. So it says first who made the archive: made
+    here, signed by a key you trust (`cache trust`), or foreign; a foreign archive is refused unless
+    --trust. Every pickle is scanned as a second line (never unpickled); one the scanner refuses is
+    refused unless --trust (docs/security.md).
 
     Examples:
 
@@ -266,11 +314,18 @@ def load_cmd(
     """
     with byte_progress("load") as on_bytes:
         result = archive.load(source, dir, force=force, trust=trust, progress=on_bytes)
-    output.emit(result, as_json, _render_load)
+    output.emit(result, as_json, _render_load, escape_markup=True)
 
 
 def _render_load(r: archive.LoadResult) -> None:
     o = output.out
+    if r.provenance is not None:
+        o.print(_provenance_line(r.provenance))
+        if r.provenance.trusted_by_flag:
+            o.print("[bold red]loaded with --trust: this archive is code[/] from someone this machine does not "
+                    "trust; torch runs what it carries on the next compile")
+    for p in r.trusted_pickles:
+        output.warn(f"loaded with --trust although the scanner refused {p}")
     o.print(f"loaded {r.source} → [bold]{r.path}[/]: {r.files} files, {output.fmt_bytes(r.bytes)} "
             f"in {output.fmt_seconds(r.duration_s)}")
     o.print(f"content hash {r.content_hash}")
@@ -281,7 +336,8 @@ def _render_load(r: archive.LoadResult) -> None:
     for m in r.mismatches:
         output.warn(f"loaded with --force: {m}")
     for w in r.warnings:
-        output.warn(w)
+        if not (r.provenance is not None and r.provenance.trusted_by_flag and w.startswith("this archive is code")):
+            output.warn(w)  # (the code warning was said above, in bold)
 
 
 # --- clear / prune --------------------------------------------------------------------------------
@@ -302,7 +358,7 @@ def clear_cmd(
       compilewatch cache clear --no-backup --yes
     """
     result = manage.clear(dir, backup=not no_backup, yes=yes, force=force)
-    output.emit(result, as_json, _render_clear)
+    output.emit(result, as_json, _render_clear, escape_markup=True)
 
 
 def _render_clear(r: manage.ClearResult) -> None:
@@ -333,7 +389,7 @@ def prune_cmd(
       compilewatch cache prune --max-size 500MB --delete --yes
     """
     result = manage.prune(manage.parse_size(max_size), dir, dry_run=dry_run, delete=delete, yes=yes, force=force)
-    output.emit(result, as_json, _render_prune)
+    output.emit(result, as_json, _render_prune, escape_markup=True)
 
 
 def _render_prune(r: manage.PruneResult) -> None:
@@ -365,7 +421,7 @@ def ls_cmd(
       compilewatch cache ls -s fxgraph --sort recent
     """
     result = manage.ls(dir, subcache=subcache, sort=sort, limit=limit)  # type: ignore[arg-type]
-    output.emit(result, as_json, _render_ls)
+    output.emit(result, as_json, _render_ls, escape_markup=True)
 
 
 def _render_ls(r: manage.Listing) -> None:
@@ -388,7 +444,7 @@ def du_cmd(
 
     Example: compilewatch cache du --top 5
     """
-    output.emit(manage.du(dir, top=top), as_json, _render_du)
+    output.emit(manage.du(dir, top=top), as_json, _render_du, escape_markup=True)
 
 
 def _render_du(r: manage.Usage) -> None:
@@ -422,7 +478,7 @@ def diff_cmd(
       compilewatch cache diff old.tar.gz new.tar.gz --json
     """
     result = manage.diff(a, b)
-    output.emit(result, as_json, lambda r: _render_diff(r, limit))
+    output.emit(result, as_json, lambda r: _render_diff(r, limit), escape_markup=True)
     raise typer.Exit(0 if result.same else 1)
 
 

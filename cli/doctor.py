@@ -49,6 +49,9 @@ def _render(r: doctor_lib.DoctorReport) -> None:
         facts.add_row("", "outside it: " + ", ".join(f"{k} {output.fmt_bytes(v)}" for k, v in c.elsewhere.items()))
     match = {True: "matches", False: "DOES NOT MATCH", None: "unknown"}[c.system_key_match]
     facts.add_row("system key", f"{c.system_key[:16]}… ({match})")
+    if r.remote is not None:
+        state = {True: "reachable", False: "UNREACHABLE", None: "not probed"}[r.remote.reachable]
+        facts.add_row("remote cache", f"{r.remote.url} ({r.remote.source}): {', '.join(r.remote.enabled) or 'none on'}, {state}")
     facts.add_row("FX flag", f"layout: {r.fx.layout}, now: {r.fx.flag_now}, stuck state: {r.fx.stuck}, "
                   f"error_on_nested_fx_trace: {r.fx.error_on_nested_fx_trace}")
     if r.fx.race is not None:

@@ -6,15 +6,31 @@ stderr. Rich drops colour by itself when stdout is not a terminal or NO_COLOR is
 Off a terminal (a pipe, a CI log, a torchrun/Slurm output file) rich would cut everything to 80
 columns: paths end in `…`, table cells wrap. There the consoles are made OFF_TTY_WIDTH wide instead,
 so lines come out whole (tables are not expanded: they stay as wide as their content).
+
+Nothing from a file reaches the terminal raw. Results are rendered from `cleaned(data)`: every string
+in them (archive member names, cache paths, lock package names, messages quoting files) has its
+control characters escaped (`\x1b` for ESC, `\n` for a newline, also C1 controls, line separators
+and bidi overrides), so a name can neither send terminal escape sequences nor forge a line. With
+`emit(..., escape_markup=True)` (the cache commands, whose renderers interpolate names into markup)
+rich markup in strings is escaped too, so a name cannot style the output or break it; renderers that
+print data with `markup=False` or escape it themselves (diff-env, probe, run) use the default.
+warn/hint/the error map escape controls and markup in their messages.
+`--json` needs no extra step: the JSON encoder escapes every control and non-ASCII character
+(`\u001b`).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
+import re
 import sys
+from pathlib import PurePath
 from typing import Any, Callable
 
 from rich.console import Console
+from rich.markup import escape as escape_markup
 
 from compilewatch.serialize import to_jsonable
 
@@ -41,26 +57,70 @@ out = make_console()
 err = make_console(stderr=True)
 
 
+# C0 controls and DEL, C1 controls, Unicode line/paragraph separators, bidi embeddings/overrides/isolates
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character written as an escape (`\x1b`, `\n`, `\u202e`)."""
+    return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                                             else f"\\u{ord(m.group()):04x}"), text)
+
+
+def clean(text: str) -> str:
+    """A string from a file, made safe to print through rich: controls escaped, markup escaped."""
+    return escape_markup(escape_controls(text))
+
+
+def cleaned(data: Any, markup: bool = False) -> Any:
+    """A copy of a result with every string in it (dataclass fields, tuples, lists, dict keys and
+    values, paths) passed through `escape_controls` (and rich's markup escape with `markup`); other
+    values as they are."""
+    if isinstance(data, str):
+        return clean(data) if markup else escape_controls(data)
+    if isinstance(data, PurePath):
+        s = str(data)
+        c = clean(s) if markup else escape_controls(s)
+        return data if c == s else type(data)(c)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(cleaned(x, markup) for x in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(cleaned(x, markup) for x in data)
+    if isinstance(data, dict):
+        return {cleaned(k, markup): cleaned(v, markup) for k, v in data.items()}
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        new = copy.copy(data)
+        for f in dataclasses.fields(data):
+            object.__setattr__(new, f.name, cleaned(getattr(data, f.name), markup))
+        return new
+    return data
+
+
+def jsonable(data: Any) -> Any:
+    return to_jsonable(data)
+
+
 def print_json(data: Any) -> None:
     """Write `data` as JSON to stdout (and nothing else)."""
     sys.stdout.write(json.dumps(to_jsonable(data), indent=2) + "\n")
     sys.stdout.flush()
 
 
-def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
-    """Print `data` as JSON (stdout only) or through `render` for people."""
+def emit(data: Any, as_json: bool, render: Callable[[Any], None], *, escape_markup: bool = False) -> None:
+    """Print `data` as JSON (stdout only) or through `render` for people, from `cleaned(data)`."""
     if as_json:
         print_json(data)
     else:
-        render(data)
+        render(cleaned(data, escape_markup))
 
 
 def warn(message: str) -> None:
-    err.print(f"[yellow]warning:[/] {message}")
+    err.print(f"[yellow]warning:[/] {clean(message)}")
 
 
 def hint(message: str) -> None:
-    err.print(f"[dim]hint:[/] {message}")
+    err.print(f"[dim]hint:[/] {clean(message)}")
 
 
 def fmt_bytes(n: int | float | None) -> str:

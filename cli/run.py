@@ -150,6 +150,9 @@ def _render(r: runner.RunResult) -> None:
         e.print("no watched process imported torch: nothing to report")
         return
     render_summary(r.summary, e)
+    if r.summary.remote_cache is not None:
+        per = ", ".join(f"{k} {c.get('hit', 0)} hit / {c.get('miss', 0)} miss" for k, c in sorted(r.summary.remote_cache.items()))
+        e.print(f"torch's remote caches: {per or 'on, not used (nothing compiled)'}")
     if r.report:
         e.print(f"report: {escape(r.report)}")
     if r.timeline:

@@ -50,6 +50,8 @@ _LAZY = {
     "system_key": ("compilewatch.torchinfo", "system_key"),
     # cache
     "fingerprint": ("compilewatch.cache.fingerprint", "fingerprint"),
+    "enable_remote_cache": ("compilewatch.remote_usage", "enable"),
+    "remote_cache_usage": ("compilewatch.remote_usage", "usage"),
     # files, untrusted input, JSON
     "FILE_MODE": ("compilewatch.fsutil", "FILE_MODE"),
     "atomic_write_bytes": ("compilewatch.fsutil", "atomic_write_bytes"),

@@ -17,15 +17,20 @@ import importlib.metadata
 import os
 import platform
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from compilewatch.devices import gpus as _gpus
 from compilewatch.tracing import torchcompat
 from compilewatch import torchinfo
 
+if TYPE_CHECKING:
+    from compilewatch.remote_usage import RemoteUsage
+
 Level = Literal["ok", "info", "warn", "problem"]
 
 ENV_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE",
+            "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
+            "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "TORCHINDUCTOR_BUNDLED_AUTOTUNE_REMOTE_CACHE",
             "TORCHINDUCTOR_AUTOGRAD_CACHE", "TORCHINDUCTOR_FORCE_DISABLE_CACHES", "TORCH_COMPILE_DISABLE",
             "TORCHDYNAMO_DISABLE", "TORCH_COMPILE_CACHE_KEY_TAG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
             "TORCH_LOGS", "PYTORCH_CUDA_ALLOC_CONF")
@@ -108,6 +113,7 @@ class DoctorReport:
     dynamo: DynamoLimits
     verdicts: tuple[Verdict, ...]
     ok: bool  # no verdict of level "problem"
+    remote: "RemoteUsage | None" = None  # torch's remote caches, when the environment turns one on
 
 
 def _version(dist: str) -> str | None:
@@ -321,14 +327,31 @@ def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn
     return out
 
 
+def remote_verdicts(u: "RemoteUsage | None") -> list[Verdict]:
+    """torch's remote caches: on and answering, or on and unreachable (a problem: torch stays silent)."""
+    from compilewatch import remote_usage
+
+    if u is None:
+        return []
+    if u.down:
+        return [Verdict("problem", "cache", remote_usage.down_message(u),
+                        "start redis-server there or fix TORCHINDUCTOR_REDIS_URL (`compilewatch cache remote status`)")]
+    if u.enabled:
+        return [Verdict("ok", "cache", f"torch's remote caches ({', '.join(u.enabled)}) are on: {u.url} {u.why}")]
+    return []
+
+
 def doctor() -> DoctorReport:
     """Collect every fact and verdict. Never raises for what it finds."""
+    from compilewatch import remote_usage
+
     before = _set_env()  # before anything below lets torch set TORCHINDUCTOR_CACHE_DIR
     env = env_facts(before)
     cache = cache_status(before)
     g = gpu_summary()
     fx = fx_facts()
     dyn = dynamo_limits()
-    verdicts = tuple(_verdicts(env, cache, g, fx, dyn))
-    return DoctorReport(env, cache, g, fx, dyn, verdicts, not any(v.level == "problem" for v in verdicts))
+    remote = remote_usage.usage(counts={})  # os.environ: torch sets none of these; the URL is shown redacted
+    verdicts = tuple(_verdicts(env, cache, g, fx, dyn) + remote_verdicts(remote))
+    return DoctorReport(env, cache, g, fx, dyn, verdicts, not any(v.level == "problem" for v in verdicts), remote)
 

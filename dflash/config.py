@@ -344,6 +344,25 @@ class EvalConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class CacheConfig:
+    """Compiled-artifact caches shared across a cluster (docs/cache-remote.md)."""
+
+    remote: str | None = None
+    """torch's own Redis remote caches for every rank and process of the run: redis://HOST:PORT[/DB]
+    (rediss:// for TLS). Turns on the FX-graph and AOTAutograd remote caches before the first
+    compile; a rank that finds the key compiled by another fetches it instead of compiling. A server
+    that is down never blocks training (torch compiles locally) and the rank report says so. The URL
+    is kept in RUN/config.toml like every setting: with a password in it, prefer
+    TORCHINDUCTOR_REDIS_URL + TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE=1 in the environment. None = off
+    (unless the environment turns torch's remote caches on itself)."""
+
+    def __post_init__(self) -> None:
+        if self.remote is not None:
+            _need(isinstance(self.remote, str) and self.remote.startswith(("redis://", "rediss://", "unix://")),
+                  "cache.remote", "must be a Redis URL: redis://HOST:PORT[/DB] (rediss:// for TLS)")
+
+
+@dataclass(kw_only=True, slots=True)
 class Config:
     recipe: str = "tiny"
     """The recipe this config started from (recorded for people; loading applies it first)."""
@@ -356,6 +375,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
 
     def __post_init__(self) -> None:
         _need(self.recipe in RECIPES, "recipe", f"unknown recipe {self.recipe!r}; known: {', '.join(RECIPES)}")

@@ -90,6 +90,10 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
     from dflash.training.trainer import Trainer
 
     on_event = on_event or (lambda kind, data: None)
+    if cfg.cache.remote:  # before anything compiles, in every mode (each torchrun rank runs this)
+        from compilewatch import enable_remote_cache
+
+        enable_remote_cache(cfg.cache.remote)
     mode = pick_mode(cfg, distributed)
     check_devices(cfg.topology)
     on_event("mode", {"mode": mode})

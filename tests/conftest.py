@@ -1,8 +1,8 @@
 """Fixtures that pin the environment for every test (STYLE.md §12-13).
 
 - NO_COLOR / COLUMNS fixed, so rendered output does not depend on the terminal.
-- TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, COMPILEWATCH_STATE_DIR and DFLASH_DATA_CACHE point into tmp_path: tests never
-  touch a user's cache.
+- TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, COMPILEWATCH_STATE_DIR, COMPILEWATCH_CONFIG_DIR and DFLASH_DATA_CACHE point
+  into tmp_path: tests never touch a user's cache, signing key or trust store.
 - Environment variables a test leaks fail that test.
 - GPU tests: `@requires_cuda(...)` (tests/helpers.py) skips with the reason; `-m gpu` runs only them.
   A GPU test fails when a warning points at the project's own code (dynamo's "lru_cache-wrapped
@@ -16,6 +16,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+
+from tests.redis_helpers import redis_server, redis_url  # noqa: F401 - fixtures (a real redis-server)
 
 _PROJECT_DIRS = tuple(str(Path(__file__).resolve().parents[1] / d) for d in ("compilewatch", "dflash", "cli"))
 
@@ -55,6 +57,9 @@ def _pinned_env(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     monkeypatch.setenv("COMPILEWATCH_STATE_DIR", str(tmp_path / "compilewatch-state"))  # the triton key memo
     monkeypatch.setenv("DFLASH_DATA_CACHE", str(tmp_path / "dflash-data-cache"))  # tokenized data (dflash.data.cache)
+    # signing key, trust store: beside tmp_path, so tests that compare what tmp_path holds do not see it
+    monkeypatch.setenv("COMPILEWATCH_CONFIG_DIR", str(tmp_path.parent / f"{tmp_path.name}-compilewatch-config"))
+    monkeypatch.delenv("COMPILEWATCH_SIGNING_KEY", raising=False)
     yield
     monkeypatch.undo()
     after = dict(os.environ)

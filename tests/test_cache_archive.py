@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from compilewatch import torchinfo
-from compilewatch.cache import archive, fingerprint as fp_mod, verify as verify_mod
+from compilewatch.cache import archive, fingerprint as fp_mod, provenance, verify as verify_mod
 from compilewatch.errors import BadInput
 from tests.cache_helpers import OTHER_KEY, make_cache, moved, tree, write
 
@@ -55,7 +55,7 @@ def test_header_and_manifest(tmp_path):
     assert m.entries is not None and len(m.entries) == m.files
     with tarfile.open(tmp_path / "a.tar") as t:
         names = t.getnames()
-    assert names[0] == archive.HEADER and names[-1] == archive.MANIFEST
+    assert names[0] == archive.HEADER and names[-2:] == [archive.MANIFEST, provenance.SIGNATURE]
     assert not any(".compilewatch" in n for n in names)
 
 
@@ -131,8 +131,10 @@ def test_tampered_archives_are_refused_and_leave_no_temp_dir(tmp_path, edit, mat
     _rewrite(tmp_path / "a.tar", tmp_path / "bad.tar", edit)
     dst = make_cache(tmp_path / "dst", n_fx=1, triton=False)
     before, before_sib = tree(dst), siblings(tmp_path)
-    with pytest.raises(BadInput, match=match):
+    with pytest.raises(BadInput, match="foreign"):  # what was signed no longer matches: provenance first
         archive.load(tmp_path / "bad.tar", dst)
+    with pytest.raises(BadInput, match=match):  # with --trust, the structural checks still hold
+        archive.load(tmp_path / "bad.tar", dst, trust=True)
     assert tree(dst) == before and siblings(tmp_path) == before_sib
 
 
@@ -147,8 +149,10 @@ def test_path_traversal_member_is_refused(tmp_path):
                 evil = tarfile.TarInfo("cache/../../escaped")
                 evil.size = 3
                 tout.addfile(evil, io.BytesIO(b"bad"))
-    with pytest.raises(BadInput, match="unexpected member"):
+    with pytest.raises(BadInput, match="foreign"):
         archive.load(tmp_path / "evil.tar", tmp_path / "dst")
+    with pytest.raises(BadInput, match="unexpected member"):
+        archive.load(tmp_path / "evil.tar", tmp_path / "dst", trust=True)
     assert not (tmp_path / "escaped").exists() and not (tmp_path.parent / "escaped").exists()
     assert not (tmp_path / "dst").exists()
 

@@ -136,6 +136,76 @@ def test_every_pickle_of_a_real_cache_passes_the_scanner(real_cache):
     assert scanned >= 3  # 2 FX graphs + 1 AOTAutograd entry
 
 
+PGO_SCRIPT = '''
+import torch
+
+
+def f(x, y):
+    return (x.sin() + y.cos()).relu().sum(dim=-1)
+
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.register_buffer("b", torch.ones(16))
+
+    def forward(self, x):
+        q = self.lin(x)[None]
+        return torch.nn.functional.scaled_dot_product_attention(q, x[None], x[None]) + self.b
+
+
+m = M()
+for n in (8, 9, 10):  # a second size recompiles with dynamic shapes (sympy in the entries), PGO records it
+    torch.compile(f)(torch.randn(n, 16, requires_grad=True), torch.randn(n, 16)).sum().backward()
+    torch.compile(m)(torch.randn(n, 16)).sum().backward()
+print("{}")
+'''
+
+
+@pytest.fixture(scope="session")
+def real_pgo_cache(tmp_path_factory) -> Path:
+    """A cache with every sub-cache this torch writes on CPU: dynamic shapes, a module with parameters
+    and a buffer, SDPA, fwd+bwd, and PGO code-state files under dynamo/ (TORCH_COMPILE_JOB_ID set)."""
+    base = tmp_path_factory.mktemp("real-pgo-cache")
+    script = base / "compile_pgo.py"
+    script.write_text(PGO_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(base / "inductor"), TORCHINDUCTOR_COMPILE_THREADS="1",
+               TORCH_COMPILE_JOB_ID="compilewatch-test")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return base / "inductor"
+
+
+def test_every_pickle_of_every_subcache_passes_the_scanner(real_pgo_cache):
+    """Issue 29: the allow-list admits data constructors only, yet every pickle a real cache holds, in
+    every sub-cache torch unpickles (fxgraph, aotautograd, dynamo/ PGO state), passes."""
+    from compilewatch.cache import picklescan
+
+    per_sub: dict[str, int] = {}
+    for f in layout.walk(real_pgo_cache).files:
+        data = (real_pgo_cache / f.rel).read_bytes()
+        if picklescan.is_pickle_file(f.rel, data[:1]):
+            r = picklescan.scan(data)
+            assert r.ok, (f.rel, r.refused, r.problem)
+            per_sub[f.rel.split("/")[0]] = per_sub.get(f.rel.split("/")[0], 0) + 1
+    assert per_sub.get("fxgraph", 0) >= 4 and per_sub.get("aotautograd", 0) >= 2 and per_sub.get("dynamo", 0) >= 1, per_sub
+
+
+def test_a_real_archive_is_made_here_and_its_mega_cache_preloads(real_pgo_cache, tmp_path):
+    """save signs with this machine's key; verify says made here and scans every pickle and Mega-Cache
+    artifact of a real cache (none refused); load_mega_cache checks provenance and scans, then preloads."""
+    from compilewatch.cache import archive_check
+
+    archive.save(tmp_path / "pgo.tar", real_pgo_cache)
+    rep = archive_check.verify_archive(tmp_path / "pgo.tar")
+    assert rep.ok and rep.provenance.verdict == "own" and rep.findings == (), rep.findings
+    assert rep.pickles_scanned >= 7 and rep.mega_artifacts_scanned >= 6
+    counts = archive.load_mega_cache(tmp_path / "pgo.tar")
+    assert counts and counts.get("inductor", 0) >= 4
+
+
 def test_every_subcache_of_a_fresh_cache_is_named(real_compile, monkeypatch):
     """Every file torch wrote for one CPU inductor compile, in the cache dir and in torch's default dir
     (precompiled headers: 150 MB on 2.13, ~600 MB on 2.15), belongs to a named sub-cache, not "other";

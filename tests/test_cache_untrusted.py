@@ -11,13 +11,14 @@ import io
 import json
 import os
 import pickle
+import shutil
 import tarfile
 from pathlib import Path
 
 import pytest
 import xxhash
 
-from compilewatch.cache import archive, fingerprint as fp_mod, manage, verify as verify_mod
+from compilewatch.cache import archive, fingerprint as fp_mod, manage, provenance, verify as verify_mod
 from compilewatch.errors import BadInput
 from tests.cache_helpers import make_cache, tree, write
 from tests.helpers import invoke
@@ -33,8 +34,11 @@ class _RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-def _forge(src_tar, dst_tar, *, replace=None, add=None, manifest_edit=None, header_edit=None):
-    """Copy a saved archive with cache members replaced/added; the manifest is updated to match."""
+def _forge(src_tar, dst_tar, *, replace=None, add=None, manifest_edit=None, header_edit=None, sign=True):
+    """Copy a saved archive with cache members replaced/added; the manifest is updated to match and,
+    with `sign`, the archive is signed again by this machine's key: what a trusted machine that was
+    compromised (or a trusted colleague's mistake) would produce, so that only the second-line check
+    under test can catch it. `sign=False` leaves the original signature, which no longer matches."""
     replace, add = replace or {}, add or {}
     members = []
     with tarfile.open(src_tar) as tin:
@@ -46,6 +50,9 @@ def _forge(src_tar, dst_tar, *, replace=None, add=None, manifest_edit=None, head
         rel = name[len(archive.PREFIX):] if name.startswith(archive.PREFIX) else None
         if name == archive.MANIFEST:
             manifest = json.loads(data)
+            continue
+        if name == provenance.SIGNATURE:
+            old_signature = data
             continue
         if name == archive.HEADER and header_edit:
             data = json.dumps(header_edit(json.loads(data))).encode()
@@ -64,8 +71,16 @@ def _forge(src_tar, dst_tar, *, replace=None, add=None, manifest_edit=None, head
     manifest["bytes"] = sum(e["size"] for e in entries.values())
     if manifest_edit:
         manifest_edit(manifest)
+    out.append((archive.MANIFEST, json.dumps(manifest).encode()))
+    if sign:
+        rec = provenance.Recorder()
+        for name, data in out:
+            rec.add_bytes(name, data)
+        out.append((provenance.SIGNATURE, rec.signature_member()))
+    else:
+        out.append((provenance.SIGNATURE, old_signature))
     with tarfile.open(dst_tar, "w", format=tarfile.PAX_FORMAT) as t:
-        for name, data in out + [(archive.MANIFEST, json.dumps(manifest).encode())]:
+        for name, data in out:
             ti = tarfile.TarInfo(name)
             ti.size = len(data)
             t.addfile(ti, io.BytesIO(data))
@@ -132,9 +147,40 @@ def test_s3_member_larger_than_the_manifest_says_is_refused_before_writing(tmp_p
     _refused_untouched(tmp_path, big, "the manifest says 10")
 
 
-def test_s3_manifest_claiming_more_than_the_free_disk_is_refused_first(tmp_path, saved):
-    huge = _forge(saved, tmp_path / "huge.tar", manifest_edit=lambda m: m.update(bytes=1 << 60))
+def test_s3_members_listed_larger_than_the_free_disk_are_refused_first(tmp_path, saved):
+    rel = _fx_rel(saved)
+    huge = _forge(saved, tmp_path / "huge.tar",
+                  manifest_edit=lambda m: [e.update(size=1 << 60) for e in m["entries"] if e["rel"] == rel])
     _refused_untouched(tmp_path, huge, "free")
+
+
+def test_s3_free_space_counts_the_members_not_the_manifests_total(tmp_path, saved, monkeypatch):
+    """Issue 29: a manifest saying 0 bytes passed the free-space check. The check adds up the members'
+    sizes (what extraction may write), whatever the manifest's `bytes` claims."""
+    lying = _forge(saved, tmp_path / "zero.tar", manifest_edit=lambda m: m.update(bytes=0))
+    real = sum(e.size for e in archive.read_manifest(lying).entries)
+    assert real > 0 and archive.read_manifest(lying).bytes == 0
+    free = archive.DISK_MARGIN + real // 2  # enough for the claim, not for the members
+    usage = type(shutil.disk_usage("/"))
+    monkeypatch.setattr(archive.shutil, "disk_usage", lambda p: usage(1 << 40, (1 << 40) - free, free))
+    err = _refused_untouched(tmp_path, lying, "free")
+    assert f"holds {real} bytes" in err.message
+
+
+def test_s3_extraction_stops_and_cleans_up_when_the_disk_fills_meanwhile(tmp_path, saved, monkeypatch):
+    """Bytes are counted as they are written: when the real free space falls below the margin during
+    extraction (another writer), the load stops, removes what it wrote, and changes nothing."""
+    usage = type(shutil.disk_usage("/"))
+    calls = {"n": 0}
+
+    def shrinking(p):
+        calls["n"] += 1
+        free = (1 << 40) if calls["n"] <= 2 else 1024  # fine for the checks before writing, then full
+        return usage(1 << 40, (1 << 40) - free, free)
+
+    monkeypatch.setattr(archive._SpaceBudget, "_RECHECK", 1)
+    monkeypatch.setattr(archive.shutil, "disk_usage", shrinking)
+    _refused_untouched(tmp_path, saved, "running out of space")
 
 
 def test_s3_members_the_manifest_does_not_list_are_refused(tmp_path, saved):
@@ -160,7 +206,8 @@ def test_manifest_not_json_is_bad_input(tmp_path, saved):
             data = b"{not json" if m.name == archive.MANIFEST else tin.extractfile(m).read()
             m.size = len(data)
             tout.addfile(m, io.BytesIO(data))
-    _refused_untouched(tmp_path, out, "invalid JSON")
+    _refused_untouched(tmp_path, out, "foreign")
+    _refused_untouched(tmp_path, out, "invalid JSON", trust=True)
 
 
 def test_member_file_then_child_of_it_is_bad_input(tmp_path, saved):

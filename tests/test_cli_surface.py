@@ -9,7 +9,10 @@ from cli.main import app
 from tests.helpers import invoke
 
 COMMANDS = {"probe", "lock", "diff-env", "warm", "gpus", "doctor", "run", "timeline", "cache"}
-CACHE_COMMANDS = {"where", "fingerprint", "verify", "save", "load", "clear", "prune", "ls", "du", "diff"}
+CACHE_COMMANDS = {"where", "fingerprint", "verify", "save", "load", "clear", "prune", "ls", "du", "diff", "trust",
+                  "remote"}
+TRUST_COMMANDS = {"key", "add", "list", "remove"}
+REMOTE_COMMANDS = {"status", "push", "pull", "verify", "clear"}
 
 
 def _group():
@@ -20,17 +23,32 @@ def test_command_list_is_frozen():
     group = _group()
     assert set(group.commands) == COMMANDS
     assert set(group.commands["cache"].commands) == CACHE_COMMANDS
+    assert set(group.commands["cache"].commands["trust"].commands) == TRUST_COMMANDS
+    assert set(group.commands["cache"].commands["remote"].commands) == REMOTE_COMMANDS
 
 
 def test_every_command_has_help_and_json():
     group = _group()
     leaves = [([name], cmd) for name, cmd in group.commands.items() if name != "cache"]
-    leaves += [(["cache", name], cmd) for name, cmd in group.commands["cache"].commands.items()]
+    groups = ("trust", "remote")
+    leaves += [(["cache", name], cmd) for name, cmd in group.commands["cache"].commands.items() if name not in groups]
+    for sub in groups:
+        leaves += [(["cache", sub, name], cmd) for name, cmd in group.commands["cache"].commands[sub].commands.items()]
     for path, cmd in leaves:
         r = invoke(app, [*path, "--help"])
         assert r.exit_code == 0, path
         opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
         assert "--json" in opts, f"{' '.join(path)} has no --json"
+
+
+def test_options_of_the_trust_surface_are_frozen():
+    """Issue 29's options: `cache load --trust`, `cache verify [ARCHIVE]`, `cache trust add --name`."""
+    cache = _group().commands["cache"].commands
+    opts = {name: {o for p in cmd.params for o in getattr(p, "opts", [])} for name, cmd in cache.items() if name != "trust"}
+    assert "--trust" in opts["load"]
+    assert {p.name for p in cache["verify"].params} >= {"archive_path", "dir", "fix", "quick", "as_json"}
+    add = cache["trust"].commands["add"]
+    assert {o for p in add.params for o in getattr(p, "opts", [])} >= {"--name", "--json"}
 
 
 def test_unknown_command_is_a_usage_error():

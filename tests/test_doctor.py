@@ -38,7 +38,7 @@ def test_cache_dir_and_source_come_from_the_cache_layout(monkeypatch, tmp_path):
 
 def test_doctor_json_on_a_clean_cpu_machine():
     data = invoke_json(app, ["doctor"])
-    assert set(data) == {"env", "cache", "gpus", "fx", "dynamo", "verdicts", "ok"}
+    assert set(data) == {"env", "cache", "gpus", "fx", "dynamo", "verdicts", "ok", "remote"}
     assert data["ok"] is True
     assert data["env"]["torch"].startswith("2.")
     # conftest points TORCHINDUCTOR_CACHE_DIR at tmp_path: doctor says where it came from

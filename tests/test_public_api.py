@@ -51,6 +51,8 @@ SURFACE = {
     "system_key": "function()",
     # cache
     "fingerprint": "function(path=, *, files=, use_index=, workers=, progress=)",
+    "enable_remote_cache": "function(url)",
+    "remote_cache_usage": "function(env=, *, counts=, probe=)",
     # files, untrusted input, JSON
     "FILE_MODE": "int",
     "atomic_write_bytes": "function(target, data)",

@@ -36,7 +36,10 @@ manifest's total. Header and manifest members are capped in size before they are
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -55,7 +58,7 @@ from typing import IO, Any, BinaryIO
 import xxhash
 
 from compilewatch.cache import fingerprint as fp_mod
-from compilewatch.cache import busy, layout, picklescan, stamps, swap, tarsafe
+from compilewatch.cache import busy, layout, picklescan, provenance, stamps, swap, tarsafe
 from compilewatch.cache.relocate import rebase_triton_paths
 from compilewatch.cache.fingerprint import FileEntry, Fingerprint, ProgressFn
 from compilewatch.cache.lock import cache_lock
@@ -104,6 +107,7 @@ class SaveResult:
     mega_cache: dict[str, int] | None  # artifact type -> count, None when torch offered none
     duration_s: float
     warnings: tuple[str, ...]
+    signed_by: str | None = None  # the key id that signed it (keys.signing_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,8 @@ class LoadResult:
     paths_rewritten: int  # triton .json files pointed at the new path (relocate.rebase_triton_paths)
     duration_s: float
     warnings: tuple[str, ...]
+    provenance: provenance.Provenance | None = None  # who made the archive (None: a dir was restored)
+    trusted_pickles: tuple[str, ...] = ()  # pickles the scanner refused, loaded because of trust=True
 
 
 # --- compression ----------------------------------------------------------------------------------
@@ -230,16 +236,23 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 class _HashingReader:
-    """A file object that hashes what tarfile reads from it."""
+    """A file object that hashes what tarfile reads from it (xxh3 for the manifest, SHA-256 for the
+    signed statement)."""
 
     def __init__(self, fh: IO[bytes]) -> None:
-        self.fh, self.h, self.n = fh, xxhash.xxh3_128(), 0
+        self.fh, self.h, self.sha, self.n = fh, xxhash.xxh3_128(), hashlib.sha256(), 0
 
     def read(self, size: int = -1) -> bytes:
         data = self.fh.read(size)
         self.h.update(data)
+        self.sha.update(data)
         self.n += len(data)
         return data
+
+
+# the Recorder of the save in progress: `_add_file` hashes each member for the signature into it (a
+# context variable rather than a parameter, so `_add_file` keeps the signature tests wrap)
+_SIGNING: contextvars.ContextVar[provenance.Recorder | None] = contextvars.ContextVar("_SIGNING", default=None)
 
 
 def _add_file(tar: tarfile.TarFile, root: Path, f: layout.FileStat) -> FileEntry | None:
@@ -248,6 +261,7 @@ def _add_file(tar: tarfile.TarFile, root: Path, f: layout.FileStat) -> FileEntry
     Everything comes from one open descriptor: torch and triton replace cache files by rename, so an
     open file is a consistent snapshot and the tar header's size always matches the bytes.
     """
+    signed = _SIGNING.get()
     try:
         fd = os.open(root / f.rel, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
@@ -257,11 +271,15 @@ def _add_file(tar: tarfile.TarFile, root: Path, f: layout.FileStat) -> FileEntry
         if stamps.needs_content(f.rel):
             data = fh.read()
             tar.addfile(_tarinfo(PREFIX + f.rel, len(data), st.st_mtime), io.BytesIO(data))
+            if signed is not None:
+                signed.add_bytes(PREFIX + f.rel, data)
             stamp = stamps.stamp_of(f.rel, data)
             return FileEntry(f.rel, len(data), st.st_mtime_ns, xxhash.xxh3_128_hexdigest(data),
                              stamp.system_key, stamp.torch_hash)
         reader = _HashingReader(fh)
         tar.addfile(_tarinfo(PREFIX + f.rel, st.st_size, st.st_mtime), reader)  # type: ignore[arg-type]
+        if signed is not None:
+            signed.add(PREFIX + f.rel, reader.n, reader.sha.hexdigest())
         stamp = stamps.stamp_of(f.rel, None)
         return FileEntry(f.rel, reader.n, st.st_mtime_ns, reader.h.hexdigest(), stamp.system_key, stamp.torch_hash)
 
@@ -342,12 +360,20 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
         warnings.extend(w.warnings)
         written: list[FileEntry] = []
         mega_counts = None
-        with atomic_path(archive) as tmp:
+        signed = provenance.Recorder()
+
+        def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+            _add_bytes(tar, name, data)
+            signed.add_bytes(name, data)
+
+        token = _SIGNING.set(signed)
+        with contextlib.ExitStack() as undo, atomic_path(archive) as tmp:
+            undo.callback(_SIGNING.reset, token)
             with open(tmp, "wb") as raw:
                 stream = _compressed_writer(raw, comp, level)
                 try:
                     with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                        _add_bytes(tar, HEADER, json.dumps(to_jsonable(header), indent=2).encode())
+                        add(tar, HEADER, json.dumps(to_jsonable(header), indent=2).encode())
                         total, done = sum(f.size for f in w.files), 0
                         for f in w.files:
                             entry = _add_file(tar, root, f)
@@ -365,10 +391,11 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
                                 built = None
                                 warnings.append(f"Mega-Cache left out: {type(e).__name__}: {e}"[:300])
                             if built is not None:
-                                _add_bytes(tar, MEGA, built[0])
+                                add(tar, MEGA, built[0])
                                 mega_counts = built[1]
                         manifest = _manifest(root, written, header)
-                        _add_bytes(tar, MANIFEST, json.dumps(to_jsonable(manifest)).encode())
+                        add(tar, MANIFEST, json.dumps(to_jsonable(manifest)).encode())
+                        _add_bytes(tar, provenance.SIGNATURE, signed.signature_member(header.created_at))
                 finally:
                     if stream is not raw:
                         stream.close()
@@ -377,6 +404,7 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
         archive=str(archive), source=str(root), files=manifest.files, bytes=manifest.bytes,
         archive_bytes=archive.stat().st_size, content_hash=manifest.content_hash, compression=comp,
         mega_cache=mega_counts, duration_s=time.perf_counter() - t0, warnings=tuple(warnings),
+        signed_by=signed.key_id,
     )
 
 
@@ -563,25 +591,29 @@ def load_mega_cache(archive: str | os.PathLike[str], *, trust: bool = False) -> 
 
     For trainers whose cache dir differs from the one saved: torch writes the entries into the current
     TORCHINDUCTOR_CACHE_DIR. Returns artifact counts, or None when the archive has no Mega-Cache.
-    Does what `torch.compiler.load_cache_artifacts` does in its two steps (parse the container, which
-    unpickles nothing; populate the caches), with every pickled artifact checked in between unless
-    `trust`.
+    First the archive's provenance (`provenance.check_provenance`): a foreign archive is BadInput
+    unless `trust`. Then what `torch.compiler.load_cache_artifacts` does in its two steps (parse the
+    container, which unpickles nothing; populate the caches, which unpickles: torch's inductor artifact
+    unpickles its entry to emit the triton bundle), with the Mega-Cache's bytes checked against the
+    signed hash and every artifact checked in between (`picklescan.scan_artifact`): one refused is
+    BadInput unless `trust`.
     """
     from torch.compiler._cache import CacheArtifactManager
 
+    verdict = provenance.check_provenance(archive, trust=trust).require()
     with _Reader(Path(archive)) as r:
         for m in r.members():
             if m.name == MEGA:
-                artifacts = CacheArtifactManager.deserialize(r.read(m, 1 << 40))
+                data = r.read(m, 1 << 40)
+                verdict.check_member(MEGA, hashlib.sha256(data).hexdigest())
+                artifacts = CacheArtifactManager.deserialize(data)
                 if artifacts is None:
                     return None
-                for kind, items in ({} if trust else artifacts).items():
+                for kind, items in artifacts.items():
                     for a in items:
-                        content = getattr(a, "content", b"")
-                        if isinstance(content, bytes) and content[:1] == b"\x80":  # a pickle
-                            scan = picklescan.scan(content)
-                            if not scan.ok:
-                                raise untrusted(archive, f"{MEGA}: {kind} {getattr(a, 'key', '?')}", scan)
+                        scan = picklescan.scan_artifact(kind, getattr(a, "content", None))
+                        if not scan.ok and not trust:
+                            raise untrusted(archive, f"{MEGA}: {kind} {getattr(a, 'key', '?')}", scan)
                 info = CacheArtifactManager.populate_caches(artifacts)
                 return {k: len(v) for k, v in info.artifacts.items()}
     return None
@@ -599,12 +631,15 @@ def _safe_rel(name: str) -> str | None:
 
 
 def _extract(reader: _Reader, dest: Path, manifest: Fingerprint, progress: ProgressFn | None = None,
+             verdict: provenance.Provenance | None = None, space: "_SpaceBudget | None" = None,
              ) -> dict[str, tuple[int, str, int]]:
     """Extract cache files into `dest`; returns rel -> (size, xxh3, mtime) of what was written.
 
     Only members the manifest lists, each exactly its listed size, each once: nothing else is written
     (a member is refused before any of its bytes reach the disk), so the total is the manifest's.
     `progress` gets (archive bytes read, archive size): the compressed position, known without a scan.
+    `verdict`: each member's SHA-256 is checked against what was signed (the archive may have changed
+    since it was checked). `space`: charged with every byte as it is written (`_SpaceBudget`).
     """
     want = {e.rel: e.size for e in manifest.entries or ()}
     budget = sum(want.values())
@@ -614,7 +649,7 @@ def _extract(reader: _Reader, dest: Path, manifest: Fingerprint, progress: Progr
     for m in reader.members():
         if progress is not None:
             progress(min(reader.raw.tell(), size), size)
-        if m.name in (HEADER, MEGA, MANIFEST):
+        if m.name in (HEADER, MEGA, MANIFEST, provenance.SIGNATURE):
             continue
         rel = _safe_rel(m.name)
         if rel is None or not m.isreg():
@@ -628,7 +663,10 @@ def _extract(reader: _Reader, dest: Path, manifest: Fingerprint, progress: Progr
             raise reader.corrupt(f"member {one_line(rel, 200)} is {m.size} bytes, the manifest says {want[rel]}")
         target = dest / rel
         h = xxhash.xxh3_128()
+        sha = hashlib.sha256()
         n = 0
+        if space is not None:
+            space.new_file()
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             src = reader.tar.extractfile(m)
@@ -638,6 +676,9 @@ def _extract(reader: _Reader, dest: Path, manifest: Fingerprint, progress: Progr
                     if not chunk:
                         break
                     h.update(chunk)
+                    sha.update(chunk)
+                    if space is not None:
+                        space.charge(len(chunk))
                     out.write(chunk)
                     n += len(chunk)
             os.utime(target, (m.mtime, m.mtime))
@@ -646,6 +687,8 @@ def _extract(reader: _Reader, dest: Path, manifest: Fingerprint, progress: Progr
         except OSError as e:  # a name too long, a file where a folder must go (`qq` then `qq/child`)
             raise reader.corrupt(f"cannot write member {one_line(rel, 200)}: {e.strerror or e}") from None
         written += n
+        if verdict is not None:
+            verdict.check_member(m.name, sha.hexdigest())
         got[rel] = (n, h.hexdigest(), int(m.mtime * 1e9) if isinstance(m.mtime, (int, float)) else 0)
     return got
 
@@ -665,15 +708,22 @@ def _check_extracted(reader: _Reader, got: dict[str, tuple[int, str, int]], mani
     return fp_mod.merkle(fp_mod.group(rows))[0]
 
 
-def _scan_pickles(archive: Path, root: Path, got: dict[str, tuple[int, str, int]]) -> None:
-    """BadInput for the first extracted fxgraph / aotautograd pickle `picklescan` refuses."""
+def _scan_pickles(archive: Path, root: Path, got: dict[str, tuple[int, str, int]], trust: bool) -> tuple[str, ...]:
+    """Scan every extracted file torch would unpickle (`picklescan.is_pickle_file`): BadInput for the
+    first one refused, unless `trust`; returns what was refused and loaded anyway (with `trust`)."""
+    refused = []
     for rel in sorted(got):
-        if layout.subcache_of(rel) not in stamps.STAMPED_SUBCACHES:
-            continue
         with open(root / rel, "rb") as fh:
+            head = fh.read(1)
+            if not picklescan.is_pickle_file(rel, head):
+                continue
+            fh.seek(0)
             scan = picklescan.scan(fh.read())
         if not scan.ok:
-            raise untrusted(archive, PREFIX + rel, scan)
+            if not trust:
+                raise untrusted(archive, PREFIX + rel, scan)
+            refused.append(f"{PREFIX}{rel}: {scan.problem or ', '.join(scan.refused[:3])}")
+    return tuple(refused)
 
 
 def _swap_in(new: Path, target: Path, *, new_is_temp: bool = True) -> Path | None:
@@ -690,21 +740,68 @@ def _check_target(target: Path, force: bool) -> None:
         raise layout.not_a_cache(target)
 
 
-def _check_space(source: Path, target: Path, manifest: Fingerprint) -> None:
-    need = manifest.bytes + manifest.bytes // 100 + DISK_MARGIN
-    free = shutil.disk_usage(target.parent).free
-    if need > free:
-        raise BadInput(f"{source} holds {manifest.bytes} bytes (manifest), {target.parent} has {free} bytes free",
-                       hint="free some space or load it elsewhere with --dir; nothing was changed")
+class _SpaceBudget:
+    """Disk space an extraction may use, counted as bytes are written, not as the manifest claims.
+
+    `need` is what the listed members add up to (each file rounded up to a 4 KiB block, plus a margin);
+    it is checked against the free space before anything is written. While extracting, every byte
+    written is charged: past `need` (a member larger than listed, more files than listed) or when the
+    disk's free space falls below the margin (another writer fills it), `charge` raises BadInput, and
+    the load removes what it wrote, leaving the cache as it was.
+    """
+
+    _BLOCK = 4096
+    _RECHECK = 64 << 20  # look at the real free space again after this many bytes
+
+    def __init__(self, source: Path, where: Path, sizes: "list[int]") -> None:
+        self.source, self.where = source, where
+        self.need = sum(-(-max(s, 0) // self._BLOCK) * self._BLOCK + self._BLOCK for s in sizes) + DISK_MARGIN
+        self.used = 0
+        self.since_check = 0
+        free = shutil.disk_usage(where).free
+        if self.need > free:
+            raise BadInput(f"{source} holds {sum(max(s, 0) for s in sizes)} bytes in {len(sizes)} files (counted from "
+                           f"its members' listed sizes), {where} has {free} bytes free",
+                           hint="free some space or load it elsewhere with --dir; nothing was changed")
+
+    def new_file(self) -> None:
+        self.charge(self._BLOCK)
+
+    def charge(self, n: int) -> None:
+        self.used += n
+        self.since_check += n
+        if self.used > self.need:
+            raise BadInput(f"{self.source} wrote more than the {self.need} bytes its members were checked for; "
+                           "stopped, and removed what was written; nothing was changed")
+        if self.since_check >= self._RECHECK:
+            self.since_check = 0
+            free = shutil.disk_usage(self.where).free
+            if free < DISK_MARGIN // 2:
+                raise BadInput(f"{self.where} is running out of space while loading {self.source} ({free} bytes free); "
+                               "stopped, and removed what was written; nothing was changed",
+                               hint="free some space or load it elsewhere with --dir")
+
+
+def _manifest_of(source: Path, data: bytes | None) -> Fingerprint:
+    if data is None:
+        raise BadInput(f"{source} has no {MANIFEST}: it was cut short", hint="save it again")
+    d = loads_json(data, f"{source}:{MANIFEST}")
+    if not isinstance(d, dict):
+        raise BadInput(f"{source}: {MANIFEST} is not a JSON object", hint="it may be corrupt; nothing was changed")
+    fp = fp_mod.from_json(d, source=f"{source}:{MANIFEST}")
+    if fp.entries is None:
+        raise BadInput(f"{source}: {MANIFEST} lists no files", hint="it may be corrupt; nothing was changed")
+    return fp
 
 
 def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = None, *,
          force: bool = False, trust: bool = False, progress: ProgressFn | None = None) -> LoadResult:
     """Load an archive (or restore a backup dir) into the cache dir `path` (default: torch's).
 
-    Refuses (BadInput) when the archive was made for another system key or torch version, or when
-    `path` exists and does not look like an inductor cache, unless `force`; refuses pickles that name
-    globals torch's caches never use unless `trust`. The previous cache, if any, is moved to
+    First the archive's provenance (`provenance.inspect_archive`): a foreign archive is BadInput unless
+    `trust`. Refuses (BadInput) when the archive was made for another system key or torch version, or
+    when `path` exists and does not look like an inductor cache, unless `force`; refuses pickles the
+    scanner refuses unless `trust`. The previous cache, if any, is moved to
     `<cache>.backup-<timestamp>`. `progress(done, total)` follows the archive's bytes while extracting
     (it must not raise).
     """
@@ -718,24 +815,26 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
     target = loc.path
     _check_target(target, force)
     header = read_header(source)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    verdict, manifest_bytes = provenance.inspect_archive(source, trust=trust,
+                                                         stop_after=shutil.disk_usage(target.parent).free)
+    verdict.require()  # first: who made it
     problems = compatibility(header.system_key, header.torch_version, archive_info=header.system_info)
     if problems and not force:
         raise BadInput(f"{source} was saved for another system: " + "; ".join(problems),
                        hint="pass --force to load it anyway (the entries will not hit on this machine); nothing was changed")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    manifest = read_manifest(source, stop_after=shutil.disk_usage(target.parent).free)
-    _check_space(source, target, manifest)
+    manifest = _manifest_of(source, manifest_bytes)
+    space = _SpaceBudget(source, target.parent, [e.size for e in manifest.entries or ()])
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.load-", dir=target.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp made it 0700; it becomes the cache dir
     try:
         with _Reader(source) as r:
-            got = _extract(r, tmp, manifest, progress)
+            got = _extract(r, tmp, manifest, progress, verdict if verdict.verdict != "foreign" else None, space)
             if progress is not None:
                 size = source.stat().st_size
                 progress(size, size)
             content_hash = _check_extracted(r, got, manifest)
-        if not trust:
-            _scan_pickles(source, tmp, got)
+        trusted_pickles = _scan_pickles(source, tmp, got, trust)
         rewritten = rebase_triton_paths(tmp, target)
         with cache_lock(target), busy.not_compiling(target):
             backup = _swap_in(tmp, target)
@@ -746,7 +845,9 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
         source=str(source), path=str(target), backup=str(backup) if backup else None, files=len(got),
         bytes=sum(v[0] for v in got.values()), content_hash=content_hash, archive_system_key=header.system_key,
         system_key=torchinfo.system_key(), mismatches=problems, forced=bool(problems), paths_rewritten=rewritten,
-        duration_s=time.perf_counter() - t0, warnings=(),
+        duration_s=time.perf_counter() - t0,
+        warnings=(provenance.CODE_WARNING,) if verdict.trusted_by_flag else (),
+        provenance=verdict, trusted_pickles=trusted_pickles,
     )
 
 

@@ -9,7 +9,8 @@ What is checked, and how (no GPU needed for any of it):
 | a `.so` / `.cubin` whose ELF header is missing or whose section table lies past the file's end | `truncated` | error |
 | generated `.py` that does not compile; triton `.json` or `cache/<key>` JSON that does not parse | `truncated` | error |
 | (deep) an fxgraph / aotautograd pickle whose opcodes do not parse (`pickletools`; nothing is unpickled) | `unloadable` | error |
-| (deep) a pickle that names a global torch's caches never use (`os.system`, ...): it would run code when loaded | `untrusted` | error |
+| (deep) a pickle that names or calls what torch's caches never do (`os.system`, a string-evaluating sympy constructor, a native loader, non-FX source): it would run code when loaded | `untrusted` | error |
+| (deep) the same for every other file torch unpickles: `dynamo/` (PGO code state, precompile), non-JSON `cache/` files, `*.pkl` (`picklescan.is_pickle_file`) | `untrusted` / `unloadable` | error |
 | (deep) an aotautograd entry naming an FX-graph key that has no fxgraph entry | `dangling` | error |
 | a triton kernel folder whose group file lists a missing binary, or metadata without a binary | `missing-binary` | error |
 | an entry stamped with a system key other than `torchinfo.system_key()` (`stamps`) | `foreign-system` | foreign |
@@ -53,6 +54,8 @@ _FX_KEY = re.compile(r"^f[a-z0-9]{51}$")  # an FX-graph cache key (`f` + base32 
 # zero-byte files torch writes on purpose: lock files, and (torch 2.14/2.15 cpu_vec_isa.py) `<isa probe>.so.load_ok`,
 # "this .so was dlopen'ed once", next to the probe's .so in the codegen cache
 _EMPTY_BY_DESIGN = (".lock", ".so.load_ok")
+_NOT_PICKLES = (".py", ".cpp", ".h", ".gch", ".so", ".json", ".cubin", ".ptx", ".llir", ".ttir", ".ttgir", ".hsaco",
+                ".spv", ".zebin", ".lock", ".best_config", ".o", ".load_ok")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +156,22 @@ class _Checker:
             for s in picklescan.strings(content):
                 if _FX_KEY.match(s):
                     self.aot_refs.append((rel, s))
+
+    def is_other_pickle(self, f: layout.FileStat) -> bool:
+        if f.rel.endswith(_NOT_PICKLES) and not f.rel.startswith(("dynamo/", "cache/")):
+            return False  # generated source, built code, kernels, JSON: torch never unpickles them (no read needed)
+        try:
+            with open(self.root / f.rel, "rb") as fh:
+                head = fh.read(1)
+        except OSError:
+            return False
+        return picklescan.is_pickle_file(f.rel, head)
+
+    def check_other_pickle(self, f: layout.FileStat, sub: str) -> None:
+        """A pickle torch loads outside fxgraph/aotautograd (`picklescan.is_pickle_file`): scanned the same way."""
+        content = self.read(f.rel)
+        if content is not None:
+            self.inspect_pickle(f.rel, sub, content)
 
     def check_elf(self, f: layout.FileStat) -> None:
         try:
@@ -316,6 +335,8 @@ def verify(path: str | os.PathLike[str] | None = None, *, deep: bool = True, fix
             continue
         if sub in ("fxgraph", "aotautograd"):
             ck.check_pickle_entry(f, sub)
+        elif deep and ck.is_other_pickle(f):  # dynamo/ PGO and precompile state, pickles under cache/, *.pkl
+            ck.check_other_pickle(f, sub)
         elif sub == "triton":
             triton_folders.setdefault(unit, []).append(f)
         elif sub == "cache":

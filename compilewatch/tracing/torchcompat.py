@@ -9,6 +9,7 @@ torch's own functions and attributes, never by comparing version strings:
 | `Tracer.trace`'s patcher | `_Patcher.patch_method` sets `nn.Module.__call__`/`__getattr__` on the class; `_new_patcher` keeps it in the module global `CURRENT_PATCHER` (every release so far, 2.14 and 2.15 included) | the helpers exist, and the names `Tracer.trace` / `_new_patcher` use |
 | compiling flag | `torch.compiler._is_compiling_flag`, a process global (2.11-2.15); held for a whole dynamo compile session where `_compile_session_context` exists (2.13+) | the attribute, and the names `is_compiling` uses |
 | dynamo config | per thread (a ContextVar) since 2.12 | measured: a value set here, read from a new thread |
+| remote cache counters | `torch._inductor.remote_cache.cache_stats._stats`: hit/miss/put/exception per RemoteCache class (`RemoteFxGraphCache`, `RemoteAOTAutogradCache`, ...) and per backend (`backend:RedisRemoteCacheBackend`), 2.11-2.15; 2.13+ also count `LocalFxGraphCache` / `LocalAOTAutogradCache` | the object and its `_stats` mapping of objects with `hit`/`miss`/`put`/`exception` |
 
 `race_facts()` turns the probes into sentences: what this torch fixed upstream and what it did not;
 doctor, probe and `guard.support()` all report them.
@@ -327,3 +328,28 @@ def reader_templates() -> dict[str, CodeType]:
     from compilewatch.errors import CompilewatchError
 
     raise CompilewatchError(f"cannot instrument the FX flag on this torch: {layout.why}")
+
+
+# --- torch's remote cache counters ---------------------------------------------------------------
+
+
+def remote_cache_stats() -> dict[str, dict[str, int]] | None:
+    """torch's own remote (and, 2.13+, local) cache counters: class name -> {hit, miss, put, exception}.
+
+    `RemoteCache.get` counts a hit when the server returned a value and a miss when it returned
+    nothing, so a server torch cannot reach counts misses (its backend swallows the error). None when
+    this torch has no such counters (or remote_cache cannot be imported)."""
+    try:
+        from torch._inductor import remote_cache
+    except Exception:  # noqa: BLE001 - a torch without it: nothing to report
+        return None
+    stats = getattr(getattr(remote_cache, "cache_stats", None), "_stats", None)
+    if not isinstance(stats, dict):
+        return None
+    out: dict[str, dict[str, int]] = {}
+    for name, st in list(stats.items()):
+        try:
+            out[str(name)] = {f: int(getattr(st, f)) for f in ("hit", "miss", "put", "exception")}
+        except (AttributeError, TypeError, ValueError):
+            continue
+    return out

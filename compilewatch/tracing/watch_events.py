@@ -26,11 +26,12 @@ SCHEMA_VERSION = 1
 
 # kinds that are findings: each is a failure (an exception or harm seen) or a risk (no harm seen), see severity()
 PROBLEM_KINDS = ("compile_failed", "trace_failed", "thread_error", "flag_leak", "module_call_leak", "eager_fallback",
-                 "stuck_state", "stall", "recompile_after_warm", "guard_blocked")
+                 "stuck_state", "stall", "recompile_after_warm", "guard_blocked", "remote_cache_down")
 # kinds that describe what happened (`repeat`: how often a finding recurred after its first event)
 # (`instrument_error`: compilewatch's own listeners raised; the program went on, the watch may be incomplete)
+# (`remote_cache`: torch's remote caches were on or used: hits/misses per kind, compilewatch.cache.remote_usage)
 INFO_KINDS = ("start", "trace", "compile", "span", "warm", "leak_prevented", "repair", "repeat", "instrument_error",
-              "end")
+              "remote_cache", "end")
 KINDS = PROBLEM_KINDS + INFO_KINDS
 FAILURE, RISK = "failure", "risk"
 _COMMON = ("schema_version", "seq", "kind", "time", "pid", "thread", "thread_id", "thread_start")
@@ -202,7 +203,7 @@ def severity(e: WatchEvent) -> str | None:
         return FAILURE if d.get("error") else RISK
     if e.kind == "flag_leak":  # a compiled call raises right after the read; another reader: harm unknown
         return FAILURE if d.get("call") else RISK
-    if e.kind == "recompile_after_warm":
+    if e.kind in ("recompile_after_warm", "remote_cache_down"):  # the program went on, compiling itself
         return RISK
     return FAILURE
 
@@ -246,6 +247,7 @@ class WatchSummary:
     first_problems: tuple[dict[str, Any], ...]  # the first event of each of the first findings, in full
     unwatched: tuple[str, ...] = ()  # what a watcher could not install on its torch (never "ok" for that)
     instrument_errors: tuple[str, ...] = ()  # compilewatch's own listeners raised (count and first error)
+    remote_cache: dict[str, dict[str, int]] | None = None  # torch's remote-cache hits/misses per kind, all processes
 
 
 def headline(text: str | None) -> str:
@@ -290,6 +292,8 @@ _ADVICE = {
                       "leave error_on_nested_fx_trace=True to see the failure",
     "recompile_after_warm": "the guard reasons name what changed (shape, dtype, device): warm that variant too, or mark "
                             "the dimension dynamic",
+    "remote_cache_down": "start redis-server there or fix TORCHINDUCTOR_REDIS_URL; `compilewatch cache remote status` "
+                         "says why it does not answer",
     "guard_blocked": "warm the variant named in the error before freeze(), or use CompileGuard(serialize=True)",
     "compile_failed": "the compile itself raised: read torch's message; run the function once in one thread "
                       "(`compilewatch probe FILE:fn`) to see whether threads matter at all",
@@ -343,6 +347,8 @@ def _describe(e: WatchEvent) -> tuple[str | None, str, str]:
     if e.kind == "recompile_after_warm":
         reasons = "; ".join(d.get("reasons", [])[:3]) or "no guard failure recorded (a new frame)"
         return d.get("compile_id"), reasons, f"compile after warm: {d.get('compile_id')} in thread {e.thread!r}: {reasons}"
+    if e.kind == "remote_cache_down":
+        return d.get("url"), "unreachable", d.get("message") or f"remote cache {d.get('url')} unreachable"
     if e.kind == "guard_blocked":
         why = "; ".join(d.get("reasons") or []) or headline(d.get("reasons_text"))
         return d.get("function"), why, f"guard blocked a compile of {d.get('function')} in thread {e.thread!r}: {why}"
@@ -463,5 +469,19 @@ def summarize(events: Iterable[WatchEvent]) -> WatchSummary:
         stalled_threads=tuple(stalled), pids=tuple(sorted({e.pid for e in events})),
         findings=tuple(findings[:_MAX_FINDINGS]), verdicts=tuple(verdicts), advice=advice,
         first_problems=tuple(f.first for f in findings[:10]), unwatched=unwatched,
-        instrument_errors=instrument_errors,
+        instrument_errors=instrument_errors, remote_cache=_remote_counts(events),
     )
+
+
+def _remote_counts(events: list[WatchEvent]) -> dict[str, dict[str, int]] | None:
+    """The remote-cache counters of every process (each reports once, at close), summed per kind."""
+    total: dict[str, dict[str, int]] = {}
+    seen = False
+    for e in events:
+        if e.kind in ("remote_cache", "remote_cache_down"):
+            seen = True
+            for kind, c in (e.detail.get("counts") or {}).items():
+                t = total.setdefault(kind, {})
+                for f, n in c.items():
+                    t[f] = t.get(f, 0) + int(n)
+    return total if seen else None

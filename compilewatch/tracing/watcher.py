@@ -217,6 +217,7 @@ class Watcher:
             if threading.excepthook == self._on_thread_exception:
                 threading.excepthook = self._prev_excepthook
             self._emit_repeats()
+            self._emit_remote_cache()
             n, first = tracehooks.listener_errors_since(self._errors_mark)
             if n:  # compilewatch's own listeners failed: what it watched may be incomplete
                 self._emit("instrument_error", {"count": n, "first": first})
@@ -228,6 +229,28 @@ class Watcher:
 
             write_timeline(self.events, self.timeline)
         return summary
+
+    def _emit_remote_cache(self) -> None:
+        """torch's remote caches in this process: hits/misses per kind, and a finding when they are on
+        but the server does not answer (torch itself stays silent then). Only where inductor ran (it
+        imports torch._inductor.remote_cache): nothing is imported at exit otherwise."""
+        if "torch._inductor.remote_cache" not in sys.modules:
+            return
+        try:
+            from compilewatch import remote_usage
+
+            u = remote_usage.usage()
+        except Exception as e:  # noqa: BLE001 - reporting must never break the program's exit
+            tracehooks.note_listener_error("remote cache report", e)
+            return
+        if u is None:
+            return
+        detail = {"url": u.url, "source": u.source, "enabled": list(u.enabled), "reachable": u.reachable,
+                  "why": u.why, "counts": u.counts}
+        if u.down:
+            self._emit("remote_cache_down", {**detail, "message": remote_usage.down_message(u)})
+        else:
+            self._emit("remote_cache", detail)
 
     def __enter__(self) -> "Watcher":
         return self.install()

@@ -110,6 +110,60 @@ class RankCache:
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteRank:
+    """torch's remote caches on this rank at the end of the run (torch's own counters, by kind)."""
+
+    url: str  # password redacted
+    enabled: tuple[str, ...]
+    reachable: bool | None
+    why: str | None
+    counts: dict[str, dict[str, int]]  # kind (fxgraph, aotautograd, ...) -> {hit, miss, put, exception}
+
+
+def remote_rank() -> RemoteRank | None:
+    """This process's remote-cache use, None when no remote cache is on or used. Never raises."""
+    from compilewatch import remote_cache_usage
+
+    try:
+        u = remote_cache_usage()
+    except Exception:  # noqa: BLE001 - a report row, never a failed run
+        return None
+    return None if u is None else RemoteRank(u.url, u.enabled, u.reachable, u.why, u.counts)
+
+
+def _count(r: Any, field: str) -> int:
+    rem = getattr(r, "remote", None)
+    return sum(int(c.get(field, 0)) for c in rem.counts.values()) if rem is not None else 0
+
+
+def remote_verdicts(reports: Sequence[Any]) -> list[str]:
+    """Remote hits per rank, a rank that compiled what the others fetched, a rank that could not reach it."""
+    rows = [r for r in reports if getattr(r, "remote", None) is not None]
+    if not rows:
+        return []
+    out: list[str] = []
+    for r in rows:
+        if r.remote.enabled and r.remote.reachable is False:
+            out.append(f"rank {r.rank} ({r.host}): the remote cache {r.remote.url} is unreachable ({r.remote.why}): "
+                       "this rank compiled everything itself (torch says nothing when it cannot reach it).")
+    per = "; ".join(f"rank {r.rank} {_count(r, 'hit')} hit / {_count(r, 'miss')} miss / {_count(r, 'put')} put"
+                    for r in rows)
+    out.append(f"remote cache {rows[0].remote.url}: {per}.")
+    putters = [r.rank for r in rows if _count(r, "put")]
+    fetchers = [r.rank for r in rows if _count(r, "hit") and not _count(r, "put")]
+    if putters and fetchers:
+        out.append(f"{_ranks(putters)} compiled what {_ranks(fetchers)} fetched from the remote cache "
+                   f"({sum(_count(r, 'put') for r in rows if r.rank in putters)} entries put, "
+                   f"{sum(_count(r, 'hit') for r in rows if r.rank in fetchers)} hits).")
+    elif putters and len(putters) == len(rows):
+        out.append("every rank compiled and put its entries: the remote cache was cold for this run "
+                   "(the next job's ranks fetch them).")
+    elif fetchers and len(fetchers) == len(rows):
+        out.append("every rank fetched from the remote cache and compiled nothing it held.")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class RankReport:
     rank: int
     world_size: int
@@ -126,6 +180,7 @@ class RankReport:
     params_digest: str | None  # after the run (None when it failed)
     watch_report: str | None  # this rank's compilewatch watcher events (JSONL)
     engine_verdicts: tuple[str, ...]
+    remote: RemoteRank | None = None  # torch's remote caches on this rank (cache.remote, or the environment)
 
 
 def _ranks(xs: Sequence[int]) -> str:
@@ -174,4 +229,4 @@ def cache_verdicts(reports: Sequence[Any]) -> list[str]:
     if misses and len(misses) < len(pre):
         out.append(f"{_ranks(misses)} missed the inductor cache in prewarm while the others hit: "
                    "their caches are cold or do not match this run.")
-    return out
+    return out + remote_verdicts(reports)

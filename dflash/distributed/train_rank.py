@@ -162,7 +162,8 @@ def finish_rank(joined: Joined, trainer: Trainer, result: TrainResult, report: A
         drafter_devices=topo.drafter_devices, cache=joined.cache,
         prewarm=rr.prewarm_cache(report.prewarm), outcome=report.outcome, steps_done=report.steps_done,
         params_digest=rr.params_digest(trainer.drafter) if report.ok else None,
-        watch_report=str(own_dir / "watch.jsonl") if watch else None, engine_verdicts=report.verdicts)
+        watch_report=str(own_dir / "watch.jsonl") if watch else None, engine_verdicts=report.verdicts,
+        remote=rr.remote_rank())
     if not report.ok:  # no collective: the others may be gone or blocked; exiting non-zero stops the job
         atomic_write_json(own_dir / "report.json", {"rank": mine, "ranks": [], "verdicts": []})
         return DistributedResult(result, report, mine, (mine,), (), False)

@@ -1,0 +1,80 @@
+"""`cache verify ARCHIVE`: what an archive is before anything of it is used. Nothing is extracted,
+unpickled or run.
+
+First its provenance (`provenance.check_provenance`: made here, signed by a trusted key, or foreign),
+then, in the same pass, every member torch would unpickle (`picklescan.is_pickle_file`) and every
+artifact of its Mega-Cache (`picklescan.scan_artifact`) scanned. `ok` is True only for an archive
+that is own or trusted and whose pickles all pass: the one `cache load` takes without `--trust`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from compilewatch.cache import picklescan, provenance
+from compilewatch.inputs import one_line
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveFinding:
+    member: str
+    kind: str  # "untrusted" (a pickle names or calls what torch's caches never do), "unloadable" (malformed),
+    # "not-scanned" (a member too large to scan in memory)
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveReport:
+    path: str
+    ok: bool
+    provenance: provenance.Provenance
+    members: int
+    pickles_scanned: int
+    mega_artifacts_scanned: int
+    findings: tuple[ArchiveFinding, ...]
+
+
+def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
+    """Provenance and scan of every pickle in the archive `path` (module docstring)."""
+    from compilewatch.cache import archive as arch
+
+    findings: list[ArchiveFinding] = []
+    counts = {"members": 0, "pickles": 0, "mega": 0}
+
+    def add(member: str, scan: picklescan.ScanResult) -> None:
+        if scan.problem:
+            findings.append(ArchiveFinding(member, "unloadable", one_line(scan.problem, 300)))
+        elif scan.refused:
+            findings.append(ArchiveFinding(member, "untrusted", "; ".join(one_line(r, 200) for r in scan.refused[:3])))
+
+    def on_member(name: str, data: bytes | None) -> None:
+        counts["members"] += 1
+        if data is None:
+            findings.append(ArchiveFinding(name, "not-scanned", "larger than 256 MiB: not scanned here; "
+                                           "`cache load` scans it from disk after extracting"))
+        elif name.startswith(arch.PREFIX) and picklescan.is_pickle_file(name[len(arch.PREFIX):], data[:1]):
+            counts["pickles"] += 1
+            add(name, picklescan.scan(data))
+        elif name == arch.MEGA:
+            for kind, content, key in _mega_artifacts(data):
+                counts["mega"] += 1
+                add(f"{arch.MEGA}: {kind} {one_line(key, 80)}", picklescan.scan_artifact(kind, content))
+
+    verdict, _ = provenance.inspect_archive(Path(path), on_member=on_member)
+    return ArchiveReport(str(path), verdict.verdict != "foreign" and not findings, verdict, counts["members"],
+                         counts["pickles"], counts["mega"], tuple(findings))
+
+
+def _mega_artifacts(data: bytes):
+    """(kind, content, key) of each artifact in a Mega-Cache blob, parsed the way torch parses it
+    (`CacheArtifactManager.deserialize`: a length-prefixed container; nothing is unpickled)."""
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+    except ImportError:
+        return
+    artifacts = CacheArtifactManager.deserialize(data)
+    for kind, items in (artifacts or {}).items():
+        for a in items:
+            yield kind, getattr(a, "content", None), str(getattr(a, "key", "?"))

@@ -1,0 +1,106 @@
+"""Did this process use torch's remote caches, and did they answer? (`doctor`, `run`, dflash's rank report)
+
+torch counts every remote get and put per cache class (`torchcompat.remote_cache_stats`); a server
+it cannot reach counts as misses, because its backend swallows the connection error. So hits and
+misses alone cannot tell "the cache is cold" from "the cache is down": `usage` adds a probe of the
+URL when a remote cache is on, and calls a configured but unreachable cache what it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Mapping
+
+from compilewatch.cache import remote, remote_keys
+
+PROBE_TIMEOUT_S = 1.0  # a process reporting at exit must not hang on a dead host
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteUsage:
+    url: str  # redacted
+    source: str
+    enabled: tuple[str, ...]  # kinds the environment turns on
+    reachable: bool | None  # None: not probed (nothing turned on)
+    why: str | None
+    counts: dict[str, dict[str, int]]  # kind -> {hit, miss, put, exception}, from torch's own counters
+
+    @property
+    def hits(self) -> int:
+        return sum(c.get("hit", 0) for c in self.counts.values())
+
+    @property
+    def misses(self) -> int:
+        return sum(c.get("miss", 0) for c in self.counts.values())
+
+    @property
+    def down(self) -> bool:
+        return bool(self.enabled) and self.reachable is False
+
+
+def counts_by_kind(stats: Mapping[str, Mapping[str, int]] | None) -> dict[str, dict[str, int]]:
+    """torch's per-class counters keyed by remote_keys kind (fxgraph, aotautograd, ...), remote only."""
+    by_class = {k.torch_class: k.name for k in remote_keys.KINDS.values()}
+    out: dict[str, dict[str, int]] = {}
+    for cls, st in (stats or {}).items():
+        kind = by_class.get(cls)
+        if kind is not None and any(st.values()):
+            out[kind] = {f: int(st.get(f, 0)) for f in ("hit", "miss", "put", "exception")}
+    return out
+
+
+def current_counts() -> dict[str, dict[str, int]]:
+    """This process's remote-cache counters by kind ({} when torch has not loaded its remote caches)."""
+    if "torch._inductor.remote_cache" not in sys.modules:
+        return {}
+    from compilewatch.tracing import torchcompat
+
+    return counts_by_kind(torchcompat.remote_cache_stats())
+
+
+def usage(env: Mapping[str, str] | None = None, *, counts: dict[str, dict[str, int]] | None = None,
+          probe: bool = True) -> RemoteUsage | None:
+    """This environment's remote caches: which are on, whether the server answers, torch's counters.
+    None when none is on and torch counted nothing."""
+    env = os.environ if env is None else env
+    cfg = remote.config(env=env)
+    counts = current_counts() if counts is None else counts
+    enabled = tuple(k for k, v in cfg.enabled.items() if v)
+    if not enabled and not counts:
+        return None
+    reachable = why = None
+    if enabled and probe:
+        r = remote.probe(env=env, timeout=PROBE_TIMEOUT_S)
+        reachable, why = r.reachable, r.why
+    return RemoteUsage(cfg.url, cfg.source, enabled, reachable, why, counts)
+
+
+def down_message(u: RemoteUsage) -> str:
+    return (f"torch's remote caches ({', '.join(u.enabled)}) are on but the server does not answer: {u.why}; torch "
+            "says nothing, it stops using the cache and compiles everything itself")
+
+
+_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def enable(url: str) -> dict[str, str]:
+    """Turn on torch's FX-graph and AOTAutograd remote caches at `url` for this process and the ones it
+    starts (compile workers, a trainer's children): the environment variables torch reads, and, where
+    torch already read them at import, its config. Call it before the first compile. Nothing is
+    contacted: a server that is down makes torch compile locally, and `usage()` reports it.
+    Returns the variables set. BadInput for a URL that is not redis://, rediss:// or unix://."""
+    from compilewatch.errors import BadInput
+
+    if not isinstance(url, str) or not url.startswith(_SCHEMES):
+        raise BadInput(f"not a Redis URL: {remote.redact(str(url))!r}",
+                       hint="write redis://[:PASSWORD@]HOST:PORT[/DB] (rediss:// for TLS)")
+    env = {remote_keys.KINDS["fxgraph"].env: "1", remote_keys.KINDS["aotautograd"].env: "1",
+           "TORCHINDUCTOR_REDIS_URL": url}
+    os.environ.update(env)
+    if "torch._inductor.config" in sys.modules:  # defaults were read from the environment at import
+        sys.modules["torch._inductor.config"].fx_graph_remote_cache = True
+    if "torch._functorch.config" in sys.modules:
+        sys.modules["torch._functorch.config"].enable_remote_autograd_cache = True
+    return env
