@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
             env = {**env0, "TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor-{name}")}
             extra = [] if name == "cold" else ["--set", f"cache.remote={url}"]
             r = watched_train(name, [*base, "--out", str(work / f"run-{name}"), *extra], env, work, a.timeout)
-            r["metrics"] = [m for m in startup.steps_of(work / f"run-{name}") if m.get("step")][:2]
+            r["metrics"] = [m for m in startup.rows_of(work / f"run-{name}") if m.get("step")][:2]
             st = subprocess.run([sys.executable, "-m", "cli.main", "cache", "remote", "status", url, "--json"],
                                 cwd=str(ROOT), env=env0, capture_output=True, text=True, timeout=300)
             try:

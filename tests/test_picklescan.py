@@ -341,3 +341,28 @@ def test_crafted_pickles_scan_in_linear_time(shape):
     t0 = time.perf_counter()
     picklescan.scan(blob)
     assert time.perf_counter() - t0 < 20, "superlinear scan"
+
+
+@pytest.mark.parametrize("protocol", range(0, pickle.HIGHEST_PROTOCOL + 1))
+def test_real_signatures_and_triton_configs_pass(protocol):
+    """What a real CUDA fxgraph entry of compiled flex attention holds (torch 2.11 + triton 3.6, H200,
+    benchmarks/gpu_cache_trust.py): inspect.Signature / Parameter objects and triton autotuner configs,
+    each restored by its own audited `__setstate__` (BUILD). The stricter scanner refused all of them
+    (`cache verify` called the whole real cache untrusted) until they were audited."""
+    import inspect
+
+    def kernel(x, y: int = 2, *args, block=16, **kw):  # noqa: ARG001 - only its signature is pickled
+        return x
+
+    objs = [inspect.signature(kernel)]
+    try:  # the CUDA wheels (CI's torch 2.11 and 2.15 columns) bring triton; the CPU wheel does not
+        from triton.runtime.autotuner import Config
+        from torch._inductor.runtime.triton_heuristics import InductorConfig
+    except ImportError:
+        pass
+    else:
+        objs += [Config({"XBLOCK": 128}, num_warps=4, num_stages=2),
+                 InductorConfig({"XBLOCK": 64, "R0_BLOCK": 8}, num_warps=8, num_stages=1, dynamic_scale_rblock=False)]
+    for obj in objs:
+        r = picklescan.scan(pickle.dumps({"sig": obj, "n": 1}, protocol=protocol))
+        assert r.ok, (type(obj).__name__, r)

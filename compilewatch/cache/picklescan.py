@@ -327,12 +327,23 @@ def _init_is_data(cls: type) -> bool:
     return generated and (post is None or post.__module__ in CLASS_MODULES)
 
 
+# `__setstate__`s outside torch that a real CUDA inductor cache runs (fxgraph entries of compiled flex
+# attention, torch 2.11 + triton 3.6 on an H200, benchmarks/gpu_cache_trust.py), audited: each only
+# assigns its state's values to attributes (inspect 3.10-3.13; triton 3.6-3.9's autotuner.Config, the
+# base of inductor's InductorConfig). Without them `cache verify` called every real CUDA cache untrusted.
+AUDITED_SETSTATE: frozenset[str] = frozenset({
+    "inspect.Parameter", "inspect.Signature", "triton.runtime.autotuner.Config",
+})
+
+
 def _setstate_is_data(cls: type) -> bool:
     """BUILD on an instance of `cls` runs its `__setstate__` if it has one: allowed when that is a
-    builtin's or torch's / sympy's own restore of its data class (audited: `__dict__` updates)."""
+    builtin's or torch's / sympy's own restore of its data class, or audited (`AUDITED_SETSTATE`):
+    `__dict__` updates and attribute assignments only."""
     k = _owner(cls, "__setstate__")
     return _builtin_owner(k) or k.__module__ in CLASS_MODULES or k.__module__.startswith("sympy.") \
-        or k.__module__ in ("torch._tensor", "torch.nn.parameter")
+        or k.__module__ in ("torch._tensor", "torch.nn.parameter") \
+        or f"{k.__module__}.{k.__qualname__}" in AUDITED_SETSTATE
 
 
 _verdicts: dict[str, str | None] = {}
