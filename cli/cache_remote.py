@@ -151,7 +151,7 @@ def push_cmd(
 
       compilewatch cache remote push /tmp/torchinductor_root
 
-      compilewatch cache remote push warm-cache.tar.gz --url redis://cache-host:6379
+      compilewatch cache remote push warm.tar.gz --url redis://cache:6379
     """
     r = sync.push(source, url, overwrite=overwrite, max_value=_cap(max_value))
     output.emit(r, as_json, _render_push)
@@ -188,7 +188,7 @@ def pull_cmd(
 
       compilewatch cache remote pull
 
-      compilewatch cache remote pull --url redis://cache-host:6379 --dir /data/inductor
+      compilewatch cache remote pull --url redis://cache:6379 --dir /data/ic
     """
     r = sync.pull(url, dir, all_systems=all_systems, force=force, max_value=_cap(max_value))
     output.emit(r, as_json, _render_pull)
@@ -221,7 +221,7 @@ def clear_cmd(
 
       compilewatch cache remote clear
 
-      compilewatch cache remote clear redis://cache-host:6379 --backup before-upgrade.jsonl
+      compilewatch cache remote clear redis://cache:6379 --backup old.jsonl
     """
     r = sync.clear(url, backup=backup, max_value=_cap(max_value))
     output.emit(r, as_json, _render_clear)
