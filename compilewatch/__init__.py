@@ -58,6 +58,7 @@ _LAZY = {
     "atomic_write_text": ("compilewatch.fsutil", "atomic_write_text"),
     "atomic_write_json": ("compilewatch.fsutil", "atomic_write_json"),
     "read_text": ("compilewatch.inputs", "read_text"),
+    "open_untrusted": ("compilewatch.inputs", "open_untrusted"),
     "loads_json": ("compilewatch.inputs", "loads_json"),
     "loads_toml": ("compilewatch.env.formats.tomlutil", "load_toml"),
     "one_line": ("compilewatch.inputs", "one_line"),

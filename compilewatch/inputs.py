@@ -4,12 +4,15 @@ Every file a user hands us (lock files, requirements, reports, configs, manifest
 may be huge (`/dev/zero`), binary, deeply nested, or crafted to make an error message megabytes long.
 These helpers turn each of those into a `BadInput` with a message a person can read:
 
+- `open_untrusted`: the one way a file from elsewhere is opened: O_NONBLOCK (opening a FIFO never
+  waits for a writer) and its type checked on the open descriptor (no window between a stat and the
+  open); a missing file, a directory, a file that cannot be opened or one of the wrong kind is
+  BadInput naming it. dflash opens its checkpoint files through it.
 - `read_bytes` / `read_text`: read at most `limit` bytes (one byte more tells "too large"), so an
-  endless device or a multi-GB file stops early; a missing file, a directory or non-UTF-8 bytes are
-  BadInput naming the file. The file is opened with O_NONBLOCK and its type checked on the open
-  descriptor: a regular file is read; a FIFO, pipe (`<(pip freeze)`) or character device is read
-  while data keeps coming, and BadInput once nothing arrived for `PIPE_WAIT_S`; a named FIFO nobody
-  writes to is BadInput at once (it never blocks); a block device or socket is refused.
+  endless device or a multi-GB file stops early; non-UTF-8 bytes are BadInput naming the file. A
+  regular file is read; a FIFO, pipe (`<(pip freeze)`) or character device is read while data keeps
+  coming, and BadInput once nothing arrived for `PIPE_WAIT_S`; a named FIFO nobody writes to is
+  BadInput at once (it never blocks); a block device or socket is refused.
 - `loads_json`: json.loads, with nesting deeper than Python's recursion limit and integers longer
   than Python's digit limit (both raise something other than JSONDecodeError) reported as bad input.
 - `one_line`: what we quote from a file in a message: one line, at most `width` characters.
@@ -45,33 +48,61 @@ def _size_words(n: int) -> str:
     return str(n)
 
 
-def read_bytes(path: str | os.PathLike[str], *, limit: int = TEXT_LIMIT, what: str = "file") -> bytes:
-    """The bytes of `path`, BadInput past `limit` bytes (read stops at limit + 1: /dev/zero is safe).
-    Never blocks on a FIFO without a writer (see the module docstring)."""
+def file_kind(mode: int) -> str:
+    """What a stat mode is, in words ("a regular file", "a FIFO", "a socket", ...)."""
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def open_untrusted(path: str | os.PathLike[str], what: str = "file", *,
+                   streams: bool = False) -> tuple[int, os.stat_result]:
+    """An fd open for reading on `path` and its fstat (the caller closes the fd), or BadInput naming
+    `what` and the path when it is missing, a directory, cannot be opened, or not a regular file.
+    O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer. `streams=True` also
+    accepts a FIFO, pipe or character device (the fd stays non-blocking: `read_bytes` reads those)."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise BadInput(f"{p}: no such file (expected a {what})") from None
+        raise BadInput(f"{what} {str(p)!r} is missing (no such file)") from None
     except IsADirectoryError:
-        raise BadInput(f"{p}: is a directory, expected a {what}") from None
+        raise BadInput(f"{what} {str(p)!r} is a directory, not a file") from None
     except OSError as e:
-        raise BadInput(f"{p}: cannot read: {e.strerror or e}") from None
+        raise BadInput(f"{what} {str(p)!r} cannot be opened: {e.strerror or e}") from None
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise BadInput(f"{p}: is a directory, expected a {what}")
-        if stat.S_ISREG(mode):
-            size = os.fstat(fd).st_size  # read(limit + 1) would allocate limit + 1 bytes up front
+        st = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        raise BadInput(f"{what} {str(p)!r} cannot be opened: {e.strerror or e}") from None
+    mode = st.st_mode
+    if stat.S_ISREG(mode) or streams and (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+        return fd, st
+    os.close(fd)
+    if stat.S_ISDIR(mode):
+        raise BadInput(f"{what} {str(p)!r} is a directory, not a file")
+    if streams:
+        raise BadInput(f"{what} {str(p)!r} is {file_kind(mode)}, not a file to read")
+    raise BadInput(f"{what} {str(p)!r} is not a regular file ({file_kind(mode)})")
+
+
+def read_bytes(path: str | os.PathLike[str], *, limit: int = TEXT_LIMIT, what: str = "file") -> bytes:
+    """The bytes of `path`, BadInput past `limit` bytes (read stops at limit + 1: /dev/zero is safe).
+    Never blocks on a FIFO without a writer (see the module docstring)."""
+    p = Path(path)
+    fd, st = open_untrusted(p, what, streams=True)
+    try:
+        if stat.S_ISREG(st.st_mode):
+            size = st.st_size  # read(limit + 1) would allocate limit + 1 bytes up front
             with os.fdopen(fd, "rb", closefd=False) as fh:
                 data = fh.read(min(limit, size) + 1)
                 if len(data) > size and len(data) <= limit:  # the file grew while read: read on to the limit
                     data += fh.read(limit + 1 - len(data))
-        elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
-            data = _read_stream(fd, p, limit, what)
         else:
-            kind = "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file"
-            raise BadInput(f"{p}: is {kind}, expected a {what}")
+            data = _read_stream(fd, p, limit, what)
     except OSError as e:
         raise BadInput(f"{p}: cannot read: {e.strerror or e}") from None
     finally:

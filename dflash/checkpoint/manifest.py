@@ -21,7 +21,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -37,29 +36,11 @@ _HEX128 = re.compile(r"[0-9a-f]{32}")
 
 
 def open_regular(path: Path, what: str) -> tuple[int, os.stat_result]:
-    """An fd for reading `path` and its stat, or BadInput when it is missing or not a regular file.
-    O_NONBLOCK: opening a FIFO returns at once (and is then refused) instead of waiting for a writer."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise BadInput(f"{what} {str(path)!r} is missing") from None
-    except IsADirectoryError:
-        raise BadInput(f"{what} {str(path)!r} is a directory, not a file") from None
-    except OSError as e:
-        raise BadInput(f"{what} {str(path)!r} cannot be opened: {e.strerror or e}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise BadInput(f"{what} {str(path)!r} is not a regular file ({_kind(st.st_mode)})")
-    return fd, st
+    """An fd for reading `path` and its stat, or BadInput when it is missing or not a regular file
+    (compilewatch.open_untrusted: a FIFO is refused at once, never waited on)."""
+    from compilewatch import open_untrusted
 
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a plain file"
+    return open_untrusted(path, what)
 
 
 def _digest(fd: int, size: int) -> str:
