@@ -61,19 +61,29 @@ def _parent_not_a_dir(target: Path) -> WriteFailed | None:
     return None
 
 
-def check_writable(target: str | os.PathLike[str]) -> Path:
-    """WriteFailed now if `target` could not be written later: it is a directory, or
-    its folder cannot be created or written (tested by creating and removing a temp file there)."""
-    target = Path(target)
+def _temp_beside(target: Path, suffix: str) -> Path:
+    """A new empty temp file in `target`'s folder (created if need be), or WriteFailed: `target` is a
+    directory, an ancestor is not one, or the folder cannot be created or written."""
     if target.is_dir():
         raise WriteFailed(f"cannot write {target}: it is a directory", hint="give a file name")
     if (bad := _parent_not_a_dir(target)) is not None:
         raise bad
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".check", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
         os.close(fd)
-        os.unlink(tmp)
+    except OSError as e:
+        raise write_failed(target, e) from None
+    return Path(tmp)
+
+
+def check_writable(target: str | os.PathLike[str]) -> Path:
+    """WriteFailed now if `target` could not be written later: it is a directory, or
+    its folder cannot be created or written (tested by creating and removing a temp file there)."""
+    target = Path(target)
+    tmp = _temp_beside(target, ".check")
+    try:
+        tmp.unlink()
     except OSError as e:
         raise write_failed(target, e) from None
     return target
@@ -87,17 +97,7 @@ def atomic_path(target: str | os.PathLike[str], *, suffix: str = "") -> Iterator
     OSError of the write itself (see the module docstring) becomes WriteFailed.
     """
     target = Path(target)
-    if target.is_dir():
-        raise WriteFailed(f"cannot write {target}: it is a directory", hint="give a file name")
-    if (bad := _parent_not_a_dir(target)) is not None:
-        raise bad
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)
-        os.close(fd)
-    except OSError as e:
-        raise write_failed(target, e) from None
-    tmp_path = Path(tmp)
+    tmp_path = _temp_beside(target, suffix + ".tmp")
     try:
         try:
             yield tmp_path
