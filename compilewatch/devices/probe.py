@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Literal
 from compilewatch.tracing import counters as _counters
 from compilewatch.tracing import fxpatch, stacks, torchcompat
 from compilewatch import torchinfo
-from compilewatch.tracing.compile_events import CompileRecorder, CompileWindow
+from compilewatch.tracing.compile_events import CompileRecorder, CompileWindow, error_text
 from compilewatch.devices.spec import parse_devices
 from compilewatch.tracing.stacks import Frame
 from compilewatch.tracing.targets import Target, resolve
@@ -160,11 +160,6 @@ def fresh_cache_dir(enabled: bool) -> Iterator[str]:
             yield d
 
 
-def _error_text(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".strip()
-    return text if len(text) <= 2000 else text[:2000] + " ..."
-
-
 def _trace_effect(race: torchcompat.RaceFacts) -> str:
     """What one Tracer.trace entry does to other threads on this torch."""
     parts = []
@@ -226,7 +221,7 @@ def probe(target: str | Target, *, device: str = "cpu", backend: str = "inductor
             try:
                 tgt.fn(dev)
             except Exception as e:  # noqa: BLE001 - the target's failure is part of the report
-                error = _error_text(e)
+                error = error_text(e)
             wall = time.perf_counter() - t0
         delta = _counters.delta(before)
     traces = [TraceEntry.from_window(w) for w in rec.windows]
@@ -270,7 +265,7 @@ def returned_errors(value: Any, _depth: int = 0) -> list[str]:
     """Errors a function returned instead of raising: exception objects, or "SomeError: ..." strings,
     alone or inside lists, tuples, sets and dict values (3 levels deep, 100 at most)."""
     if isinstance(value, BaseException):
-        return [_error_text(value)]
+        return [error_text(value)]
     if isinstance(value, str):
         return [value[:2000]] if _ERROR_TEXT.match(value) else []
     if _depth >= 3:
@@ -310,7 +305,7 @@ def run_threads(fns: list[Callable[[], Any]], *, timeout: float, names: list[str
                 else:
                     slots[i].outcome = "ok"
             except BaseException as e:  # noqa: BLE001 - reported as the thread's outcome
-                slots[i].outcome, slots[i].error, slots[i].tb = "error", _error_text(e), traceback.format_exc()
+                slots[i].outcome, slots[i].error, slots[i].tb = "error", error_text(e), traceback.format_exc()
             slots[i].wall = time.perf_counter() - t0
         finally:
             done[i].set()

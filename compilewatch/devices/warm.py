@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Literal
 
 from compilewatch.tracing import counters as _counters
 from compilewatch import torchinfo
-from compilewatch.tracing.compile_events import CompileRecorder
+from compilewatch.tracing.compile_events import CompileRecorder, error_text
 from compilewatch.devices.spec import parse_devices
 from compilewatch.tracing.targets import EntryPointError, Workload, as_workload
 from compilewatch.tracing.tracehooks import TraceRecorder
@@ -182,11 +182,6 @@ def _stance(strict: bool) -> Iterator[None]:
         yield
 
 
-def _error_text(e: BaseException) -> str:
-    text = str(e) if isinstance(e, EntryPointError) else f"{type(e).__name__}: {e}".strip()
-    return text if len(text) <= 2000 else text[:2000] + " ..."
-
-
 def _run_one(workload: Workload, device: str, phase: Phase, strict: bool, steps: int) -> DeviceRun:
     metric, rss_before = _memory_start(device)
     before = _counters.snapshot()
@@ -205,7 +200,7 @@ def _run_one(workload: Workload, device: str, phase: Phase, strict: bool, steps:
         except Exception as e:  # noqa: BLE001 - a failing workload is part of the report
             recompile = parse_recompile_error(device, str(e)) if phase == "verify" else None
             if recompile is None:
-                error = _error_text(e)
+                error = error_text(e, bare=isinstance(e, EntryPointError))  # it names the entry point and the error
         wall = time.perf_counter() - t0
     delta = _counters.delta(before)
     try:

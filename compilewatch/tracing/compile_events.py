@@ -38,8 +38,10 @@ class CompileWindow:
         return bool(digits) and int(digits) > 0
 
 
-def _error_text(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".strip()
+def error_text(e: BaseException, *, bare: bool = False) -> str:
+    """"Type: message" of an exception (`bare`: the message alone, for one whose message names the
+    error already), cut at 2000 characters: what every report keeps of an error."""
+    text = str(e) if bare else f"{type(e).__name__}: {e}".strip()
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
@@ -94,7 +96,7 @@ class CompileRecorder:
                 # compile's own failure (one that was already being handled at the start is not)
                 exc = sys.exc_info()[1]
                 if exc is not None and exc is not w._exc_at_start:
-                    w.error = _error_text(exc)
+                    w.error = error_text(exc)
                 w._exc_at_start = None
         if w is not None:
             self._notify("on_compile_end", w)
