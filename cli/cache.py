@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cli import cache_trust, output
+from cli.cache_render import counts_by_key, print_findings, short
 from cli.app import make_app
 from cli.options import JsonOpt
 from cli.progress import byte_progress
@@ -60,10 +61,6 @@ def _ago(ns: int) -> str:
         if s >= n:
             return f"{s / n:.0f} {unit} ago"
     return f"{s:.0f} s ago"
-
-
-def _short(key: str | None, n: int = 12) -> str:
-    return "-" if not key else key if len(key) <= n else key[:n] + "…"
 
 
 # --- where ----------------------------------------------------------------------------------------
@@ -143,8 +140,7 @@ def _render_fingerprint(fp: fp_lib.Fingerprint) -> None:
     o.print(f"[bold]{fp.path}[/]: {fp.files} files, {output.fmt_bytes(fp.bytes)}")
     o.print(f"content hash  {fp.content_hash}")
     o.print(f"system key    {fp.system_key}  (this machine, torch {fp.torch_version})")
-    keys = ", ".join(f"{_short(k)} × {n}" + (" (this machine)" if k == fp.system_key else "")
-                     for k, n in sorted(fp.entry_system_keys.items(), key=lambda kv: -kv[1])) or "no stamped entries"
+    keys = counts_by_key(fp.entry_system_keys, fp.system_key) or "no stamped entries"
     o.print(f"entries built for: {keys}")
     if fp.foreign_entries:
         output.warn(f"{fp.foreign_entries} entries were built for another system key and can never hit here "
@@ -204,18 +200,11 @@ def _render_verify(r: verify_lib.VerifyReport) -> None:
     verdict = "[green]ok[/]" if r.ok else "[red]problems found[/]"
     o.print(f"[bold]verify {r.path}[/]: {r.files} files, {verdict}"
             + ("" if r.deep else " (quick: pickles not parsed)"))
-    o.print(f"this machine: system key {_short(r.system_key)}, torch {r.torch_version}")
-    keys = ", ".join(f"{_short(k)} × {n}" + (" (this machine)" if k == r.system_key else "")
-                     for k, n in sorted(r.entry_system_keys.items(), key=lambda kv: -kv[1])) or "none stamped"
+    o.print(f"this machine: system key {short(r.system_key)}, torch {r.torch_version}")
+    keys = counts_by_key(r.entry_system_keys, r.system_key) or "none stamped"
     o.print(f"entries built for: {keys}")
     if r.findings:
-        table = Table("severity", "kind", "path", "detail", box=None)
-        for f in r.findings[:200]:
-            style = {"error": "red", "foreign": "magenta", "warning": "yellow"}[f.severity]
-            table.add_row(f"[{style}]{f.severity}[/]", f.kind, f.path, f.detail)
-        o.print(table)
-        if len(r.findings) > 200:
-            o.print(f"... and {len(r.findings) - 200} more (see --json)")
+        print_findings(r.findings, "path")
     for note in r.not_checked:
         o.print(f"[dim]not checked: {note}[/]")
     if r.moved:
@@ -484,8 +473,8 @@ def diff_cmd(
 
 def _render_diff(r: manage.CacheDiff, limit: int) -> None:
     o = output.out
-    o.print(f"[bold]A[/] {r.a}  {r.content_hash_a}  (system key {_short(r.system_key_a)}, torch {r.torch_version_a})")
-    o.print(f"[bold]B[/] {r.b}  {r.content_hash_b}  (system key {_short(r.system_key_b)}, torch {r.torch_version_b})")
+    o.print(f"[bold]A[/] {r.a}  {r.content_hash_a}  (system key {short(r.system_key_a)}, torch {r.torch_version_a})")
+    o.print(f"[bold]B[/] {r.b}  {r.content_hash_b}  (system key {short(r.system_key_b)}, torch {r.torch_version_b})")
     if r.same:
         o.print("[green]same content[/]")
     if not r.per_file:

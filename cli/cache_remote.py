@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from cli import output
+from cli.cache_render import counts_by_key, print_findings, short
 from cli.app import make_app
 from cli.lazy import lazy
 from cli.options import JsonOpt
@@ -33,10 +34,6 @@ MaxValueOpt = Annotated[str, typer.Option("--max-value", help="Largest value rea
 
 def _cap(text: str) -> int:
     return manage.parse_size(text)
-
-
-def _short(key: str | None, n: int = 12) -> str:
-    return "-" if not key else key if len(key) <= n else key[:n] + "…"
 
 
 # --- status -----------------------------------------------------------------------------------------
@@ -82,13 +79,11 @@ def _render_status(r) -> None:
     if r.quick:
         o.print("[dim]--quick: values not read, so no system keys and no hit estimate[/]")
         return
-    keys = ", ".join(f"{_short(k)} × {n}" + (" (this machine)" if k == r.system_key else "")
-                     for k, n in sorted(r.by_system_key.items(), key=lambda kv: -kv[1])) or "none"
+    keys = counts_by_key(r.by_system_key, r.system_key) or "none"
     o.print(f"FX-graph / AOTAutograd entries built for system keys: {keys}")
-    torches = ", ".join(f"{_short(k)} × {n}" + (" (this torch)" if k == r.torch_hash else "")
-                        for k, n in sorted(r.by_torch_hash.items(), key=lambda kv: -kv[1])) or "none"
+    torches = counts_by_key(r.by_torch_hash, r.torch_hash, " (this torch)") or "none"
     o.print(f"... and torch builds: {torches}")
-    o.print(f"this machine (torch {r.torch_version}, system key {_short(r.system_key)}) would hit "
+    o.print(f"this machine (torch {r.torch_version}, system key {short(r.system_key)}) would hit "
             f"[bold]{r.would_hit}[/], never {r.cannot_hit}, cannot tell {r.unknown} (autotune, PGO, unstamped)")
     for kind, n in r.problems.items():
         output.warn(f"{n} entries {kind} (`compilewatch cache remote verify` lists them)")
@@ -121,13 +116,7 @@ def _render_verify(r) -> None:
     for note in s.notes:
         o.print(f"[dim]not checked: {note}[/]")
     if r.findings:
-        table = Table("severity", "kind", "key", "detail", box=None)
-        for f in r.findings[:200]:
-            style = {"error": "red", "foreign": "magenta", "warning": "yellow"}[f.severity]
-            table.add_row(f"[{style}]{f.severity}[/]", f.kind, f.key, f.detail)
-        o.print(table)
-        if len(r.findings) > 200:
-            o.print(f"... and {len(r.findings) - 200} more (see --json)")
+        print_findings(r.findings, "key")
     if any(f.kind in ("no-auth", "open-bind") for f in r.findings):
         output.hint("set a password or ACL user (requirepass / ACL SETUSER) and bind to a private interface "
                     "(docs/security.md)")
