@@ -247,9 +247,11 @@ def save_cmd(
     no_mega: Annotated[bool, typer.Option("--no-mega", help="Leave out the Mega-Cache copy of fxgraph/aotautograd entries.")] = False,
     level: Annotated[Optional[int], typer.Option("--level", help="Compression level (gzip 1-9, zstd 1-22; default 3).")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace ARCHIVE if it exists.")] = False,
+    headers: Annotated[bool, typer.Option("--headers", help="Also archive precompiled_headers/ (in torch's default dir only: hundreds of MB that only the same host compiler can use; left out by default).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Save the cache to a portable archive (manifest, environment summary, Mega-Cache), atomically.
+    Precompiled C++ headers are left out unless --headers (torch rebuilds them on the first CPU compile).
 
     Examples:
 
@@ -260,7 +262,7 @@ def save_cmd(
     """
     with byte_progress("save") as on_bytes:
         result = archive.save(archive_path, dir, mega=not no_mega, level=level, overwrite=overwrite,
-                              progress=on_bytes)
+                              headers=headers, progress=on_bytes)
     output.emit(result, as_json, _render_save, escape_markup=True)
 
 
@@ -275,16 +277,19 @@ def _render_save(r: archive.SaveResult) -> None:
                 "`cache trust key` prints it)")
     if r.mega_cache:
         o.print("Mega-Cache: " + ", ".join(f"{n} {k}" for k, n in sorted(r.mega_cache.items())))
+    for sub, c in (r.left_out or {}).items():
+        o.print(f"left out {sub}/: {c['files']} files, {output.fmt_bytes(c['bytes'])} (only the same host compiler "
+                "can use them; torch rebuilds them; --headers keeps them)")
     for w in r.warnings:
         output.warn(w)
 
 
 @app.command("load")
 def load_cmd(
-    source: Annotated[Path, typer.Argument(metavar="ARCHIVE", help="An archive from `cache save`, or a backup dir from `cache clear`.")],
+    source: Annotated[Path, typer.Argument(metavar="ARCHIVE", help="An archive from `cache save`, or a backup dir compilewatch made (`cache clear`, a previous `cache load`).")],
     dir: DirOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Load even if it was made for another system key or torch version, or if --dir does not look like an inductor cache.")] = False,
-    trust: Annotated[bool, typer.Option("--trust", help="Load a foreign archive (not made here, not signed by a key in `cache trust list`) and pickles the scanner refuses: you accept it as code from a stranger. Prefer `cache trust add` for people you trust.")] = False,
+    trust: Annotated[bool, typer.Option("--trust", help="Load a foreign archive (not made here, not signed by a key in `cache trust list`) or a dir that is not a backup compilewatch made here, and pickles the scanner refuses: you accept it as code from a stranger. Prefer `cache trust add` for people you trust.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Load an archive (or restore a backup dir) as the cache, atomically; the current cache is moved to
@@ -292,8 +297,9 @@ def load_cmd(
 
     An archive is code: torch runs what its entries carry. So it says first who made the archive: made
     here, signed by a key you trust (`cache trust`), or foreign; a foreign archive is refused unless
-    --trust. Every pickle is scanned as a second line (never unpickled); one the scanner refuses is
-    refused unless --trust (docs/security.md).
+    --trust. A dir is not signed: a backup compilewatch made here (recorded when it made it) is
+    restored, any other dir only with --trust. Every pickle, of an archive or a dir, is scanned as a
+    second line (never unpickled); one the scanner refuses is refused unless --trust (docs/security.md).
 
     Examples:
 
@@ -311,7 +317,8 @@ def _render_load(r: archive.LoadResult) -> None:
     if r.provenance is not None:
         o.print(_provenance_line(r.provenance))
         if r.provenance.trusted_by_flag:
-            o.print("[bold red]loaded with --trust: this archive is code[/] from someone this machine does not "
+            what = "dir" if r.provenance.kind == "dir" else "archive"
+            o.print(f"[bold red]loaded with --trust: this {what} is code[/] from someone this machine does not "
                     "trust; torch runs what it carries on the next compile")
     for p in r.trusted_pickles:
         output.warn(f"loaded with --trust although the scanner refused {p}")

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -257,12 +258,16 @@ def test_load_refuses_a_target_that_is_not_a_cache(tmp_path):
 
 
 def test_restore_backup_dir_by_rename(tmp_path):
-    old = make_cache(tmp_path / "old")
-    old_tree = tree(old)
+    from compilewatch.cache import manage
+
+    made = make_cache(tmp_path / "old")
+    made_tree = tree(made)
+    old = Path(manage.clear(made).backup)  # a backup compilewatch made (a dir is trusted by that record)
     cur = make_cache(tmp_path / "cache", n_fx=1, triton=False)
     res = archive.load(old, cur)
-    assert tree(cur) == moved(old_tree, old, cur) and not old.exists() and res.paths_rewritten == 1
+    assert tree(cur) == moved(made_tree, made, cur) and not old.exists() and res.paths_rewritten == 1
     assert res.backup and tree(tmp_path / os.path.basename(res.backup))
+    assert res.provenance.verdict == "own" and res.provenance.kind == "dir"
 
 
 def test_restore_dir_with_foreign_entries_is_refused(tmp_path):

@@ -6,7 +6,7 @@ none; zstd needs Python >= 3.14's `compression.zstd` or the `zstandard` package)
 1. `compilewatch-archive.json`: header read first: system key + system info, torch version and build
    hash, an environment summary, the source path, the compression.
 2. `cache/<relative path>`: every file of the cache (mtimes kept; the stat-index sidecar and
-   writers' temp files left out).
+   writers' temp files left out, and `precompiled_headers/` unless `headers=True`: LEFT_OUT).
 3. `mega_cache.bin` (when torch offers it): the fxgraph and aotautograd entries in torch's own
    Mega-Cache format (`torch.compiler.save_cache_artifacts`), which a training process can preload
    with `torch.compiler.load_cache_artifacts` (`load_mega_cache`) wherever its cache dir is.
@@ -58,7 +58,7 @@ from typing import IO, Any, BinaryIO
 import xxhash
 
 from compilewatch.cache import fingerprint as fp_mod
-from compilewatch.cache import busy, layout, picklescan, provenance, stamps, swap, tarsafe
+from compilewatch.cache import backups, busy, layout, picklescan, provenance, stamps, swap, tarsafe
 from compilewatch.cache.relocate import rebase_triton_paths
 from compilewatch.cache.fingerprint import FileEntry, Fingerprint, ProgressFn
 from compilewatch.cache.lock import cache_lock
@@ -80,6 +80,10 @@ _COPY = 4 << 20
 MAX_HEADER = 16 << 20  # the header is a few KB; anything this large is not one
 MAX_MANIFEST = 512 << 20  # ~150 bytes per file: millions of files
 DISK_MARGIN = 64 << 20  # free space kept beyond the manifest's total (filesystem overhead)
+# sub-caches `save` leaves out unless asked: precompiled_headers/ sits in the cache dir only when it is
+# torch's default dir, is hundreds of MB, and only the same host compiler, version and flags can use it
+# (torch rebuilds it on the first CPU C++ compile: layout.KINDS)
+LEFT_OUT = ("precompiled_headers",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,7 @@ class SaveResult:
     duration_s: float
     warnings: tuple[str, ...]
     signed_by: str | None = None  # the key id that signed it (keys.signing_key)
+    left_out: dict[str, dict[str, int]] | None = None  # sub-cache -> {"files", "bytes"} not archived (LEFT_OUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +130,7 @@ class LoadResult:
     paths_rewritten: int  # triton .json files pointed at the new path (relocate.rebase_triton_paths)
     duration_s: float
     warnings: tuple[str, ...]
-    provenance: provenance.Provenance | None = None  # who made the archive (None: a dir was restored)
+    provenance: provenance.Provenance | None = None  # who made the archive or dir (kind "dir": backups.judge)
     trusted_pickles: tuple[str, ...] = ()  # pickles the scanner refused, loaded because of trust=True
 
 
@@ -324,10 +329,12 @@ def mega_cache_from_dir(root: Path, entries: list[FileEntry]) -> tuple[bytes, di
 
 
 def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = None, *,
-         mega: bool = True, level: int | None = None, overwrite: bool = False,
+         mega: bool = True, level: int | None = None, overwrite: bool = False, headers: bool = False,
          progress: ProgressFn | None = None) -> SaveResult:
     """Write the cache at `path` (default: torch's) to `archive`, atomically. See the module docstring.
-    `progress(bytes_done, bytes_total)` is called after each file (it must not raise)."""
+    The sub-caches in LEFT_OUT (precompiled C++ headers) are not archived unless `headers`; the result
+    counts what was left out. `progress(bytes_done, bytes_total)` is called after each file (it must
+    not raise)."""
     from compilewatch import torchinfo
 
     t0 = time.perf_counter()
@@ -358,6 +365,7 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
     with cache_lock(root, shared=True):
         w = layout.walk(root)
         warnings.extend(w.warnings)
+        files, left_out = _without_left_out(w.files, () if headers else LEFT_OUT)
         written: list[FileEntry] = []
         mega_counts = None
         signed = provenance.Recorder()
@@ -374,8 +382,8 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
                 try:
                     with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                         add(tar, HEADER, json.dumps(to_jsonable(header), indent=2).encode())
-                        total, done = sum(f.size for f in w.files), 0
-                        for f in w.files:
+                        total, done = sum(f.size for f in files), 0
+                        for f in files:
                             entry = _add_file(tar, root, f)
                             if entry is None:
                                 warnings.append(f"{f.rel} vanished while saving (left out)")
@@ -404,8 +412,25 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
         archive=str(archive), source=str(root), files=manifest.files, bytes=manifest.bytes,
         archive_bytes=archive.stat().st_size, content_hash=manifest.content_hash, compression=comp,
         mega_cache=mega_counts, duration_s=time.perf_counter() - t0, warnings=tuple(warnings),
-        signed_by=signed.key_id,
+        signed_by=signed.key_id, left_out=left_out or None,
     )
+
+
+def _without_left_out(files: list[layout.FileStat], kinds: tuple[str, ...]
+                      ) -> tuple[list[layout.FileStat], dict[str, dict[str, int]]]:
+    """`files` without those of the sub-caches `kinds`, and {sub-cache: {"files", "bytes"}} of those."""
+    if not kinds:
+        return files, {}
+    kept, left_out = [], {}
+    for f in files:
+        sub = layout.subcache_of(f.rel)
+        if sub in kinds:
+            c = left_out.setdefault(sub, {"files": 0, "bytes": 0})
+            c["files"] += 1
+            c["bytes"] += f.size
+        else:
+            kept.append(f)
+    return kept, left_out
 
 
 def _manifest(root: Path, written: list[FileEntry], header: ArchiveHeader) -> Fingerprint:
@@ -708,9 +733,10 @@ def _check_extracted(reader: _Reader, got: dict[str, tuple[int, str, int]], mani
     return fp_mod.merkle(fp_mod.group(rows))[0]
 
 
-def _scan_pickles(archive: Path, root: Path, got: dict[str, tuple[int, str, int]], trust: bool) -> tuple[str, ...]:
-    """Scan every extracted file torch would unpickle (`picklescan.is_pickle_file`): BadInput for the
-    first one refused, unless `trust`; returns what was refused and loaded anyway (with `trust`)."""
+def _scan_pickles(archive: Path, root: Path, got, trust: bool, prefix: str = PREFIX) -> tuple[str, ...]:
+    """Scan every file of `got` (relative paths under `root`: what was extracted, or a dir to restore)
+    that torch would unpickle (`picklescan.is_pickle_file`): BadInput for the first one refused, unless
+    `trust`; returns what was refused and loaded anyway (with `trust`). `prefix`: how a path is named."""
     refused = []
     for rel in sorted(got):
         with open(root / rel, "rb") as fh:
@@ -721,16 +747,20 @@ def _scan_pickles(archive: Path, root: Path, got: dict[str, tuple[int, str, int]
             scan = picklescan.scan(fh.read())
         if not scan.ok:
             if not trust:
-                raise untrusted(archive, PREFIX + rel, scan)
-            refused.append(f"{PREFIX}{rel}: {scan.problem or ', '.join(scan.refused[:3])}")
+                raise untrusted(archive, prefix + rel, scan)
+            refused.append(f"{prefix}{rel}: {scan.problem or ', '.join(scan.refused[:3])}")
     return tuple(refused)
 
 
 def _swap_in(new: Path, target: Path, *, new_is_temp: bool = True) -> Path | None:
     """Rename `new` onto `target`, moving an existing non-empty `target` to a timestamped backup first
-    (journaled: a killed swap is completed or rolled back by the next command, `swap.recover`)."""
-    return swap.swap_in(new, target, new_is_temp=new_is_temp,
-                        backup_for=lambda t: layout.timestamped_sibling(t, "backup"))
+    (journaled: a killed swap is completed or rolled back by the next command, `swap.recover`); the
+    backup is recorded as made here (`backups.record`: `cache load BACKUP` trusts it)."""
+    backup = swap.swap_in(new, target, new_is_temp=new_is_temp,
+                          backup_for=lambda t: layout.timestamped_sibling(t, "backup"))
+    if backup is not None:
+        backups.record(backup, target)
+    return backup
 
 
 def _check_target(target: Path, force: bool) -> None:
@@ -810,7 +840,7 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
     t0 = time.perf_counter()
     source = Path(os.path.abspath(os.path.expanduser(source)))
     if source.is_dir():
-        return _restore_dir(source, path, force, t0)
+        return restore_dir(source, path, force=force, trust=trust, t0=t0)
     loc = layout.locate(path)
     target = loc.path
     _check_target(target, force)
@@ -851,9 +881,18 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
     )
 
 
-def _restore_dir(source: Path, path: str | os.PathLike[str] | None, force: bool, t0: float) -> LoadResult:
-    """Restore a backup (or any cache) dir by renaming it into place (it must be on the same filesystem)."""
+def restore_dir(source: Path, path: str | os.PathLike[str] | None = None, *, force: bool = False,
+                trust: bool = False, built_here: str | None = None, t0: float | None = None) -> LoadResult:
+    """Restore a backup (or any cache) dir by renaming it into place (it must be on the same filesystem).
+    A dir is not signed: it is `own` when it is a backup compilewatch recorded making here
+    (`backups.judge`), else foreign and restored only with `trust`; every pickle in it is scanned
+    first either way (refused unless `trust`). `built_here`: the caller built the dir itself and
+    checked what it put there (`cache remote pull`'s staging: links to the live cache plus scanned
+    entries), said in these words; no verdict or scan then."""
     from compilewatch import torchinfo
+
+    t0 = time.perf_counter() if t0 is None else t0
+    source = Path(os.path.abspath(os.path.expanduser(source)))
 
     loc = layout.locate(path)
     target = loc.path
@@ -872,10 +911,17 @@ def _restore_dir(source: Path, path: str | os.PathLike[str] | None, force: bool,
     if problems and not force:
         raise BadInput(f"{source} holds entries for another system: " + "; ".join(problems),
                        hint="pass --force to restore it anyway; nothing was changed")
+    if built_here is not None:
+        verdict = provenance.Provenance(str(source), "own", built_here, False, None, "this machine", {}, False,
+                                        kind="dir")
+    else:
+        verdict = backups.judge(source, trust=trust).require()  # who made it: a backup made here, or foreign
     target.parent.mkdir(parents=True, exist_ok=True)
     if os.stat(source).st_dev != os.stat(target.parent).st_dev:
         raise BadInput(f"{source} is on another filesystem than {target}: it cannot be renamed into place",
                        hint=f"save it with `compilewatch cache save X.tar.gz --dir {source}` and load that")
+    trusted_pickles = () if built_here is not None else \
+        _scan_pickles(source, source, [f.rel for f in layout.walk(source).files], trust, prefix="")
     with cache_lock(target), busy.not_compiling(target):
         backup = _swap_in(source, target, new_is_temp=False)
         rewritten = rebase_triton_paths(target, target)
@@ -883,5 +929,7 @@ def _restore_dir(source: Path, path: str | os.PathLike[str] | None, force: bool,
         source=str(source), path=str(target), backup=str(backup) if backup else None, files=fp.files,
         bytes=fp.bytes, content_hash=fp.content_hash, archive_system_key=fp.system_key,
         system_key=torchinfo.system_key(), mismatches=problems, forced=bool(problems), paths_rewritten=rewritten,
-        duration_s=time.perf_counter() - t0, warnings=fp.warnings,
+        duration_s=time.perf_counter() - t0,
+        warnings=fp.warnings + ((provenance.CODE_WARNING,) if verdict.trusted_by_flag else ()),
+        provenance=verdict, trusted_pickles=trusted_pickles,
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from compilewatch.cache import archive as archive_mod
-from compilewatch.cache import busy
+from compilewatch.cache import backups, busy
 from compilewatch.cache import fingerprint as fp_mod
 from compilewatch.cache import layout
 from compilewatch.cache.fingerprint import Fingerprint
@@ -188,6 +188,7 @@ def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, ye
             if backup:
                 dest = layout.timestamped_sibling(root, "backup")
                 os.rename(root, dest)
+                backups.record(dest, root)  # `cache load dest` trusts it as made here
                 return ClearResult(str(root), nfiles, nbytes, str(dest), False, restore_command(dest, root))
             doomed = layout.timestamped_sibling(root, "deleting")
             os.rename(root, doomed)  # off the live path first: torch never sees a half-deleted cache

@@ -17,7 +17,8 @@ the header, the Mega-Cache, the manifest) with its size and SHA-256, and says wh
 host, key id: claims that mean something only when the signature verifies).
 
 `check_provenance(archive)` reads the whole archive once, hashing every member, and returns a frozen
-`Provenance`. Nothing in it runs code; members are hashed, not parsed. Whoever uses the archive's
+`Provenance`. (A directory `cache load` restores has no signature: `backups.judge` gives it the same
+verdicts, `own` meaning a backup compilewatch recorded making here.) Nothing in it runs code; members are hashed, not parsed. Whoever uses the archive's
 bytes afterwards (extraction, the Mega-Cache preload, a remote-cache push) checks each member
 against `Provenance.member_sha256` as it reads it (`Provenance.check_member`), because the file may
 change between the check and the use. `Provenance.require()` is the gate: BadInput for a foreign
@@ -87,6 +88,7 @@ class Provenance:
     made_by: dict[str, Any]  # the statement's user / host / created_at (checked only when signed)
     trusted_by_flag: bool  # foreign, accepted because the caller passed trust=True
     member_sha256: SignedMembers = field(default_factory=SignedMembers)  # what was signed (own/trusted)
+    kind: Literal["archive", "dir"] = "archive"  # "dir": a directory `cache load` restores (backups.judge)
 
     @property
     def allowed(self) -> bool:
@@ -97,7 +99,8 @@ class Provenance:
     def summary(self) -> str:
         """The first thing to say about the archive, in plain words."""
         if self.verdict == "own":
-            return f"made here: signed by this machine's key {self.key_id}"
+            return f"made here: {self.reason}" if self.kind == "dir" else \
+                f"made here: signed by this machine's key {self.key_id}"
         if self.verdict == "trusted":
             return f"signed by a trusted key: {self.key_name} ({self.key_id})"
         return f"foreign: {self.reason}"
@@ -106,6 +109,13 @@ class Provenance:
         """Self, or BadInput when the archive is foreign and was not accepted with trust=True."""
         if self.allowed:
             return self
+        if self.kind == "dir":
+            raise BadInput(f"{self.archive} is foreign ({self.reason}); refused: a cache dir is code, and torch "
+                           "runs what its entries carry",
+                           hint="restore only backups compilewatch made here (`cache clear`, or the previous cache "
+                                "a `cache load` moved aside). If you do trust whoever made this dir, pass --trust "
+                                "to restore it once as code from a stranger, or `cache save` it where it was made "
+                                "and load the signed archive (docs/security.md); nothing was changed")
         raise BadInput(f"{self.archive} is foreign ({self.reason}); refused: an archive is code, and "
                        "loading it runs what it carries",
                        hint="load only archives from machines and people you trust. If you do trust who made "

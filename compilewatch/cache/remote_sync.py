@@ -283,7 +283,9 @@ def pull(url: str | None = None, path: str | os.PathLike[str] | None = None, *, 
         finally:
             client.close()
         if pulled:
-            result = archive_mod.load(staging, target, force=force or all_systems)  # `cache load DIR`: swap + backup
+            result = archive_mod.restore_dir(  # `cache load DIR`: swap + backup
+                staging, target, force=force or all_systems,
+                built_here="a staging dir cache remote pull built here (the local cache linked, each fetched pickle scanned)")
             backup = result.backup
     finally:
         if staging.exists():

@@ -1,0 +1,168 @@
+"""The backup dirs compilewatch made on this machine: how `cache load DIR` decides to trust a directory.
+
+An archive says who made it with a signature (`provenance`); a directory cannot: anyone can put a
+dir that looks like a cache beside yours. So compilewatch keeps a record of every backup dir it
+makes itself (`cache clear`, and the previous cache that `cache load` / `cache remote pull` move
+aside): one JSON line per backup in `backups.jsonl` in its config dir (`keys.config_dir()`, the
+user's own folder that holds the signing key), with the dir's path, device and inode, its owner,
+the cache it came from and when. Nothing is written into the backup itself.
+
+`judge(dir, trust=...)` gives a directory a `provenance.Provenance` (kind "dir"):
+
+- `own`: a backup this record names: the same path, device and inode (a dir copied, or a new dir put
+  at that path, is not it), owned by this user, and nothing in it owned by another user or writable
+  by everyone (so nobody else changed it since, and nobody else can once it is the cache again).
+- `foreign`: any other dir (an unrecorded dir, a copy, someone else's cache); restored only with
+  `trust=True`, as code from a stranger.
+
+Either way, `archive.load` scans every pickle in the dir before the rename (the second line), as it
+does for an archive. A record that cannot be written (a read-only config dir) does not fail the
+backup; restoring that backup then needs --trust, and the refusal says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from datetime import datetime, timezone
+from pathlib import Path
+
+from compilewatch.cache import keys
+from compilewatch.cache.provenance import Provenance
+from compilewatch.errors import BadInput
+
+RECORD = "backups.jsonl"
+MAX_RECORD = 4 << 20  # ~250 bytes a backup: thousands of them
+COMPACT_AT = 1 << 20  # past this, rewrite the record keeping only backups that still exist
+_OTHERS_SHOWN = 3
+
+
+def record_path() -> Path:
+    return keys.config_dir() / RECORD
+
+
+def record(backup: str | os.PathLike[str], source: str | os.PathLike[str]) -> bool:
+    """Record `backup` (a dir compilewatch just moved `source` to) as made here. False when the
+    record could not be written (the backup itself is fine; restoring it then needs --trust)."""
+    backup = Path(backup)
+    try:
+        st = os.lstat(backup)
+        line = json.dumps({"path": str(backup), "dev": st.st_dev, "ino": st.st_ino, "uid": st.st_uid,
+                           "from": str(source),
+                           "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n"
+        path = record_path()
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            os.write(fd, line.encode())  # one short append: whole even beside another process's
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size > COMPACT_AT:
+            _compact(path)
+        return True
+    except (OSError, BadInput):
+        return False
+
+
+def _entries(path: Path) -> list[dict]:
+    from compilewatch.inputs import read_bytes
+
+    if not os.path.lexists(path):
+        return []
+    out = []
+    for raw in read_bytes(path, limit=MAX_RECORD, what="backup record").splitlines():
+        try:
+            e = json.loads(raw)
+        except ValueError:
+            continue  # a torn line: that one backup is not recorded
+        if (isinstance(e, dict) and isinstance(e.get("path"), str)
+                and all(isinstance(e.get(k), int) and not isinstance(e.get(k), bool) for k in ("dev", "ino", "uid"))):
+            out.append(e)
+    return out
+
+
+def _same_dir(e: dict, st: os.stat_result) -> bool:
+    return (e["dev"], e["ino"], e["uid"]) == (st.st_dev, st.st_ino, st.st_uid)
+
+
+def _compact(path: Path) -> None:
+    from compilewatch.fsutil import atomic_write_text
+
+    keep = []
+    for e in _entries(path):
+        try:
+            if _same_dir(e, os.lstat(e["path"])):
+                keep.append(e)
+        except OSError:
+            continue
+    atomic_write_text(path, "".join(json.dumps(e) + "\n" for e in keep))
+
+
+def recorded(directory: str | os.PathLike[str]) -> dict | None:
+    """The record of `directory` as a backup compilewatch made here, or None."""
+    directory = Path(directory)
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return None
+    for e in reversed(_entries(record_path())):
+        if e["path"] == str(directory) and _same_dir(e, st):
+            return e
+    return None
+
+
+def others_can_change(directory: Path) -> list[str]:
+    """Paths under `directory` (itself included) owned by another user or writable by everyone."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    found: list[str] = []
+    stack = [directory]
+    while stack and len(found) < _OTHERS_SHOWN:
+        d = stack.pop()
+        try:
+            st = os.lstat(d)
+            it = os.scandir(d)
+        except OSError:
+            continue
+        if (uid is not None and st.st_uid != uid) or st.st_mode & stat.S_IWOTH:
+            found.append(str(d))
+        with it:
+            for e in it:
+                try:
+                    s = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(s.st_mode):
+                    stack.append(Path(e.path))
+                elif (uid is not None and s.st_uid != uid) or (s.st_mode & stat.S_IWOTH and not stat.S_ISLNK(s.st_mode)):
+                    found.append(e.path)
+                    if len(found) >= _OTHERS_SHOWN:
+                        break
+    return found
+
+
+def judge(directory: str | os.PathLike[str], *, trust: bool = False) -> Provenance:
+    """The provenance verdict of a dir `cache load` would restore (module docstring). Reads no file
+    content; `trust`: the caller accepts a foreign dir as code."""
+    directory = Path(directory)
+
+    def foreign(reason: str) -> Provenance:
+        return Provenance(str(directory), "foreign", reason, False, None, None, {}, trust, kind="dir")
+
+    try:
+        rec = recorded(directory)
+    except BadInput as e:
+        return foreign(f"the record of backups compilewatch made ({record_path()}) cannot be read: {e}")
+    if rec is None:
+        return foreign("it is not a backup compilewatch made on this machine (none is recorded at this path "
+                       f"with this inode in {record_path()})")
+    others = others_can_change(directory)
+    if others:
+        return foreign(f"it was a backup compilewatch made here, but others can change it: "
+                       f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} owned by another user or "
+                       "writable by everyone")
+    made = {"created_at": rec["made_at"]} if isinstance(rec.get("made_at"), str) else {}
+    where = f" of {rec['from']}" if isinstance(rec.get("from"), str) else ""
+    return Provenance(str(directory), "own", f"a backup{where} compilewatch made on this machine", False, None,
+                      "this machine", made, False, kind="dir")
