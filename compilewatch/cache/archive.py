@@ -893,7 +893,6 @@ def restore_dir(source: Path, path: str | os.PathLike[str] | None = None, *, for
 
     t0 = time.perf_counter() if t0 is None else t0
     source = Path(os.path.abspath(os.path.expanduser(source)))
-
     loc = layout.locate(path)
     target = loc.path
     if source == target:
@@ -906,16 +905,17 @@ def restore_dir(source: Path, path: str | os.PathLike[str] | None = None, *, for
                        f"({'it is empty' if not os.listdir(source) else 'no inductor structure in it'}); "
                        "nothing was changed", hint="load an archive from `cache save`, or a backup dir from `cache clear`")
     _check_target(target, force)
+    if built_here is not None:
+        verdict = provenance.Provenance(str(source), "own", built_here, False, None, "this machine", {}, False,
+                                        kind="dir")
+    else:  # judged before the fingerprint, whose stat index may add .compilewatch/ (the dir's ctime)
+        verdict = backups.judge(source, trust=trust)
     fp = fp_mod.fingerprint(source)
     problems = compatibility(fp.system_key, fp.torch_version, fp.entry_system_keys, fp.entry_torch_hashes)
     if problems and not force:
         raise BadInput(f"{source} holds entries for another system: " + "; ".join(problems),
                        hint="pass --force to restore it anyway; nothing was changed")
-    if built_here is not None:
-        verdict = provenance.Provenance(str(source), "own", built_here, False, None, "this machine", {}, False,
-                                        kind="dir")
-    else:
-        verdict = backups.judge(source, trust=trust).require()  # who made it: a backup made here, or foreign
+    verdict.require()  # who made it: a backup made here, or foreign (accepted only with trust)
     target.parent.mkdir(parents=True, exist_ok=True)
     if os.stat(source).st_dev != os.stat(target.parent).st_dev:
         raise BadInput(f"{source} is on another filesystem than {target}: it cannot be renamed into place",

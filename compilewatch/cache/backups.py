@@ -4,14 +4,16 @@ An archive says who made it with a signature (`provenance`); a directory cannot:
 dir that looks like a cache beside yours. So compilewatch keeps a record of every backup dir it
 makes itself (`cache clear`, and the previous cache that `cache load` / `cache remote pull` move
 aside): one JSON line per backup in `backups.jsonl` in its config dir (`keys.config_dir()`, the
-user's own folder that holds the signing key), with the dir's path, device and inode, its owner,
-the cache it came from and when. Nothing is written into the backup itself.
+user's own folder that holds the signing key), with the dir's path, device, inode, change time
+(ctime, set by the rename that made the backup) and owner, the cache it came from and when. Nothing
+is written into the backup itself.
 
 `judge(dir, trust=...)` gives a directory a `provenance.Provenance` (kind "dir"):
 
-- `own`: a backup this record names: the same path, device and inode (a dir copied, or a new dir put
-  at that path, is not it), owned by this user, and nothing in it owned by another user or writable
-  by everyone (so nobody else changed it since, and nobody else can once it is the cache again).
+- `own`: a backup this record names: the same path, device, inode and ctime (a dir copied, a new
+  dir put at that path even if it gets the inode back, or one whose top level changed since, is not
+  it), owned by this user, and nothing in it owned by another user or writable by everyone (so nobody
+  else changed it since, and nobody else can once it is the cache again).
 - `foreign`: any other dir (an unrecorded dir, a copy, someone else's cache); restored only with
   `trust=True`, as code from a stranger.
 
@@ -48,8 +50,8 @@ def record(backup: str | os.PathLike[str], source: str | os.PathLike[str]) -> bo
     backup = Path(backup)
     try:
         st = os.lstat(backup)
-        line = json.dumps({"path": str(backup), "dev": st.st_dev, "ino": st.st_ino, "uid": st.st_uid,
-                           "from": str(source),
+        line = json.dumps({"path": str(backup), "dev": st.st_dev, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns,
+                           "uid": st.st_uid, "from": str(source),
                            "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n"
         path = record_path()
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -78,13 +80,13 @@ def _entries(path: Path) -> list[dict]:
         except ValueError:
             continue  # a torn line: that one backup is not recorded
         if (isinstance(e, dict) and isinstance(e.get("path"), str)
-                and all(isinstance(e.get(k), int) and not isinstance(e.get(k), bool) for k in ("dev", "ino", "uid"))):
+                and all(isinstance(e.get(k), int) and not isinstance(e.get(k), bool) for k in ("dev", "ino", "ctime_ns", "uid"))):
             out.append(e)
     return out
 
 
 def _same_dir(e: dict, st: os.stat_result) -> bool:
-    return (e["dev"], e["ino"], e["uid"]) == (st.st_dev, st.st_ino, st.st_uid)
+    return (e["dev"], e["ino"], e["ctime_ns"], e["uid"]) == (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_uid)
 
 
 def _compact(path: Path) -> None:
@@ -156,7 +158,7 @@ def judge(directory: str | os.PathLike[str], *, trust: bool = False) -> Provenan
         return foreign(f"the record of backups compilewatch made ({record_path()}) cannot be read: {e}")
     if rec is None:
         return foreign("it is not a backup compilewatch made on this machine (none is recorded at this path "
-                       f"with this inode in {record_path()})")
+                       f"with this inode and change time in {record_path()})")
     others = others_can_change(directory)
     if others:
         return foreign(f"it was a backup compilewatch made here, but others can change it: "
