@@ -8,6 +8,8 @@ creates it) and removed by its owner when the run ends. A lock that is already t
   reuse: the start times differ): a SIGKILLed trainer left it behind. It is taken over with a note
   (`RunLock.took_over`): renamed aside atomically, checked to still be the stale lock judged (else
   put back: another trainer just took it), removed, and the O_EXCL create is tried again.
+A `.lock` that is not a regular file (a FIFO, a directory, a socket) is BadInput naming it, at once:
+it is opened non-blocking and its type checked on the descriptor (`compilewatch.open_untrusted`).
 """
 
 from __future__ import annotations
@@ -54,12 +56,26 @@ def boot_id() -> str | None:
 
 
 def _read(path: Path) -> dict:
+    """What the lock file says ({} when it is gone or not a JSON object). A lock that is not a regular
+    file (a FIFO, a directory, a socket) is BadInput naming it: it is opened non-blocking and its type
+    checked on the descriptor, so a FIFO nobody writes to never hangs the trainer."""
+    from compilewatch import open_untrusted
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.loads(fh.read(MAX_LOCK_BYTES))
+        fd, _st = open_untrusted(path, "the run lock")
+    except BadInput as e:
+        if not os.path.lexists(path):
+            return {}  # removed meanwhile (its owner released it)
+        raise BadInput(e.message, hint=f"{LOCK_NAME} is written only by dflash; if no trainer is using this run "
+                                       f"directory, remove {str(path)!r} and start again") from None
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = json.loads(fh.read(MAX_LOCK_BYTES).decode("utf-8"))
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
+    finally:
+        os.close(fd)
 
 
 def _stale(owner: dict, host: str) -> str | None:
@@ -167,7 +183,10 @@ class RunLock:
     def release(self) -> None:
         if self.held:
             self.held = False
-            owner = _read(self.path)
+            try:
+                owner = _read(self.path)
+            except BadInput:  # something else replaced our lock: it is not ours to remove
+                return
             if owner.get("pid") == os.getpid():  # never remove a lock someone else created
                 self.path.unlink(missing_ok=True)
 
