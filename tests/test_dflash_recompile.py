@@ -174,7 +174,7 @@ def test_prewarm_compiles_once_for_identical_replicas_on_one_device():
     assert calls == [0, 0, 1, 2]  # replica 0: warm + verify; the others: one pass each
     assert pre.compiled == 1 and len(pre.replica_s) == 3
     assert all(all(p.grad is None for p in r.model.parameters()) for r in reps)
-    assert any("1 on cpu reused (0 frame(s)" in v for v in pre.verdicts), pre.verdicts
+    assert any("1 on cpu reused (0 dynamo frame(s) compiled" in v for v in pre.verdicts), pre.verdicts
 
 
 def test_a_replica_that_cannot_reuse_is_warmed_on_its_own_and_says_why():

@@ -149,9 +149,15 @@ def _result(replicas: Sequence[Any], devices: list[str], t0: float, reports: lis
     verdicts = list(failed.verdicts) if failed is not None else []
     if rows:
         verdicts.append("per replica: " + ", ".join(
-            f"{w.index} on {w.device} {w.mode} ({w.frames_compiled} frame(s), {w.seconds:.2f} s)" for w in rows) + ".")
+            f"{w.index} on {w.device} {w.mode} ({w.frames_compiled} dynamo frame(s) compiled, {w.seconds:.2f} s)"
+            for w in rows) + ".")
         verdicts += [f"replica {w.index} could not reuse the compiled code: {w.reason}" for w in rows if w.reason]
+    runs = [r for rep in reports for r in (*rep.warm, *rep.verify)]
+    hits = sum(r.counters.fxgraph_cache_hit + r.counters.autograd_cache_hit for r in runs)
+    misses = sum(r.counters.fxgraph_cache_miss + r.counters.autograd_cache_miss for r in runs)
     if failed is None:
+        verdicts.append(f"{sum(r.frames_compiled for r in runs)} dynamo frame compile(s) in all, inductor/AOTAutograd "
+                        f"cache {hits} hit / {misses} miss.")
         verdicts.append(f"verify passes compiled nothing on {len(devices)} device(s): worker threads can start now.")
     return PrewarmResult(
         ok=failed is None, devices=tuple(devices), replicas=len(replicas), wall_s=time.perf_counter() - t0,
