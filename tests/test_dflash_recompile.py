@@ -25,6 +25,7 @@ from dflash.engine.toy import ToySpec, toy_program
 from dflash.model.build import empty_drafter
 from dflash.model.drafter import DrafterSpec
 from dflash.model.mask import block_mask_eager, build_masks, dense_mask, make_mask_mod, pad_mask_mod
+from tests.helpers import requires_cuda
 
 # eager flex on CPU is the unfused reference path; its "use torch.compile" advice is expected here
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -83,23 +84,25 @@ def test_a_tensor_context_length_gives_the_int_mask_bit_for_bit():
 
 
 # ----------------------------------------------------------------------------- compiled layers
-def _drafter(compiled: bool):
-    d = empty_drafter(SPEC, "cpu")
-    d.init_weights(torch.Generator().manual_seed(0))
+def _drafter(compiled: bool, device: str = "cpu", backend: str = "aot_eager"):
+    d = empty_drafter(SPEC, device)
+    d.init_weights(torch.Generator(device=device).manual_seed(0))
     if compiled:
-        d.compile_layers(dynamic=False, backend="aot_eager")  # as build_drafter compiles them on CUDA
+        d.compile_layers(dynamic=False, backend=backend)  # as build_drafter compiles them on CUDA (inductor)
     return d
 
 
-def _step(d, seq: int, n: int = 3):
+def _step(d, seq: int, n: int = 3, attention: str = "sdpa"):
     """Forward + backward as drafter_loss runs it: the block embeddings do not require grad (frozen
     target embedding), the taps neither. Returns (loss, grads by name)."""
     g = torch.Generator().manual_seed(seq)
     bs = SPEC.block_size
-    anchors = torch.sort(torch.randint(0, seq - bs, (2, n), generator=g), 1)[0]
-    emb, taps = torch.randn(2, n * bs, 64, generator=g), torch.randn(2, seq, 128, generator=g)
-    pos = (anchors[:, :, None] + torch.arange(bs)).view(2, -1)
-    out = d(emb, taps, pos, torch.arange(seq).expand(2, seq), masks=build_masks(anchors, seq, bs, "sdpa"))
+    dev = d.fc.weight.device
+    anchors = torch.sort(torch.randint(0, seq - bs, (2, n), generator=g), 1)[0].to(dev)
+    emb, taps = torch.randn(2, n * bs, 64, generator=g).to(dev), torch.randn(2, seq, 128, generator=g).to(dev)
+    pos = (anchors[:, :, None] + torch.arange(bs, device=dev)).view(2, -1)
+    ctx_pos = torch.arange(seq, device=dev).expand(2, seq)
+    out = d(emb, taps, pos, ctx_pos, masks=build_masks(anchors, seq, bs, attention))
     loss = out.pow(2).mean()
     loss.backward()
     grads = {k: p.grad.clone() for k, p in d.named_parameters()}
@@ -206,3 +209,47 @@ def test_engine_report_names_compiled_and_reused_replicas():
     assert [w.mode for w in report.prewarm.per_replica] == ["compiled", "reused", "reused"]
     assert report.prewarm.per_replica[0].frames_compiled >= 1
     assert any("1 compiled, 2 reused the compiled code" in v for v in report.verdicts), report.verdicts
+
+
+# ----------------------------------------------------------------------------- on a GPU (inductor, flex)
+GPU_BUCKETS = (128, 200, 256)  # with 32 blocks of 4: Q 128, KV 256 / 328 (padded to 384) / 384
+
+
+@pytest.mark.gpu
+@requires_cuda()
+def test_compiled_layers_with_flex_compile_once_per_bucket_on_gpu():
+    """CUDA, inductor, the flex BlockMask whose mask_mod captures the context length as a tensor: one
+    compile per bucket (the H200 / torch 2.11 log had two, plus a guard on the closure's int), and the
+    loss and gradients of the eager drafter over the dense mask (SDPA), to flex-vs-SDPA tolerance."""
+    eager, compiled = _drafter(False, "cuda"), _drafter(True, "cuda", "inductor")
+    torch._dynamo.reset()
+    got = []
+    frames, reasons = _frames(lambda: got.extend(_step(compiled, s, 32, "flex") for s in GPU_BUCKETS))
+    assert frames == len(GPU_BUCKETS), reasons
+    assert not [r for r in reasons if "requires_grad" in r or "cell_contents" in r], reasons
+    for s, (lc, gc) in zip(GPU_BUCKETS, got):
+        le, ge = _step(eager, s, 32, "sdpa")
+        torch.testing.assert_close(lc, le, rtol=2e-3, atol=2e-4)
+        for k in ge:
+            torch.testing.assert_close(gc[k], ge[k], rtol=2e-3, atol=2e-4)
+
+
+@pytest.mark.gpu
+@requires_cuda()
+def test_prewarm_of_three_identical_replicas_compiles_once_on_gpu():
+    """Three inductor-compiled drafter replicas on one GPU: replica 0 compiles, 1 and 2 reuse its code
+    (one pass each under fail_on_recompile) and take a step's time, not a compile's."""
+    torch._dynamo.reset()
+    reps = []
+    for i in range(3):
+        d = _drafter(True, "cuda", "inductor")
+        reps.append(Replica(i, "cuda:0", d, torch.optim.AdamW(d.parameters()), {}))
+
+    def warm(rep):
+        for s in GPU_BUCKETS:
+            _step(rep.model, s, 32, "flex")
+
+    pre = compile_safety.prewarm_replicas(reps, warm)
+    assert pre.ok, pre.verdicts
+    assert [w.mode for w in pre.per_replica] == ["compiled", "reused", "reused"], pre.verdicts
+    assert [w.frames_compiled for w in pre.per_replica] == [len(GPU_BUCKETS), 0, 0]
