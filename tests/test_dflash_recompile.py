@@ -208,7 +208,8 @@ def test_engine_report_names_compiled_and_reused_replicas():
     assert report.ok, report.verdicts
     assert [w.mode for w in report.prewarm.per_replica] == ["compiled", "reused", "reused"]
     assert report.prewarm.per_replica[0].frames_compiled >= 1
-    assert any("1 compiled, 2 reused the compiled code" in v for v in report.verdicts), report.verdicts
+    frames = report.prewarm.per_replica[0].frames_compiled
+    assert any(f"(1 warmed, {frames} dynamo frame(s) compiled; 2 reused that code: " in v for v in report.verdicts), report.verdicts
 
 
 # ----------------------------------------------------------------------------- on a GPU (inductor, flex)

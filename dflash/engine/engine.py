@@ -584,8 +584,9 @@ def _verdicts(r: EngineReport, cfg: EngineConfig) -> list[str]:
         return out
     if r.prewarm is not None:
         pre = r.prewarm
-        split = (f" ({pre.compiled} compiled, {pre.replicas - pre.compiled} reused the compiled code: "
-                 + ", ".join(f"{s:.2f} s" for s in pre.replica_s) + ")") if pre.replicas > 1 and pre.per_replica else ""
+        frames = sum(w.frames_compiled for w in pre.per_replica)
+        split = (f" ({pre.compiled} warmed, {frames} dynamo frame(s) compiled; {pre.replicas - pre.compiled} reused "
+                 "that code: " + ", ".join(f"{s:.2f} s" for s in pre.replica_s) + ")") if pre.replicas > 1 and pre.per_replica else ""
         out.append(f"prewarm: {pre.replicas} replica(s){split} on {len(pre.devices)} device(s), one after another "
                    f"in the main thread, {pre.wall_s:.2f} s ({pre.via}); verify pass compiled nothing.")
     else:
