@@ -18,7 +18,6 @@ own and reported (`ReplicaWarm.mode == "recompiled"`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
@@ -37,7 +36,7 @@ class ReplicaWarm:
     mode: ReplicaMode  # compiled: the first replica on its device (warm pass, then verify); reused: its only
     # pass ran under fail_on_recompile and compiled nothing (the code the first replica compiled);
     # recompiled: that pass found something to compile, so it was warmed and verified like a first one
-    seconds: float  # this replica's passes, wall time
+    seconds: float  # this replica's passes, wall time (the first on a device: with that device's target warm)
     frames_compiled: int  # dynamo frames compiled for it (its warm pass; 0 when reused)
     reason: str | None = None  # recompiled: what the reuse pass found (function and guard failure)
 
