@@ -86,9 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         from dflash.model.loss import loss_weights
         from dflash.model.loss import drafter_loss
 
-        for layer in drafter.layers:
-            if not hasattr(layer, "_compiled_call_impl") or layer._compiled_call_impl is None:
-                layer.compile(dynamic=False)
+        if not drafter.layers_compiled:
+            drafter.compile_layers(dynamic=False)
         batch = Batch(input_ids=ids, loss_mask=torch.ones_like(ids, dtype=torch.bool),
                       lengths=torch.full((1,), s.seq, device=dev), anchors=anchors,
                       anchor_valid=torch.ones_like(anchors, dtype=torch.bool))

@@ -13,8 +13,9 @@ synthetic chats, the `qwen3_8b` recipe:
               report of the time each save blocked the loop (metrics.jsonl "checkpoint" events:
               blocked_s, write_s, bytes), step times after each save vs the median, disk at the end
   5. engine1: `--target-devices D --drafter-devices D` (1 replica), `--max-steps 2`
-  6. engine3: `--drafter-devices D,D,D` (3 identical replicas on one device): prewarm wall and each
-              replica's warm time (metrics.jsonl "engine" event)
+  6. engine3: `--drafter-devices D,D,D` (3 identical replicas on one device): prewarm wall, and per
+              replica whether it compiled or reused replica 0's code, its seconds and dynamo frames
+              (metrics.jsonl "engine" event); both engine runs count TORCH_LOGS=recompiles per function
 
 Every stderr line of each process is stamped with the seconds since that process started; the CLI
 prints each start phase with its time ("· first step: 2.1 s (at 14.3 s since process start)"). Run
@@ -185,6 +186,31 @@ def phases_of(r: dict) -> dict:
     return out
 
 
+def prewarm_of(pre: dict) -> dict:
+    """The engine event's prewarm (PrewarmResult as JSON): wall time, per replica compiled/reused with
+    its seconds and dynamo frames, and the frames compiled over every pass."""
+    per = pre.get("per_replica") or []
+    frames = sum(int(w.get("frames_compiled") or 0) for rep in pre.get("reports") or [] for w in rep.get("warm") or [])
+    return {**{k: pre.get(k) for k in ("ok", "wall_s", "replicas", "replica_s", "verdicts")},
+            "per_replica": [{k: w.get(k) for k in ("index", "device", "mode", "seconds", "frames_compiled", "reason")}
+                            for w in per],
+            "compiled_replicas": sum(w.get("mode") != "reused" for w in per), "frames_compiled_total": frames}
+
+
+RECOMPILING = re.compile(r"Recompiling function (\S+) in (\S+)")
+
+
+def recompiles_by_function(lines: list[str]) -> dict[str, int]:
+    """TORCH_LOGS=recompiles: "Recompiling function forward in .../drafter.py:190" -> {"forward (drafter.py:190)": n}."""
+    out: dict[str, int] = {}
+    for line in lines:
+        m = RECOMPILING.search(line)
+        if m:
+            key = f"{m.group(1)} ({m.group(2).rsplit('/', 1)[-1]})"
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
 def dir_bytes(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
 
@@ -259,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         eng = [m for m in rows if m.get("event") == "engine"]
         if eng:
             pre = (eng[-1].get("report") or {}).get("prewarm") or {}
-            r["prewarm"] = {k: pre.get(k) for k in ("wall_s", "replicas", "replica_s", "verdicts")}
+            r["prewarm"] = prewarm_of(pre)
+        r["recompiles_by_function"] = recompiles_by_function(r["recompiles"])
         r["rows"] = rows
         del r["all_lines"]
         if not keep:
@@ -338,7 +365,8 @@ def summarize(runs: list[dict]) -> dict:
     if pre:
         out["prewarm"] = pre
         for n in pre:
-            pre[n] = {**(pre[n] or {}), "recompile_log_lines": len(by[n]["recompiles"])}
+            pre[n] = {**(pre[n] or {}), "recompile_log_lines": len(by[n]["recompiles"]),
+                      "recompiles_by_function": by[n].get("recompiles_by_function")}
         w1, w3 = ((pre.get(n) or {}).get("wall_s") for n in ("engine1", "engine3"))
         if w1 and w3:
             out["prewarm"]["ratio_3_vs_1"] = round(w3 / w1, 3)

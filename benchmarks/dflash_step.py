@@ -122,8 +122,7 @@ def make_step(s: Shape, device: torch.device, backend: str, *, compile_layers: b
     and its anchors. `compile_layers`: `torch.compile` every decoder layer (`train.compile_layers`)."""
     drafter, embed, head, ids, taps, anchors = build(s, device)
     if compile_layers:
-        for layer in drafter.layers:
-            layer.compile(dynamic=False)  # what train.compile_layers does
+        drafter.compile_layers(dynamic=False)  # what train.compile_layers does
     batch = Batch(input_ids=ids, loss_mask=torch.ones_like(ids, dtype=torch.bool),
                   lengths=torch.full((s.batch,), s.seq, device=device), anchors=anchors,
                   anchor_valid=torch.ones_like(anchors, dtype=torch.bool))

@@ -134,3 +134,34 @@ def test_startup_benchmark_reads_what_the_cli_prints_and_the_trainer_writes():
     rows.insert(2, {"event": "checkpoint", "step": 2, "blocked_s": 0.4, "write_s": 15.0, "bytes": 10, "removed": []})
     st = bench.stall_summary(rows, every=2)
     assert st["median_step_s"] == 1.0 and st["saves"][0]["blocked_s"] == 0.4 and st["mean_step_s_after_each_save"] == [2.0]
+
+
+def test_startup_benchmark_reads_the_engines_prewarm_per_replica():
+    """What dflash_startup records of an engine run: the metrics.jsonl "engine" event's prewarm as
+    written (PrewarmResult through to_jsonable and JSON), per replica compiled/reused with its frames,
+    and TORCH_LOGS=recompiles lines counted per function."""
+    import json
+
+    import torch
+
+    from compilewatch import to_jsonable
+    from dflash.engine.engine import Engine, EngineConfig
+    from dflash.engine.toy import ToySpec, toy_program
+
+    spec = importlib.util.spec_from_file_location("dflash_startup", SCRIPT.with_name("dflash_startup.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    torch._dynamo.reset()
+    cfg = EngineConfig(target_devices=("cpu",), drafter_devices=("cpu", "cpu", "cpu"), steps=1, sample_every=0,
+                       join_timeout=5.0)
+    report = Engine(toy_program(ToySpec(compile_backend="eager")), cfg).run()
+    assert report.ok, report.verdicts
+    pre = bench.prewarm_of(json.loads(json.dumps(to_jsonable(report.prewarm), default=str)))
+    assert [w["mode"] for w in pre["per_replica"]] == ["compiled", "reused", "reused"]
+    assert pre["compiled_replicas"] == 1 and pre["frames_compiled_total"] == pre["per_replica"][0]["frames_compiled"] >= 1
+    assert len(pre["replica_s"]) == 3 and pre["ok"] is True
+    lines = ["V1201 13:10:59.008000 28919 torch/_dynamo/guards.py:5396] [0/1] [__recompiles] Recompiling function "
+             "forward in /w/dflash/model/drafter.py:190",
+             "[__recompiles]     - 0/0: tensor 'x' size mismatch at index 0. expected 2, actual 3",
+             "[0/2] [__recompiles] Recompiling function forward in /w/dflash/model/drafter.py:190"]
+    assert bench.recompiles_by_function(lines) == {"forward (drafter.py:190)": 2}

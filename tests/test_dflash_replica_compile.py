@@ -19,8 +19,7 @@ SPEC = DrafterSpec(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, n
 def _replica():
     d = empty_drafter(SPEC, "cpu")
     d.init_weights(torch.Generator().manual_seed(0))
-    for layer in d.layers:
-        layer.compile(dynamic=False, backend="aot_eager")  # as build_drafter compiles them on CUDA
+    d.compile_layers(dynamic=False, backend="aot_eager")  # as build_drafter compiles them on CUDA
     return d
 
 

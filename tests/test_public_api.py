@@ -37,7 +37,7 @@ SURFACE = {
     "normalize_device": "function(spec)",
     "parse_device": "function(spec)",
     "parse_devices": "function(specs)",
-    "prewarm": "function(devices, fn, *, verify=, strict=, steps=, progress=, name=)",
+    "prewarm": "function(devices, fn, *, verify=, strict=, steps=, progress=, name=, verify_only=)",
     "WarmReport": "class(workload, devices, torch_version, cache_dir, warm, verify, strict, wall_s, ok, verdicts)",
     "sample_gpus": "function()",
     "low_outliers": "function(values, ratio=)",

@@ -150,6 +150,33 @@ def test_entry_points_mapping_warms_each_and_a_failure_names_its_entry_point():
     assert not report.ok and report.warm[0].error == "entry point 'eval': ValueError: no such kernel"
 
 
+def test_verify_only_proves_reuse_without_a_warm_pass_and_refuses_a_first_compile():
+    """verify_only: one strict pass. Two modules of one class share the first one's compiled code (one
+    code object, guards that hold for both): the second's first call compiles nothing. A function
+    nothing compiled before is refused (a recompile in the report), not compiled quietly."""
+    torch._dynamo.reset()
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    fa, fb = torch.compile(a, backend="aot_eager"), torch.compile(b, backend="aot_eager")
+    calls = []
+
+    def step(f):
+        def run(device):
+            calls.append(f)
+            f(torch.ones(2, 4, device=device)).sum().backward()
+        return run
+
+    first = warm.prewarm("cpu", step(fa))
+    assert first.ok and first.warm[0].frames_compiled >= 1
+    again = warm.prewarm("cpu", step(fb), verify_only=True)
+    assert again.ok, again.verdicts
+    assert again.warm == () and len(again.verify) == 1 and again.verify[0].frames_compiled == 0
+    assert calls == [fa, fa, fb]
+    assert again.verdicts[0].startswith("no warm pass (verify only)")
+    fresh = torch.compile(lambda x: (x * 3).cos(), backend="aot_eager")
+    cold = warm.prewarm("cpu", lambda d: fresh(torch.ones(3, device=d)), verify_only=True)
+    assert not cold.ok and cold.verify[0].recompile is not None and cold.warm == ()
+
+
 # --- workload plugins (the compilewatch.workloads entry-point group) -----------------------------------
 
 

@@ -232,7 +232,8 @@ def _pass(workload: Workload, devices: list[str], phase: Phase, strict: bool, st
 
 
 def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, verify: bool = True, strict: bool = True,
-            steps: int = 1, progress: ProgressFn | None = None, name: str | None = None) -> WarmReport:
+            steps: int = 1, progress: ProgressFn | None = None, name: str | None = None,
+            verify_only: bool = False) -> WarmReport:
     """Compile `fn` on each device, one after another in this thread; then (verify=True) run it
     once more on every device and require that nothing compiles.
 
@@ -246,6 +247,9 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
     steps: workload runs per device in the warm pass (1 is enough unless the workload changes
         shapes on its second call).
     progress: called with a WarmEvent before and after each device; must not raise.
+    verify_only: no warm pass, only the verify pass: proves that `fn` runs on code an earlier
+        prewarm compiled (e.g. an identical model on a device already warmed: its first run compiles
+        nothing). `report.warm` is empty; a recompile is reported as in any verify pass.
     Never raises for the workload's own errors: they are in the report (report.ok is False).
     """
     devs = parse_devices(devices)
@@ -253,14 +257,15 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
     _repair_cache_swap()
     t0 = time.perf_counter()
     workload.build()
-    warm = _pass(workload, devs, "warm", strict, max(1, steps), progress)
-    verify_runs = _pass(workload, devs, "verify", strict, 1, progress) if verify and all(r.ok for r in warm) else []
+    warm = [] if verify_only else _pass(workload, devs, "warm", strict, max(1, steps), progress)
+    verify_runs = (_pass(workload, devs, "verify", strict, 1, progress)
+                   if (verify or verify_only) and all(r.ok for r in warm) else [])
     report_wall = time.perf_counter() - t0
     return WarmReport(
         workload=workload.name, devices=tuple(devs), torch_version=_torch_version(),
         cache_dir=str(torchinfo.inductor_cache_dir()), warm=tuple(warm), verify=tuple(verify_runs), strict=strict,
         wall_s=report_wall, ok=all(r.ok for r in warm) and all(r.ok for r in verify_runs),
-        verdicts=tuple(_verdicts(warm, verify_runs, verify)),
+        verdicts=tuple(_verdicts(warm, verify_runs, verify or verify_only, verify_only)),
     )
 
 
@@ -281,19 +286,22 @@ def _torch_version() -> str:
     return torch.__version__
 
 
-def _verdicts(warm: list[DeviceRun], verify: list[DeviceRun], asked: bool) -> list[str]:
+def _verdicts(warm: list[DeviceRun], verify: list[DeviceRun], asked: bool, verify_only: bool = False) -> list[str]:
     out: list[str] = []
+    if verify_only:
+        out.append(f"no warm pass (verify only): {len(verify)} device(s) run on code compiled before.")
     failed = [r for r in warm if not r.ok]
     for r in failed:
         out.append(f"warm failed on {r.device}: {(r.error or '').splitlines()[0]}")
     if failed:
         out.append("nothing was verified: fix the workload first (it must run on every device).")
         return out
-    frames = sum(r.frames_compiled for r in warm)
-    hits = sum(r.counters.fxgraph_cache_hit + r.counters.autograd_cache_hit for r in warm)
-    misses = sum(r.counters.fxgraph_cache_miss + r.counters.autograd_cache_miss for r in warm)
-    out.append(f"warmed {len(warm)} device(s) one after another: {frames} dynamo frame compile(s), "
-               f"inductor/AOTAutograd cache {hits} hit / {misses} miss.")
+    if not verify_only:
+        frames = sum(r.frames_compiled for r in warm)
+        hits = sum(r.counters.fxgraph_cache_hit + r.counters.autograd_cache_hit for r in warm)
+        misses = sum(r.counters.fxgraph_cache_miss + r.counters.autograd_cache_miss for r in warm)
+        out.append(f"warmed {len(warm)} device(s) one after another: {frames} dynamo frame compile(s), "
+                   f"inductor/AOTAutograd cache {hits} hit / {misses} miss.")
     if not asked:
         out.append("verify pass skipped: a later compile in a worker thread would not have been caught here.")
         return out

@@ -78,7 +78,8 @@ def prewarm_cache(prewarm: Any) -> PrewarmCache | None:
     """From the engine's PrewarmResult (None when prewarm was off)."""
     if prewarm is None:
         return None
-    runs = list(getattr(prewarm.report, "warm", ()) or ())
+    reports = getattr(prewarm, "reports", ()) or ((prewarm.report,) if prewarm.report is not None else ())
+    runs = [r for rep in reports for r in (getattr(rep, "warm", ()) or ())]
 
     def total(name: str) -> int:
         return sum(int(getattr(r.counters, name, 0)) for r in runs)

@@ -7,21 +7,40 @@
 | `watching` | `compilewatch.watch(...)` during the worker phase; its summary goes into the engine's report |
 | `device_sampler` | per engine device from torch (`mem_get_info`, `memory_allocated`, `utilization`), plus `compilewatch.sample_gpus()` |
 
-Why prewarm runs per replica and not once per device: a compiled callable's cache is per function
-and guards on what it sees; warming every replica (in this thread, one after another) covers both
-per-device and per-instance compile state, and the verify pass proves nothing compiles again.
+Prewarm compiles once per device and proves reuse for every other replica: a compiled callable's
+cache is per code object and its guards decide whether a copy can use it. The first replica on a
+device is warmed and verified; each other replica there runs once with compiling forbidden, which is
+both its warm-up and the proof that it compiles nothing (issue 28: 3 identical replicas on one H200
+had each run a full warm and verify pass, ~26 s each). A replica that would compile is warmed on its
+own and reported (`ReplicaWarm.mode == "recompiled"`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 
 # --------------------------------------------------------------------------- prewarm
+ReplicaMode = Literal["compiled", "reused", "recompiled"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaWarm:
+    """What one replica's prewarm did."""
+
+    index: int
+    device: str
+    mode: ReplicaMode  # compiled: the first replica on its device (warm pass, then verify); reused: its only
+    # pass ran under fail_on_recompile and compiled nothing (the code the first replica compiled);
+    # recompiled: that pass found something to compile, so it was warmed and verified like a first one
+    seconds: float  # this replica's passes, wall time (the first on a device: with that device's target warm)
+    frames_compiled: int  # dynamo frames compiled for it (its warm pass; 0 when reused)
+    reason: str | None = None  # recompiled: what the reuse pass found (function and guard failure)
+
+
 @dataclass(frozen=True, slots=True)
 class PrewarmResult:
     ok: bool
@@ -31,9 +50,15 @@ class PrewarmResult:
     via: str  # what warmed: "compilewatch.devices.warm"
     error: str | None  # first failure, "Type: message"
     verdicts: tuple[str, ...]
-    report: Any = None  # compilewatch.WarmReport
-    replica_s: tuple[float, ...] = ()  # warm pass, seconds per replica in replica order: identical replicas
-    # on one device that reuse the first one's compiled code take a step's time; one that recompiles, a compile's
+    report: Any = None  # compilewatch.WarmReport of the first device's first replica (the one that compiles)
+    replica_s: tuple[float, ...] = ()  # seconds per replica in replica order (ReplicaWarm.seconds)
+    per_replica: tuple[ReplicaWarm, ...] = ()  # in replica order
+    reports: tuple[Any, ...] = ()  # every compilewatch.WarmReport, in the order run
+
+    @property
+    def compiled(self) -> int:
+        """Replicas that compiled (the first on each device, plus any that could not reuse)."""
+        return sum(r.mode != "reused" for r in self.per_replica)
 
 
 def _unique(devices: Sequence[str]) -> list[str]:
@@ -47,33 +72,97 @@ def _unique(devices: Sequence[str]) -> list[str]:
 def prewarm_replicas(replicas: Sequence[Any], warm: Callable[[Any], None], *,
                      targets: Mapping[str, Callable[[], None]] | None = None,
                      progress: Callable[[Any], None] | None = None) -> PrewarmResult:
-    """Run `warm(replica)` for every replica in this thread, grouped by device, one device after
-    another; then once more with compiling forbidden (nothing may compile the second time).
+    """Prewarm in this thread, one device after another. On each device: its target warm (`targets`,
+    e.g. a compiled target forward at every shape) and the first replica's `warm` in a warm pass, then
+    both again with compiling forbidden (compilewatch.prewarm). Every other replica on that device runs
+    `warm` once, also with compiling forbidden (`verify_only`): identical replicas share compiled code
+    (one code object per compiled function, guards that pass for every copy), so that one pass is the
+    proof that worker threads will compile nothing, at a step's cost instead of a second warm-and-verify.
+    A replica whose pass does need a compile (other shapes, dtypes or code) is then warmed and verified
+    on its own, and reported `recompiled` with the reason.
     `warm` must run forward and backward at every shape training will use, and not step the
-    optimizer. `targets` (per target device) warms what produces the batches there, e.g. a compiled
-    target forward at every shape; it runs first on its device. Gradients are cleared afterwards.
-    Never raises for `warm`'s own errors."""
+    optimizer. Gradients are cleared afterwards. Never raises for `warm`'s own errors."""
     targets = dict(targets or {})
     devices = _unique([*targets, *(r.device for r in replicas)])
-
-    seconds: dict[int, float] = {}
-
-    def run_device(device: str) -> None:
-        if device in targets:
-            targets[device]()
-        for i, r in enumerate(replicas):
-            if r.device == device:
-                t = time.perf_counter()
-                warm(r)
-                r.model.zero_grad(set_to_none=True)
-                seconds.setdefault(i, time.perf_counter() - t)  # the first (warm) pass, not verify's
-
     t0 = time.perf_counter()
+    reports: list[Any] = []
+    per: dict[int, ReplicaWarm] = {}
     with _room_for_every_replica(len(replicas) + len(targets)):
-        out = _prewarm(replicas, devices, run_device, t0, progress)
-    per = tuple(round(seconds.get(i, 0.0), 3) for i in range(len(replicas)))
-    verdicts = out.verdicts + ((f"warm pass per replica: {', '.join(f'{s:.2f} s' for s in per)}",) if len(per) > 1 else ())
-    return dataclasses.replace(out, replica_s=per, verdicts=verdicts)
+        for device in devices:
+            mine = [(i, r) for i, r in enumerate(replicas) if r.device == device]
+            first = mine[0] if mine else None
+            if device in targets or first is not None:
+                rep = _prewarm_unit(device, targets.get(device), first[1] if first else None, warm, progress, False)
+                reports.append(rep)
+                if first is not None:
+                    per[first[0]] = ReplicaWarm(first[0], device, "compiled", round(rep.wall_s, 3), _frames(rep))
+                if not rep.ok:
+                    return _result(replicas, devices, t0, reports, per, rep)
+            for i, r in mine[1:]:
+                rep = _prewarm_unit(device, None, r, warm, progress, True)
+                reports.append(rep)
+                if rep.ok:
+                    per[i] = ReplicaWarm(i, device, "reused", round(rep.wall_s, 3), 0)
+                    continue
+                if any(x.error for x in rep.verify):
+                    return _result(replicas, devices, t0, reports, per, rep)
+                reason = _first_problem(rep)
+                again = _prewarm_unit(device, None, r, warm, progress, False)
+                reports.append(again)
+                per[i] = ReplicaWarm(i, device, "recompiled", round(rep.wall_s + again.wall_s, 3), _frames(again), reason)
+                if not again.ok:
+                    return _result(replicas, devices, t0, reports, per, again)
+    return _result(replicas, devices, t0, reports, per, None)
+
+
+def _prewarm_unit(device: str, target: Callable[[], None] | None, replica: Any, warm: Callable[[Any], None],
+                  progress: Callable[[Any], None] | None, verify_only: bool) -> Any:
+    from compilewatch import prewarm
+
+    def run(_device: str) -> None:
+        if target is not None:
+            target()
+        if replica is not None:
+            warm(replica)
+            replica.model.zero_grad(set_to_none=True)
+
+    name = "dflash drafter step" + (f" (replica on {device}, reusing)" if verify_only else "")
+    return prewarm([device], run, verify=True, strict=True, progress=progress, name=name, verify_only=verify_only)
+
+
+def _frames(rep: Any) -> int:
+    return sum(r.frames_compiled for r in rep.warm)
+
+
+def _first_problem(rep: Any) -> str | None:
+    return next((x.error or (f"{x.recompile.function}: " + ("; ".join(x.recompile.reasons) or x.recompile.message)
+                             if x.recompile else None)
+                 for x in (*rep.warm, *rep.verify) if not x.ok), None)
+
+
+def _result(replicas: Sequence[Any], devices: list[str], t0: float, reports: list[Any], per: dict[int, ReplicaWarm],
+            failed: Any) -> PrewarmResult:
+    for r in replicas:
+        r.model.zero_grad(set_to_none=True)
+    rows = tuple(per[i] for i in sorted(per))
+    verdicts = list(failed.verdicts) if failed is not None else []
+    if rows:
+        verdicts.append("per replica: " + ", ".join(
+            f"{w.index} on {w.device} {w.mode} ({w.frames_compiled} dynamo frame(s) compiled, {w.seconds:.2f} s)"
+            for w in rows) + ".")
+        verdicts += [f"replica {w.index} could not reuse the compiled code: {w.reason}" for w in rows if w.reason]
+    runs = [r for rep in reports for r in (*rep.warm, *rep.verify)]
+    hits = sum(r.counters.fxgraph_cache_hit + r.counters.autograd_cache_hit for r in runs)
+    misses = sum(r.counters.fxgraph_cache_miss + r.counters.autograd_cache_miss for r in runs)
+    if failed is None:
+        verdicts.append(f"{sum(r.frames_compiled for r in runs)} dynamo frame compile(s) in all, inductor/AOTAutograd "
+                        f"cache {hits} hit / {misses} miss.")
+        verdicts.append(f"verify passes compiled nothing on {len(devices)} device(s): worker threads can start now.")
+    return PrewarmResult(
+        ok=failed is None, devices=tuple(devices), replicas=len(replicas), wall_s=time.perf_counter() - t0,
+        via="compilewatch.devices.warm", error=_first_problem(failed) if failed is not None else None,
+        verdicts=tuple(verdicts), report=reports[0] if reports else None,
+        replica_s=tuple(w.seconds for w in rows), per_replica=rows, reports=tuple(reports))
 
 
 @contextlib.contextmanager
@@ -93,19 +182,6 @@ def _room_for_every_replica(n: int) -> Iterator[None]:
             patch[name] = max(getattr(dc, name), per_replica * n)
     with dc.patch(**patch):
         yield
-
-
-def _prewarm(replicas: Sequence[Any], devices: list[str], run_device: Callable[[str], None], t0: float,
-             progress: Callable[[Any], None] | None) -> PrewarmResult:
-    from compilewatch import prewarm
-
-    rep = prewarm(devices, run_device, verify=True, strict=True, progress=progress, name="dflash drafter step")
-    for r in replicas:
-        r.model.zero_grad(set_to_none=True)
-    err = next((x.error or (x.recompile.message if x.recompile else None)
-                for x in (*rep.warm, *rep.verify) if not x.ok), None)
-    return PrewarmResult(rep.ok, tuple(devices), len(replicas), time.perf_counter() - t0, "compilewatch.devices.warm", err,
-                         tuple(rep.verdicts), rep)
 
 
 # --------------------------------------------------------------------------- freeze

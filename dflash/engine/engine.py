@@ -583,8 +583,12 @@ def _verdicts(r: EngineReport, cfg: EngineConfig) -> list[str]:
         out.append("no worker thread was started: fix the step on the failing device first.")
         return out
     if r.prewarm is not None:
-        out.append(f"prewarm: {r.prewarm.replicas} replica(s) on {len(r.prewarm.devices)} device(s), one after another "
-                   f"in the main thread, {r.prewarm.wall_s:.2f} s ({r.prewarm.via}); verify pass compiled nothing.")
+        pre = r.prewarm
+        frames = sum(w.frames_compiled for w in pre.per_replica)
+        split = (f" ({pre.compiled} warmed, {frames} dynamo frame(s) compiled; {pre.replicas - pre.compiled} reused "
+                 "that code: " + ", ".join(f"{s:.2f} s" for s in pre.replica_s) + ")") if pre.replicas > 1 and pre.per_replica else ""
+        out.append(f"prewarm: {pre.replicas} replica(s){split} on {len(pre.devices)} device(s), one after another "
+                   f"in the main thread, {pre.wall_s:.2f} s ({pre.via}); verify pass compiled nothing.")
     else:
         out.append("prewarm was off: the first step compiled inside the worker threads, concurrently.")
     done = r.steps_done - r.start_step

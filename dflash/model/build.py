@@ -61,8 +61,7 @@ def build_drafter(cfg: Config, spec: DrafterSpec, device: torch.device,
     elif init:
         drafter.init_weights(torch.Generator(device=device).manual_seed(cfg.train.seed))
     if cfg.train.compile_layers and device.type == "cuda":
-        for layer in drafter.layers:
-            layer.compile(dynamic=False)
+        drafter.compile_layers(dynamic=False)
     return drafter
 
 

@@ -222,6 +222,15 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         inv_freq, self.rope_attention_scaling = rope_frequencies(spec)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (head_dim/2,), not exported
+        self.layers_compiled = False  # compile_layers() sets it
+
+    def compile_layers(self, **compile_kwargs) -> None:
+        """torch.compile each decoder layer (`nn.Module.compile`: parameter names and state_dict keys
+        unchanged). Every layer then shares one compiled code object, and with it the guards: layer 0
+        gets an input that requires grad like the others' (see `forward`), so a bucket compiles once."""
+        for layer in self.layers:
+            layer.compile(**compile_kwargs)
+        self.layers_compiled = True
 
     def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
         """Normal(0, std) linears, zero biases, ones for norms (Qwen3's init), from an explicit generator.
@@ -246,6 +255,12 @@ class DFlashDrafter(nn.Module):
         cos_q, sin_q = rope_cos_sin(block_pos, self.inv_freq, self.rope_attention_scaling)  # (B, Q, D)
         cos_c, sin_c = rope_cos_sin(ctx_pos, self.inv_freq, self.rope_attention_scaling)  # (B, S, D)
         x = block_embeds
+        if self.layers_compiled and torch.is_grad_enabled() and not x.requires_grad:
+            # The embeddings come from the frozen target (no grad); every later layer's input requires
+            # grad. Compiled layers guard on requires_grad, so layer 0 was a second graph per bucket
+            # (H200 / torch 2.11: 8 compiles for 4 buckets). A fresh leaf that requires grad: the same
+            # values and parameter gradients (its own gradient is computed and dropped with it).
+            x = x.detach().requires_grad_()
         for i, layer in enumerate(self.layers):
             ctx_k, ctx_v = layer.self_attn.context_kv(ctx, cos_c, sin_c)  # (B, nkv, S, D) each
             if cache is not None:

@@ -40,17 +40,31 @@ from compilewatch import BadInput
 Backend = Literal["flex", "sdpa"]
 
 
-def make_mask_mod(anchors: torch.Tensor, ctx_len: int, block_size: int,
+def _index_scalar(value: int | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`value` as a 0-d tensor of `like`'s dtype on its device (a fill, no host-to-device copy)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=like.device, dtype=like.dtype).reshape(())
+    return torch.full((), int(value), dtype=like.dtype, device=like.device)
+
+
+def make_mask_mod(anchors: torch.Tensor, ctx_len: int | torch.Tensor, block_size: int,
                   sliding_window: int | None = None) -> Callable:
     """mask_mod(b, h, q_idx, kv_idx) -> bool for anchors (B, N). Pure tensor ops: it broadcasts,
-    vmaps (flex) and compiles."""
+    vmaps (flex) and compiles.
+
+    `ctx_len` is captured as a 0-d tensor (like `anchors`), never as a Python int: a compiled region
+    that receives the BlockMask (a `train.compile_layers` layer) guards on the mask_mod's closure, and an
+    int cell there is a constant guard (`__closure__[i].cell_contents == 512`, H200 / torch 2.11): a
+    recompile for every context length, even where the shapes are dynamic. A tensor cell is guarded
+    on its dtype/device/shape only. `block_size` and `sliding_window` stay ints: fixed for a run."""
+    ctx = _index_scalar(ctx_len, anchors)
 
     def mask_mod(b, h, q_idx, kv_idx):
         j = q_idx // block_size  # which block the query is in
         anchor = anchors[b, j]
-        in_ctx = kv_idx < ctx_len
+        in_ctx = kv_idx < ctx
         ctx_ok = in_ctx & (kv_idx < anchor)  # strict: positions before the anchor only
-        kv_blk = kv_idx - ctx_len
+        kv_blk = kv_idx - ctx
         same_block = (~in_ctx) & (kv_blk // block_size == j)
         if sliding_window is None:
             return ctx_ok | same_block
@@ -70,16 +84,19 @@ def flex_len(n: int) -> int:
     return -(-n // FLEX_BLOCK) * FLEX_BLOCK
 
 
-def pad_mask_mod(mask_mod: Callable, q_len: int, kv_len: int) -> Callable:
+def pad_mask_mod(mask_mod: Callable, q_len: int, kv_len: int, device: torch.device | str | None = None) -> Callable:
     """`mask_mod` over the padded (flex_len(q_len), flex_len(kv_len)) grid: False on padded rows and
     columns, `mask_mod` inside (indices clamped so it never indexes past its real lengths). The same
-    `mask_mod` when both lengths are already aligned."""
+    `mask_mod` when both lengths are already aligned. The real lengths are captured as 0-d int64
+    tensors on `device` (default CPU), not ints, for the reason `make_mask_mod` gives."""
     if flex_len(q_len) == q_len and flex_len(kv_len) == kv_len:
         return mask_mod
+    q_n = torch.full((), q_len, dtype=torch.long, device=device)
+    kv_n = torch.full((), kv_len, dtype=torch.long, device=device)
 
     def padded(b, h, q_idx, kv_idx):
-        real = (q_idx < q_len) & (kv_idx < kv_len)
-        return real & mask_mod(b, h, q_idx.clamp(max=q_len - 1), kv_idx.clamp(max=kv_len - 1))
+        real = (q_idx < q_n) & (kv_idx < kv_n)
+        return real & mask_mod(b, h, torch.minimum(q_idx, q_n - 1), torch.minimum(kv_idx, kv_n - 1))
 
     return padded
 
@@ -218,7 +235,7 @@ def build_masks(anchors: torch.Tensor, ctx_len: int, block_size: int, backend: B
     for kind, mod in mods.items():
         if backend == "flex":
             q_pad, kv_pad = flex_len(q_len), flex_len(kv_len)
-            out[kind] = block_mask_eager(pad_mask_mod(mod, q_len, kv_len), batch, q_pad, kv_pad, anchors.device)
+            out[kind] = block_mask_eager(pad_mask_mod(mod, q_len, kv_len, anchors.device), batch, q_pad, kv_pad, anchors.device)
         else:
             out[kind] = dense_mask(mod, batch, q_len, kv_len, anchors.device)
     return out
