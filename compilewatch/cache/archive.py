@@ -64,7 +64,7 @@ from compilewatch.cache.fingerprint import FileEntry, Fingerprint, ProgressFn
 from compilewatch.cache.lock import cache_lock
 from compilewatch.errors import BadInput
 from compilewatch.fsutil import atomic_path
-from compilewatch.inputs import loads_json, one_line
+from compilewatch.inputs import loads_json, one_line, open_untrusted
 from compilewatch.jsonshape import build
 from compilewatch.serialize import to_jsonable
 
@@ -739,7 +739,8 @@ def _scan_pickles(archive: Path, root: Path, got, trust: bool, prefix: str = PRE
     `trust`; returns what was refused and loaded anyway (with `trust`). `prefix`: how a path is named."""
     refused = []
     for rel in sorted(got):
-        with open(root / rel, "rb") as fh:
+        fd, _st = open_untrusted(root / rel, "cache file")  # a file swapped for a FIFO is refused, not waited on
+        with os.fdopen(fd, "rb") as fh:
             head = fh.read(1)
             if not picklescan.is_pickle_file(rel, head):
                 continue
