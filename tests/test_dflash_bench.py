@@ -67,9 +67,10 @@ def test_e2e_small_engine_mode_runs_train_multi_and_restores_the_loaders(tmp_pat
     """--mode engine: dflash.engine.program.train_multi with the random target and data swapped in for the
     loaders; the engine's steps are committed, replicas identical; the loaders are restored after."""
     import dflash.model.target
+    import dflash.training.build
     import dflash.training.trainer
 
-    before = (dflash.model.target.load_target, dflash.training.trainer.load_target, dflash.training.trainer.load_training_data,
+    before = (dflash.model.target.load_target, dflash.training.build.load_target, dflash.training.build.load_training_data,
               dflash.training.trainer.Trainer.save)
     mod = _e2e()
     assert mod.main(["--small", "--mode", "engine", "--target-devices", "cpu", "--drafter-devices", "cpu",
@@ -79,7 +80,7 @@ def test_e2e_small_engine_mode_runs_train_multi_and_restores_the_loaders(tmp_pat
     assert r["steps_done"] == 2 and r["tokens_per_step"] == 4 * 64  # grad_accum 4 × one 64-token sequence
     assert r["max_param_diff"] == 0.0 and r["gpus"] == 1
     assert not (tmp_path / "dflash_e2e_b.md").exists()  # a tag writes JSON only
-    assert (dflash.model.target.load_target, dflash.training.trainer.load_target, dflash.training.trainer.load_training_data,
+    assert (dflash.model.target.load_target, dflash.training.build.load_target, dflash.training.build.load_training_data,
             dflash.training.trainer.Trainer.save) == before
 
 

@@ -35,7 +35,8 @@ from dflash.distributed import rank_report as rr
 from dflash.config import Config, TopologyConfig, apply_overrides, to_toml
 from dflash.distributed.group import ProcessGroup, RankInfo, backend_for, is_peer_failure, rank_device
 from dflash.training.result import TrainResult
-from dflash.training.trainer import Trainer, default_run_dir
+from dflash.checkpoint.rundir import default_run_dir
+from dflash.training.trainer import Trainer
 
 Event = Callable[[str, dict[str, Any]], None]
 
