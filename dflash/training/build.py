@@ -31,7 +31,7 @@ Event = Callable[[str, dict[str, Any]], None]
 T = TypeVar("T")  # the Trainer class (dflash.training.trainer), which imports this module
 
 
-def build_trainer(cls: type[T], cfg: Config, *, resume: bool = False, on_event: Event | None = None,
+def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: Event | None = None,
                   lock: bool = True, device: str | None = None, target_device: str | None = None) -> T:
     """`cls.from_config`'s body (see Trainer.from_config for the arguments): `cls` is the Trainer
     class, passed in so this module does not import the loop it builds."""
@@ -80,5 +80,6 @@ def build_trainer(cls: type[T], cfg: Config, *, resume: bool = False, on_event: 
         owned.release_after_failure()
         raise
     trainer._lock = owned.lock
+    trainer.resumed_from = start
     trainer.phases = phases
     return trainer

@@ -42,6 +42,7 @@ class Trainer:
         when `target` is only its embedding and LM head (`Target.embed_head_on`): end-of-run eval and
         the engine's target worker use it where it lives."""
         self.cfg, self.target, self.dataset, self.drafter = cfg, target, dataset, drafter
+        self.config_toml = to_toml(cfg)  # the resolved config as config.toml and every checkpoint keep it
         self.full_target = full_target or target
         self.device = target.device
         self.run_dir = Path(run_dir)
@@ -61,6 +62,7 @@ class Trainer:
         self.checkpoints: list[str] = []
         self._threads_before: int | None = None
         self._lock = None  # the run directory's RunLock, when this trainer holds it (from_config)
+        self.resumed_from: Path | None = None  # the checkpoint this run continued (from_config's --resume)
         self.phases = None  # from_config's dflash.training.startup.Phases: the start's, the first step's time too
         self.saver = Saver(self.run_dir, cfg.checkpoint, self.compute_dtype, self._saved)
 
@@ -74,7 +76,7 @@ class Trainer:
         `device`: default the config's `topology.trainer_device` (a torchrun rank passes its own).
         `target_device`: load the full target there instead, and keep only its embedding and LM head
         on the trainer's device (the engine's split topology, `dflash.engine.program.target_home`)."""
-        return build_trainer(cls, cfg, resume=resume, on_event=on_event, lock=lock, device=device,
+        return build_trainer(cfg, cls, resume=resume, on_event=on_event, lock=lock, device=device,
                              target_device=target_device)
 
     # ------------------------------------------------------------ state
@@ -186,7 +188,7 @@ class Trainer:
     def save(self, final: bool = False) -> str:
         """Checkpoint the current step: a snapshot now, written in the background (dflash.checkpoint.writer);
         returns the checkpoint's path (published when its write ends, reported by `saver.poll`)."""
-        return self.saver.save(self.step, self.drafter, self.optimizer, self.total_steps, to_toml(self.cfg),
+        return self.saver.save(self.step, self.drafter, self.optimizer, self.total_steps, self.config_toml,
                                final=final, plan=self.disk_plan)
 
     def disk_plan(self):
@@ -213,25 +215,36 @@ class Trainer:
             self._writer.write_event(kind, data)
         self.on_event(kind, data)
 
+    def begin(self, total_steps: int, steps_per_epoch: int, *, primary: bool = True, own_dir: Path | None = None,
+              extra: dict[str, Any] | None = None) -> RunLog:
+        """Start writing the run, the same for this loop and the engine's: the run directory, (primary:
+        the process that writes the run) its config.toml, the metrics log (`own_dir`'s for another
+        rank), the "start" event (`extra`: more of it), the disk preflight (primary), train mode.
+        Returns the RunLog that the loop adds its steps to."""
+        from compilewatch import atomic_write_text
+
+        own = self.run_dir if own_dir is None else own_dir
+        own.mkdir(parents=True, exist_ok=True)
+        if primary:
+            atomic_write_text(self.run_dir / "config.toml", self.config_toml)
+        writer = self.open_metrics(self.run_dir if primary else own)
+        if writer.truncated:
+            self.notes.append(f"metrics.jsonl: dropped {writer.truncated} rows past step {self.step} "
+                              "(the killed segment's; this run writes them again)")
+        start = {"step": self.step, "total_steps": total_steps, "backend": self.backend, "device": str(self.device),
+                 "data": self.dataset.stats, "run_dir": str(self.run_dir), **(extra or {})}
+        writer.write_event("start", {**start, "notes": self.notes})
+        self.on_event("start", start)
+        if primary:
+            self.preflight_disk()
+        self.drafter.train()
+        return RunLog(self, total_steps, steps_per_epoch, primary=primary)
+
     def train(self, until: int | None = None) -> TrainResult:
         """Train to `total_steps` (or stop after step `until`; the schedule is unchanged),
         checkpointing every `checkpoint.every` steps and at the end."""
-        from compilewatch import atomic_write_text
-
         t0 = time.perf_counter()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.run_dir / "config.toml", to_toml(self.cfg))
-        self.open_metrics()
-        if self._writer.truncated:
-            self.notes.append(f"metrics.jsonl: dropped {self._writer.truncated} rows past step {self.step} "
-                              "(the killed segment's; this run writes them again)")
-        self._writer.write_event("start", {"step": self.step, "total_steps": self.total_steps, "notes": self.notes,
-                                           "data": self.dataset.stats, "backend": self.backend, "device": str(self.device)})
-        self.on_event("start", {"step": self.step, "total_steps": self.total_steps, "backend": self.backend,
-                                "device": str(self.device), "data": self.dataset.stats, "run_dir": str(self.run_dir)})
-        self.preflight_disk()
-        self.drafter.train()
-        log = RunLog(self, self.total_steps, self.steps_per_epoch)
+        log = self.begin(self.total_steps, self.steps_per_epoch)
         stop = min(self.total_steps, until) if until is not None else self.total_steps
         while self.step < stop:
             td = time.perf_counter()
