@@ -1,7 +1,9 @@
 """The Trainer: one device, one drafter, a frozen target; steps, schedule, checkpoints, resume.
 
-`Trainer.from_config(cfg)` builds every component (target, data, drafter, optimizer) and validates all
-input before the run directory is created, so bad input leaves nothing behind. `train()` runs to the
+`Trainer.from_config(cfg)` builds every component (target, data, drafter, optimizer; dflash.training.build)
+and validates all input before the run directory is created, so bad input leaves nothing behind.
+`begin` starts writing the run (config.toml, metrics, the start event, the disk preflight): this loop
+and the engine's (dflash.engine.program.train_multi) both start there. `train()` runs to the
 end; `train_step(batches)` is one optimizer step over a global batch of micro-batches;
 `forward_backward(batch, denominator)` is the per-micro-batch piece a multi-device engine runs on each
 replica (it accumulates gradients; the engine sums them across replicas, then calls `optimizer_step`).
