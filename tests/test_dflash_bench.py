@@ -114,6 +114,24 @@ def test_threads_small_times_every_condition(tmp_path):
     assert r["drafter_beside_target"]["target_forwards_meanwhile"] >= 1
 
 
+def test_startup_benchmark_reads_a_phase_that_ran_beside_others():
+    """The --resume checkpoint read runs in a thread beside the target and the data: the CLI says so
+    on its phase line, and the benchmark keeps it (its seconds are not to be added to theirs)."""
+    from cli.dflash_progress import TrainProgress
+    from rich.text import Text
+
+    spec = importlib.util.spec_from_file_location("dflash_startup", SCRIPT.with_name("dflash_startup.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    printed = []
+    progress = TrainProgress(enabled=False)
+    progress.progress.print = lambda text, **kw: printed.append(Text.from_markup(text).plain)
+    progress("phase-done", {"name": "resume state", "seconds": 5.25, "at": 12.0, "beside": ["target", "data"]})
+    assert printed == ["· resume state: 5.2 s (at 12.0 s since process start), read beside target, data"]
+    assert bench.phases_of({"all_lines": [(12.1, printed[0])]}) == {
+        "resume state": {"seconds": 5.2, "at": 12.0, "stamp": 12.1, "beside": ["target", "data"]}}
+
+
 def test_startup_benchmark_reads_what_the_cli_prints_and_the_trainer_writes():
     """benchmarks/dflash_startup.py parses the phase lines the CLI prints (cli/dflash_progress.py renders
     the library's phase-done events) and the checkpoint events of metrics.jsonl; a format drift breaks here,

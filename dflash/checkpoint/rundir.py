@@ -3,7 +3,8 @@ what killed saves left there, and on --resume the newest checkpoint's training s
 
     start = resume_point(run_dir, resume)     # BadInput before anything is created
     owned = OwnedRunDir.take(run_dir, lock)   # lock held; owned.notes says what it took over or cleaned
-    resumed = read_resume_state(start, spec, hidden, layers, layer_ids)   # .state, .where, .unverified
+    resumed = load_resume_state(start)        # the reads (.state, .where, .unverified): may run in a thread
+    check_resume_state(start, resumed, spec, hidden, layers, layer_ids)   # against this run's drafter
     owned.release_after_failure()             # a build that failed: lock released, nothing left behind
 
 The one place the training side reads the checkpoint room's files (store, manifest, retention,
@@ -87,16 +88,20 @@ class ResumeState:
     unverified: str | None  # a note when the checkpoint has no manifest to verify against
 
 
-def read_resume_state(start: Path, spec: DrafterSpec, target_hidden: int, target_layers: int,
-                      layer_ids: tuple[int, ...]) -> ResumeState:
-    """The training state of checkpoint `start`, verified: every file its manifest lists (sizes and
-    checksums), its drafter against the target and against this config's drafter `spec`. BadInput
-    otherwise."""
+def load_resume_state(start: Path) -> ResumeState:
+    """The reads of a resume, no check against the run: every file of checkpoint `start` that its
+    manifest lists (sizes and checksums), then its training state (memory-mapped). What a start can
+    do while the target loads (dflash.training.build). BadInput for a damaged checkpoint."""
     unverified = manifest.check(start)
-    state = store.load_training_state(start)
-    saved = DrafterSpec(**state["spec"])
+    return ResumeState(store.load_training_state(start), str(start / store.STATE_FILE), unverified)
+
+
+def check_resume_state(start: Path, resumed: ResumeState, spec: DrafterSpec, target_hidden: int,
+                       target_layers: int, layer_ids: tuple[int, ...]) -> ResumeState:
+    """The saved drafter against the target and against this config's drafter `spec` (BadInput)."""
+    saved = DrafterSpec(**resumed.state["spec"])
     store.check_compatible(saved, target_hidden, target_layers, layer_ids, str(start))
     if saved != spec:
         raise BadInput(f"the drafter in {str(start)!r} differs from this config's drafter",
                        hint="resume with the run's own config (it is in the run directory's config.toml)")
-    return ResumeState(state, str(start / store.STATE_FILE), unverified)
+    return resumed
