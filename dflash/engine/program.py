@@ -34,9 +34,7 @@ import torch
 
 from dflash.config import TopologyConfig
 from dflash.engine.engine import Engine, EngineConfig, EngineReport, Program, Replica, StepRecord
-from dflash.model.drafter import DFlashDrafter
-from dflash.model.build import build_drafter
-from dflash.model.loss import drafter_loss
+from dflash.model import DFlashDrafter, build_drafter, drafter_loss
 from dflash.training.result import TrainResult
 from dflash.training.schedule import lr_at
 from dflash.training.trainer import Trainer
@@ -190,7 +188,7 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
 
 def _metrics(trainer: Trainer, replicas: list[Replica], rec: StepRecord, plan: Plan):
     """A StepMetrics row for the step the engine just committed (called inside the step barrier)."""
-    from dflash.model.loss import estimated_tau
+    from dflash.model import estimated_tau
     from dflash.training.metrics import StepMetrics, memory_bytes
 
     outs = [o for r in replicas for o, _ in r.state["outs"]]
