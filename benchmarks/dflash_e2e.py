@@ -138,10 +138,10 @@ def n_sequences(a, cfg, world: int = 1, replicas: int = 1) -> int:
 @contextlib.contextmanager
 def random_target_and_data(fields: dict, n_seq: int, seq: int):
     """While open, `dflash train`'s loaders build the random target and the synthetic data (engine,
-    dist): `Trainer.from_config` and the engine's per-device target (`dflash.engine.program._target_on`) call
-    them. `Trainer.save` does nothing (checkpoints are not what is measured). Restored on exit."""
+    dist): `Trainer.from_config` (dflash.training.build) and the engine's per-device target
+    (`dflash.engine.program._target_on`) call them. `Trainer.save` does nothing (checkpoints are not what is measured). Restored on exit."""
     import dflash.model.target
-    import dflash.training.trainer
+    import dflash.training.build
 
     def load(tcfg, num_draft_layers, device):
         device = torch.device(device)
@@ -150,16 +150,16 @@ def random_target_and_data(fields: dict, n_seq: int, seq: int):
     def data(cfg_, target, on_event):
         return synthetic_dataset(n_seq, seq, fields["vocab_size"], cfg_), [], []
 
-    saved = (dflash.model.target.load_target, dflash.training.trainer.load_target, dflash.training.trainer.load_training_data,
+    saved = (dflash.model.target.load_target, dflash.training.build.load_target, dflash.training.build.load_training_data,
              Trainer.save, Trainer.preflight_disk)
-    dflash.model.target.load_target = dflash.training.trainer.load_target = load
-    dflash.training.trainer.load_training_data = data
+    dflash.model.target.load_target = dflash.training.build.load_target = load
+    dflash.training.build.load_training_data = data
     Trainer.save = lambda self, final=False: str(Path(self.run_dir) / "not-saved")  # type: ignore[method-assign]
     Trainer.preflight_disk = lambda self: None  # type: ignore[method-assign]  # nothing is saved: no disk needed
     try:
         yield
     finally:
-        (dflash.model.target.load_target, dflash.training.trainer.load_target, dflash.training.trainer.load_training_data,
+        (dflash.model.target.load_target, dflash.training.build.load_target, dflash.training.build.load_training_data,
          Trainer.save, Trainer.preflight_disk) = saved
 
 

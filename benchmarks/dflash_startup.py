@@ -173,16 +173,19 @@ def rows_of(run_dir: Path) -> list[dict]:
     return rows
 
 
-PHASE = re.compile(r"· ([a-z][a-z ]*): ([0-9.]+) s \(at ([0-9.]+) s since process start\)")
+PHASE = re.compile(r"· ([a-z][a-z ]*): ([0-9.]+) s \(at ([0-9.]+) s since process start\)(?:, read beside (.+))?")
 
 
 def phases_of(r: dict) -> dict:
-    """The start phases the CLI printed: name -> {seconds, at (since process start), stamp}."""
+    """The start phases the CLI printed: name -> {seconds, at (since process start), stamp, and for a
+    phase that ran in a thread beside others (the --resume checkpoint read) beside: their names}."""
     out = {}
     for stamp, line in r["all_lines"]:
         m = PHASE.search(line)
         if m:
             out[m.group(1)] = {"seconds": float(m.group(2)), "at": float(m.group(3)), "stamp": stamp}
+            if m.group(4):
+                out[m.group(1)]["beside"] = [x.strip() for x in m.group(4).split(",")]
     return out
 
 

@@ -62,8 +62,9 @@ class TrainProgress:
                     f"{m.tokens_per_s / 1000:,.1f}k tok/s {fmt_bytes(m.memory_bytes)}{self.last_eval}")
             p.update(self.task, completed=m.step, info=info)
         elif kind == "phase-done":
-            p.print(f"[dim]·[/] {data['name']}: {data['seconds']:.1f} s (at {data['at']:.1f} s since process start)",
-                    highlight=False)
+            beside = f", read beside {', '.join(data['beside'])}" if data.get("beside") else ""
+            p.print(f"[dim]·[/] {data['name']}: {data['seconds']:.1f} s (at {data['at']:.1f} s since process start)"
+                    f"{beside}", highlight=False)
         elif kind == "disk":
             p.print(f"[dim]·[/] checkpoints: {fmt_bytes(data['checkpoint_bytes'])} each "
                     f"({'measured' if data['measured'] else 'estimated'}), {data['saves']} to write, at most "

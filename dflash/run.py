@@ -100,11 +100,11 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
     joined = None
     if mode == "distributed":
         from dflash.distributed.group import require_rank_info
-        from dflash.distributed.train_rank import join, restarted_with_checkpoint
+        from dflash.distributed.train_rank import join
 
         joined = join(cfg, info or require_rank_info(), on_event)
         cfg = joined.cfg
-        resume = resume or restarted_with_checkpoint(cfg)  # torchrun --max-restarts: every rank resumes
+        resume = resume or joined.restarted  # torchrun --max-restarts: every rank resumes
     topo = joined.topology if joined is not None else cfg.topology
     home = None
     if mode != "single":

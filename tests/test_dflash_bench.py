@@ -67,9 +67,10 @@ def test_e2e_small_engine_mode_runs_train_multi_and_restores_the_loaders(tmp_pat
     """--mode engine: dflash.engine.program.train_multi with the random target and data swapped in for the
     loaders; the engine's steps are committed, replicas identical; the loaders are restored after."""
     import dflash.model.target
+    import dflash.training.build
     import dflash.training.trainer
 
-    before = (dflash.model.target.load_target, dflash.training.trainer.load_target, dflash.training.trainer.load_training_data,
+    before = (dflash.model.target.load_target, dflash.training.build.load_target, dflash.training.build.load_training_data,
               dflash.training.trainer.Trainer.save)
     mod = _e2e()
     assert mod.main(["--small", "--mode", "engine", "--target-devices", "cpu", "--drafter-devices", "cpu",
@@ -79,7 +80,7 @@ def test_e2e_small_engine_mode_runs_train_multi_and_restores_the_loaders(tmp_pat
     assert r["steps_done"] == 2 and r["tokens_per_step"] == 4 * 64  # grad_accum 4 × one 64-token sequence
     assert r["max_param_diff"] == 0.0 and r["gpus"] == 1
     assert not (tmp_path / "dflash_e2e_b.md").exists()  # a tag writes JSON only
-    assert (dflash.model.target.load_target, dflash.training.trainer.load_target, dflash.training.trainer.load_training_data,
+    assert (dflash.model.target.load_target, dflash.training.build.load_target, dflash.training.build.load_training_data,
             dflash.training.trainer.Trainer.save) == before
 
 
@@ -111,6 +112,24 @@ def test_threads_small_times_every_condition(tmp_path):
     assert r["target_beside_python_spin"]["n"] == 1
     assert r["target_beside_drafter"]["drafter_steps_meanwhile"] >= 1
     assert r["drafter_beside_target"]["target_forwards_meanwhile"] >= 1
+
+
+def test_startup_benchmark_reads_a_phase_that_ran_beside_others():
+    """The --resume checkpoint read runs in a thread beside the target and the data: the CLI says so
+    on its phase line, and the benchmark keeps it (its seconds are not to be added to theirs)."""
+    from cli.dflash_progress import TrainProgress
+    from rich.text import Text
+
+    spec = importlib.util.spec_from_file_location("dflash_startup", SCRIPT.with_name("dflash_startup.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    printed = []
+    progress = TrainProgress(enabled=False)
+    progress.progress.print = lambda text, **kw: printed.append(Text.from_markup(text).plain)
+    progress("phase-done", {"name": "resume state", "seconds": 5.25, "at": 12.0, "beside": ["target", "data"]})
+    assert printed == ["· resume state: 5.2 s (at 12.0 s since process start), read beside target, data"]
+    assert bench.phases_of({"all_lines": [(12.1, printed[0])]}) == {
+        "resume state": {"seconds": 5.2, "at": 12.0, "stamp": 12.1, "beside": ["target", "data"]}}
 
 
 def test_startup_benchmark_reads_what_the_cli_prints_and_the_trainer_writes():

@@ -240,3 +240,22 @@ def test_trainer_builds_the_drafter_from_a_yarn_biased_target():
     spec = drafter_spec(tiny(), target)
     assert spec.attention_bias is True and spec.rope_theta == 5e5
     assert spec.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+
+
+def test_the_model_rooms_entry_resolves_each_name_to_its_module_lazily():
+    """dflash/model/__init__.py names what the other rooms use; each name is the module's own object,
+    and importing the room's package alone loads none of its modules (a subprocess: a clean import)."""
+    import importlib
+    import subprocess
+    import sys
+
+    import dflash.model as room
+
+    for name, module in room._LAZY.items():
+        assert getattr(room, name) is getattr(importlib.import_module(module), name)
+    with pytest.raises(AttributeError):
+        room.no_such_name  # noqa: B018
+    code = ("import sys, dflash.model; print(sorted(m for m in sys.modules if m.startswith('dflash.model.')), "
+            "'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[]", "False"]

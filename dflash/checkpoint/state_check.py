@@ -217,3 +217,13 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, opt_state: dict[str, 
                 g[k] = flags[k]
             else:
                 g.pop(k, None)
+
+
+def restore_training_state(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                           total_steps: int | None, where: str) -> int:
+    """Load `state` (a Trainer's state_dict) into `model` and `optimizer` after checking that all of it
+    fits (check_training_state: BadInput with nothing changed when it does not). Returns its step."""
+    check_training_state(state, model, optimizer, total_steps, where)
+    model.load_state_dict(state["model"])
+    load_optimizer_state(optimizer, state["optimizer"])
+    return int(state["step"])

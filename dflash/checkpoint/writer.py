@@ -1,6 +1,7 @@
 """Checkpoints written beside training: snapshot into reused host buffers, then write in a thread.
 
     saver = Saver(run_dir, cfg.checkpoint, export_dtype, report)
+    plan = saver.plan(drafter, step, total_steps)  # the run's checkpoint disk use from `step` on
     saver.preflight(plan)                       # before training: stops (BadInput) if one checkpoint cannot fit
     saver.save(step, drafter, optimizer, ...)   # at a checkpoint step: blocks only for the snapshot
     saver.poll()                                # every step: reports saves that finished (or failed)
@@ -167,6 +168,15 @@ class Saver:
         self.blocked_s: list[float] = []
 
     # ------------------------------------------------------------ before training
+    def plan(self, drafter: torch.nn.Module, step: int, total_steps: int) -> diskspace.DiskPlan:
+        """This run's checkpoint disk use from `step` on (dflash.checkpoint.diskspace): estimated from
+        the drafter's size until a checkpoint is on disk, then measured from the newest one."""
+        c = self.cfg
+        n = sum(p.numel() for p in drafter.parameters())
+        return diskspace.plan(self.run_dir, n, self.export_dtype.itemsize, step=step, total_steps=total_steps,
+                              every=c.every, keep_last=c.keep_last, export_every=c.export_every,
+                              newest=newest_on_disk(self.run_dir))
+
     def preflight(self, p: diskspace.DiskPlan) -> None:
         """BadInput with the numbers when not even one checkpoint fits on the run's filesystem."""
         short = diskspace.shortfall(p)
@@ -189,16 +199,17 @@ class Saver:
 
     # ------------------------------------------------------------ a save
     def save(self, step: int, drafter: torch.nn.Module, optimizer: torch.optim.Optimizer, total_steps: int,
-             config_toml: str, *, final: bool, plan: Callable[[], diskspace.DiskPlan]) -> str:
+             config_toml: str, *, final: bool, plan: Callable[[], diskspace.DiskPlan] | None = None) -> str:
         """Snapshot now, write in the background (or inline with `checkpoint.background = false`).
-        Returns the checkpoint's path (published when the write ends)."""
+        Returns the checkpoint's path (published when the write ends). `plan`: the disk plan to
+        check first (default `self.plan` at `step`)."""
         t0 = time.perf_counter()
         if self._reserving is not None:
             self._reserving.join()
         self.wait()
         self.poll()
         target = str(self.run_dir / "checkpoints" / f"step_{step:06d}")
-        short = diskspace.shortfall(plan())
+        short = diskspace.shortfall(plan() if plan is not None else self.plan(drafter, step, total_steps))
         if short is not None:
             self._finished(Outcome(step, final, error=f"not enough disk: {short}", blocked_s=time.perf_counter() - t0))
             self.poll()

@@ -35,7 +35,8 @@ from dflash.distributed import rank_report as rr
 from dflash.config import Config, TopologyConfig, apply_overrides, to_toml
 from dflash.distributed.group import ProcessGroup, RankInfo, backend_for, is_peer_failure, rank_device
 from dflash.training.result import TrainResult
-from dflash.training.trainer import Trainer, default_run_dir
+from dflash.checkpoint.rundir import default_run_dir
+from dflash.training.trainer import Trainer
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -50,8 +51,8 @@ class DistributedResult:
     ok: bool
 
 
-def _devices(info: RankInfo, cfg: Config) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    targets, drafters = cfg.topology.target_devices, cfg.topology.drafter_devices
+def _devices(info: RankInfo, topo: TopologyConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    targets, drafters = topo.target_devices, topo.drafter_devices
     if drafters:
         if info.local_world_size > 1 and any(d.startswith("cuda") for d in (*targets, *drafters)):
             raise BadInput(f"--target-devices/--drafter-devices with {info.local_world_size} processes on {info.host}: "
@@ -59,16 +60,14 @@ def _devices(info: RankInfo, cfg: Config) -> tuple[tuple[str, ...], tuple[str, .
                            hint="run one process per node (--nproc-per-node 1): the engine spreads over the node's "
                                 "GPUs itself; or drop the device lists to run one drafter per GPU (cuda:LOCAL_RANK)")
         return targets, drafters
-    dev = rank_device(info, cfg.topology.device)
+    dev = rank_device(info, topo.device)
     return (dev,), (dev,)
 
 
 def _facts(trainer: Trainer, digest: str) -> dict[str, Any]:
     """What must be equal on every rank for the ranks to train one run."""
-    from dflash.checkpoint import store as ckpt
-
-    latest = ckpt.latest_checkpoint(trainer.run_dir)
-    return {"step": trainer.step, "checkpoint": latest.name if latest is not None and trainer.step else None,
+    start = trainer.resumed_from
+    return {"step": trainer.step, "checkpoint": start.name if start is not None and trainer.step else None,
             "total_steps": trainer.total_steps,
             "config": to_toml(apply_overrides(trainer.cfg, {"topology.device": "auto"})),  # devices differ per rank
             "samples": len(trainer.dataset), "tokens": trainer.dataset.stats.tokens, "weights": digest}
@@ -113,13 +112,15 @@ class Joined:
     backend: str
     cache: Any  # this rank's inductor cache before anything compiled (rank_report.CacheState)
     group: ProcessGroup
+    restarted: bool = False  # torchrun restarted the job and its run dir holds a checkpoint: every rank resumes
 
 
 def join(cfg: Config, info: RankInfo, on_event: Event) -> Joined:
     """Steps 1-4 (module docstring): this rank's devices, its cache before anything compiles, the
-    process group, and rank 0's run directory. The caller builds the Trainer next (dflash.run)."""
+    process group, rank 0's run directory, and whether torchrun restarted the job over a checkpoint
+    (`restarted_with_checkpoint`: then every rank resumes). The caller builds the Trainer next (dflash.run)."""
     topo = cfg.topology
-    targets, drafters = _devices(info, cfg)
+    targets, drafters = _devices(info, topo)
     cache = rr.cache_state()  # before anything compiles
     backend = backend_for(drafters, topo.dist_backend)
     on_event("rank", {"info": info, "backend": backend, "cache": cache, "target_devices": targets,
@@ -128,18 +129,20 @@ def join(cfg: Config, info: RankInfo, on_event: Event) -> Joined:
         torch.cuda.set_device(drafters[0])
     group = ProcessGroup(info, backend, topo.dist_timeout).open()
     if not cfg.checkpoint.out_dir:  # every rank must write to rank 0's choice of run dir
-        cfg = apply_overrides(cfg, {"checkpoint.out_dir": group.broadcast(str(default_run_dir(cfg)) if info.primary else None)})
+        out_dir = group.broadcast(str(default_run_dir(cfg)) if info.primary else None)
+        cfg = apply_overrides(cfg, {"checkpoint.out_dir": out_dir})
     # replica 0 runs on this rank's first drafter device (rank_device's pick without device lists);
     # the run's config.toml keeps the user's spec ("auto": each rank resolves its own again on --resume)
     mine = dataclasses.replace(topo, device="auto", target_devices=targets, drafter_devices=drafters)
-    return Joined(info, cfg, mine, backend, cache, group)
+    return Joined(info, cfg, mine, backend, cache, group, restarted_with_checkpoint(cfg.checkpoint.out_dir))
 
 
 def agree(joined: Joined, trainer: Trainer, on_event: Event) -> None:
     """Step 5's check: every rank built the same run (BadInput naming the rank that differs); rank
     0's parameters are broadcast; the ranks' caches compared."""
     group = joined.group
-    seen = group.all_gather((_facts(trainer, rr.params_digest(trainer.drafter)), joined.info.host, joined.cache))
+    facts = _facts(trainer, rr.params_digest(trainer.drafter))
+    seen = group.all_gather((facts, joined.info.host, joined.cache))
     notes = check_agreement([s[0] for s in seen], [s[1] for s in seen])
     trainer.notes.extend(notes)
     group.broadcast_parameters(trainer.drafter)
@@ -185,9 +188,9 @@ def finish_rank(joined: Joined, trainer: Trainer, result: TrainResult, report: A
     return DistributedResult(result, report, mine, ranks, tuple(verdicts), ok)
 
 
-def restarted_with_checkpoint(cfg: Config, env=None) -> bool:
+def restarted_with_checkpoint(out_dir: str | None, env=None) -> bool:
     """Whether torchrun restarted this job (`--max-restarts`: TORCHELASTIC_RESTART_COUNT > 0) and its
-    run directory holds a checkpoint: then every rank resumes from the newest complete one (a
+    run directory `out_dir` (checkpoint.out_dir, agreed by join) holds a checkpoint: then every rank resumes from the newest complete one (a
     checkpoint directory appears only whole, and only rank 0 writes them), with the same command line
     the first attempt had. The ranks check that they all resume the same checkpoint (check_agreement)."""
     import os
@@ -199,7 +202,7 @@ def restarted_with_checkpoint(cfg: Config, env=None) -> bool:
         restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
     except ValueError:
         return False
-    return restarts > 0 and bool(cfg.checkpoint.out_dir) and ckpt.latest_checkpoint(cfg.checkpoint.out_dir) is not None
+    return restarts > 0 and bool(out_dir) and ckpt.latest_checkpoint(out_dir) is not None
 
 
 class PeerFailed(CheckFailed):

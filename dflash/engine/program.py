@@ -32,12 +32,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dflash.config import TopologyConfig, to_toml
+from dflash.config import TopologyConfig
 from dflash.engine.engine import Engine, EngineConfig, EngineReport, Program, Replica, StepRecord
-from dflash.model.drafter import DFlashDrafter
-from dflash.model.build import build_drafter
-from dflash.model.loss import drafter_loss
-from dflash.training.result import RunLog, TrainResult
+from dflash.model import DFlashDrafter, build_drafter, drafter_loss
+from dflash.training.result import TrainResult
 from dflash.training.schedule import lr_at
 from dflash.training.trainer import Trainer
 
@@ -190,7 +188,7 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
 
 def _metrics(trainer: Trainer, replicas: list[Replica], rec: StepRecord, plan: Plan):
     """A StepMetrics row for the step the engine just committed (called inside the step barrier)."""
-    from dflash.model.loss import estimated_tau
+    from dflash.model import estimated_tau
     from dflash.training.metrics import StepMetrics, memory_bytes
 
     outs = [o for r in replicas for o, _ in r.state["outs"]]
@@ -236,7 +234,6 @@ def train_multi(trainer: Trainer, topo: TopologyConfig, *, watch: bool = True, u
     depth, prewarm, guard); same outputs as Trainer.train() (run dir, metrics, checkpoints, eval).
     `until`: stop after that step (the schedule still spans the whole run), like Trainer.train(until).
     `group`: a dflash.distributed.group.ProcessGroup when this process is one rank of several (see above)."""
-    from compilewatch import atomic_write_text
     cfg = trainer.cfg
     target_devices, drafter_devices = topo.target_devices, topo.drafter_devices
     rank, world = (group.rank, group.world_size) if group is not None else (0, 1)
@@ -244,19 +241,9 @@ def train_multi(trainer: Trainer, topo: TopologyConfig, *, watch: bool = True, u
     total = cfg.train.max_steps or cfg.train.epochs * plan.steps_per_epoch
     t0 = time.perf_counter()
     own = rank_dir(trainer.run_dir, rank) if group is not None else trainer.run_dir
-    own.mkdir(parents=True, exist_ok=True)
-    if rank == 0:
-        atomic_write_text(trainer.run_dir / "config.toml", to_toml(cfg))
-    writer = trainer.open_metrics(trainer.run_dir if rank == 0 else own)
-    start = {"step": trainer.step, "total_steps": total, "backend": trainer.backend, "device": str(trainer.device),
-             "data": trainer.dataset.stats, "run_dir": str(trainer.run_dir), "target_devices": list(target_devices),
-             "drafter_devices": list(drafter_devices)}
-    writer.write_event("start", {**start, "notes": trainer.notes})
-    trainer.on_event("start", start)
-    if rank == 0:
-        trainer.preflight_disk()
-    trainer.drafter.train()
-    log = RunLog(trainer, total, plan.steps_per_epoch, primary=rank == 0)
+    log = trainer.begin(total, plan.steps_per_epoch, primary=rank == 0, own_dir=own,
+                        extra={"target_devices": list(target_devices), "drafter_devices": list(drafter_devices)})
+    writer = trainer._writer
     holder: dict[str, Engine] = {}
 
     def on_step(rec: StepRecord) -> None:

@@ -1,7 +1,9 @@
 """The Trainer: one device, one drafter, a frozen target; steps, schedule, checkpoints, resume.
 
-`Trainer.from_config(cfg)` builds every component (target, data, drafter, optimizer) and validates all
-input before the run directory is created, so bad input leaves nothing behind. `train()` runs to the
+`Trainer.from_config(cfg)` builds every component (target, data, drafter, optimizer; dflash.training.build)
+and validates all input before the run directory is created, so bad input leaves nothing behind.
+`begin` starts writing the run (config.toml, metrics, the start event, the disk preflight): this loop
+and the engine's (dflash.engine.program.train_multi) both start there. `train()` runs to the
 end; `train_step(batches)` is one optimizer step over a global batch of micro-batches;
 `forward_backward(batch, denominator)` is the per-micro-batch piece a multi-device engine runs on each
 replica (it accumulates gradients; the engine sums them across replicas, then calls `optimizer_step`).
@@ -14,37 +16,24 @@ depend only on the seed, so a resumed run repeats an uninterrupted one step for 
 
 from __future__ import annotations
 
-import contextlib
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from compilewatch import BadInput
-from dflash.checkpoint import manifest, retention, store as ckpt
-from dflash.checkpoint.runlock import RunLock
-from dflash.checkpoint.state_check import check_training_state, load_optimizer_state
-from dflash.checkpoint.writer import Saver, newest_on_disk
+from dflash.checkpoint.state_check import restore_training_state
+from dflash.checkpoint.writer import Saver
 from dflash.config import Config, to_toml
 from dflash.data.dataset import Batch, ChatDataset
-from dflash.data.prepare import load_training_data
-from dflash.model.build import build_drafter, drafter_spec
-from dflash.model.drafter import DFlashDrafter, DrafterSpec
-from dflash.model.loss import LossOutput, drafter_loss, estimated_tau, loss_weights, make_blocks, weight_sum
-from dflash.model.mask import detect_backend
-from dflash.model.target import Target, load_target, resolve_device, resolve_dtype
-from dflash.training.metrics import MetricsWriter, StepMetrics, check_tensorboard, memory_bytes
+from dflash.model import (DFlashDrafter, LossOutput, Target, detect_backend, drafter_loss, estimated_tau, loss_weights,
+                          make_blocks, resolve_dtype, weight_sum)
+from dflash.training.build import build_trainer
+from dflash.training.metrics import MetricsWriter, StepMetrics, memory_bytes
 from dflash.training.result import RunLog, TrainResult
 from dflash.training.schedule import lr_at
-from dflash.training.startup import Phases
 
 Event = Callable[[str, dict[str, Any]], None]  # progress callback: (kind, data)
-
-
-def default_run_dir(cfg: Config) -> Path:
-    return Path("runs") / f"{cfg.recipe}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 class Trainer:
@@ -55,6 +44,7 @@ class Trainer:
         when `target` is only its embedding and LM head (`Target.embed_head_on`): end-of-run eval and
         the engine's target worker use it where it lives."""
         self.cfg, self.target, self.dataset, self.drafter = cfg, target, dataset, drafter
+        self.config_toml = to_toml(cfg)  # the resolved config as config.toml and every checkpoint keep it
         self.full_target = full_target or target
         self.device = target.device
         self.run_dir = Path(run_dir)
@@ -73,93 +63,23 @@ class Trainer:
         self._writer: MetricsWriter | None = None
         self.checkpoints: list[str] = []
         self._threads_before: int | None = None
-        self._lock: RunLock | None = None
-        self.phases: Phases | None = None  # from_config's: the start's phases, the first step's time too
+        self._lock = None  # the run directory's RunLock, when this trainer holds it (from_config)
+        self.resumed_from: Path | None = None  # the checkpoint this run continued (from_config's --resume)
+        self.phases = None  # from_config's dflash.training.startup.Phases: the start's, the first step's time too
         self.saver = Saver(self.run_dir, cfg.checkpoint, self.compute_dtype, self._saved)
 
     # ------------------------------------------------------------ building
     @classmethod
     def from_config(cls, cfg: Config, *, resume: bool = False, on_event: Event | None = None, lock: bool = True,
                     device: str | None = None, target_device: str | None = None) -> Trainer:
-        """Build everything from `cfg`; with `resume`, continue the latest checkpoint of its run dir.
-        `lock`: hold the run directory's lock (dflash.checkpoint.runlock) until close(); the ranks of a torchrun
-        job share one run directory, and only rank 0 holds it. `device`: default the config's
-        `topology.trainer_device` (a torchrun rank passes its own). `target_device`: load the full
-        target there instead, and keep only its embedding and LM head on the trainer's device (the
-        engine's split topology, `dflash.engine.program.target_home`)."""
-        on_event = on_event or (lambda kind, data: None)
-        run_dir = Path(cfg.checkpoint.out_dir) if cfg.checkpoint.out_dir else default_run_dir(cfg)
-        if run_dir.exists() and not run_dir.is_dir():
-            raise BadInput(f"--out {str(run_dir)!r} exists and is not a directory",
-                           hint="--out names the run directory dflash creates; choose another name")
-        start = None
-        if resume:
-            start = ckpt.latest_checkpoint(run_dir)
-            if start is None:
-                raise BadInput(f"--resume: no checkpoint in {str(run_dir)!r}",
-                               hint="point --out at the run directory of the run to continue")
-        elif ckpt.latest_checkpoint(run_dir) is not None:
-            raise BadInput(f"{str(run_dir)!r} already holds checkpoints",
-                           hint="pass --resume to continue that run, or choose another --out")
-        device = resolve_device(device or cfg.topology.trainer_device)
-        detect_backend(device, cfg.train.attention)  # bad backend/device pairs fail before any work
-        check_tensorboard(cfg.metrics)
-        created = not run_dir.exists()
-        run_lock = RunLock(run_dir).acquire() if lock else None
-        threads_before = torch.get_num_threads()
-        if device.type == "cpu" and cfg.train.cpu_threads:
-            torch.set_num_threads(cfg.train.cpu_threads)  # restored by close()
-        phases = Phases(on_event)
-        try:
-            notes = []
-            if run_lock is not None:  # this trainer owns the run dir: what killed runs left is its to clean
-                notes += [run_lock.took_over] if run_lock.took_over else []
-                left = retention.clean_leftovers(run_dir)
-                if left:
-                    notes.append(f"removed what killed saves left in {run_dir / 'checkpoints'}: {', '.join(left)}")
-            on_event("phase", {"name": "target", "source": cfg.target.path})
-            with phases.phase("target"):
-                home = resolve_device(target_device) if target_device is not None else device
-                full_target = load_target(cfg.target, cfg.drafter.num_layers, home)
-                target = full_target if target_device is None else full_target.embed_head_on(device)
-            notes += list(full_target.notes)
-            if target_device is not None:
-                notes.append(f"target on {home} (a target worker's device); {device} holds its embedding and LM head")
-            with phases.phase("data"):
-                dataset, eval_convs, data_notes = load_training_data(cfg, full_target, on_event)
-            notes += data_notes
-            spec = drafter_spec(cfg, target)
-            state = None
-            if start is not None:
-                with phases.phase("resume state"):
-                    unverified = manifest.check(start)  # sizes + checksums of every file it lists (BadInput)
-                    if unverified:
-                        notes.append(unverified)
-                    state = ckpt.load_training_state(start)
-                    saved = DrafterSpec(**state["spec"])
-                    ckpt.check_compatible(saved, target.hidden_size, target.num_layers, target.layer_ids, str(start))
-                    if saved != spec:
-                        raise BadInput(f"the drafter in {str(start)!r} differs from this config's drafter",
-                                       hint="resume with the run's own config (it is in the run directory's config.toml)")
-            with phases.phase("drafter"):  # on resume: no init at all, the checkpoint's weights are loaded into it
-                drafter = build_drafter(cfg, spec, device, init=state is None)
-                trainer = cls(cfg, target, dataset, drafter, run_dir, eval_convs=eval_convs, notes=notes,
-                              on_event=on_event, full_target=full_target)
-                trainer._threads_before = threads_before
-                if state is not None:
-                    # checked against the drafter and optimizer before anything changes
-                    trainer.load_state_dict(state, where=str(start / ckpt.STATE_FILE))
-                    trainer.notes.append(f"resumed from {start} at step {trainer.step}")
-        except BaseException:  # every failure once the lock is held: release it (the next --resume must work)
-            torch.set_num_threads(threads_before)
-            if run_lock is not None:
-                run_lock.release()
-                if created and not any(run_dir.iterdir()):
-                    run_dir.rmdir()  # bad input leaves nothing behind
-            raise
-        trainer._lock = run_lock
-        trainer.phases = phases
-        return trainer
+        """Build everything from `cfg` (dflash.training.build); with `resume`, continue the latest
+        checkpoint of its run dir. `lock`: hold the run directory's lock (dflash.checkpoint.runlock)
+        until close(); the ranks of a torchrun job share one run directory, and only rank 0 holds it.
+        `device`: default the config's `topology.trainer_device` (a torchrun rank passes its own).
+        `target_device`: load the full target there instead, and keep only its embedding and LM head
+        on the trainer's device (the engine's split topology, `dflash.engine.program.target_home`)."""
+        return build_trainer(cfg, cls, resume=resume, on_event=on_event, lock=lock, device=device,
+                             target_device=target_device)
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -171,10 +91,7 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any], where: str = "the training state") -> None:
         """Continue from `state` (Trainer.state_dict's); BadInput, with nothing changed, when it does not
         fit this drafter, optimizer and run length (dflash.checkpoint.state_check)."""
-        check_training_state(state, self.drafter, self.optimizer, self.total_steps, where)
-        self.drafter.load_state_dict(state["model"])
-        load_optimizer_state(self.optimizer, state["optimizer"])
-        self.step = int(state["step"])
+        self.step = restore_training_state(state, self.drafter, self.optimizer, self.total_steps, where)
 
     # ------------------------------------------------------------ one step
     def micro_batches(self, step: int) -> list[Batch]:
@@ -273,18 +190,12 @@ class Trainer:
     def save(self, final: bool = False) -> str:
         """Checkpoint the current step: a snapshot now, written in the background (dflash.checkpoint.writer);
         returns the checkpoint's path (published when its write ends, reported by `saver.poll`)."""
-        return self.saver.save(self.step, self.drafter, self.optimizer, self.total_steps, to_toml(self.cfg),
+        return self.saver.save(self.step, self.drafter, self.optimizer, self.total_steps, self.config_toml,
                                final=final, plan=self.disk_plan)
 
     def disk_plan(self):
         """This run's checkpoint disk use from its current step (dflash.checkpoint.diskspace)."""
-        from dflash.checkpoint import diskspace
-
-        c = self.cfg.checkpoint
-        n = sum(p.numel() for p in self.drafter.parameters())
-        return diskspace.plan(self.run_dir, n, self.compute_dtype.itemsize, step=self.step, total_steps=self.total_steps,
-                              every=c.every, keep_last=c.keep_last, export_every=c.export_every,
-                              newest=newest_on_disk(self.run_dir))
+        return self.saver.plan(self.drafter, self.step, self.total_steps)
 
     def preflight_disk(self) -> None:
         """Before training: the run's projected disk use (event "disk"); BadInput with the numbers when
@@ -306,25 +217,36 @@ class Trainer:
             self._writer.write_event(kind, data)
         self.on_event(kind, data)
 
+    def begin(self, total_steps: int, steps_per_epoch: int, *, primary: bool = True, own_dir: Path | None = None,
+              extra: dict[str, Any] | None = None) -> RunLog:
+        """Start writing the run, the same for this loop and the engine's: the run directory, (primary:
+        the process that writes the run) its config.toml, the metrics log (`own_dir`'s for another
+        rank), the "start" event (`extra`: more of it), the disk preflight (primary), train mode.
+        Returns the RunLog that the loop adds its steps to."""
+        from compilewatch import atomic_write_text
+
+        own = self.run_dir if own_dir is None else own_dir
+        own.mkdir(parents=True, exist_ok=True)
+        if primary:
+            atomic_write_text(self.run_dir / "config.toml", self.config_toml)
+        writer = self.open_metrics(self.run_dir if primary else own)
+        if writer.truncated:
+            self.notes.append(f"metrics.jsonl: dropped {writer.truncated} rows past step {self.step} "
+                              "(the killed segment's; this run writes them again)")
+        start = {"step": self.step, "total_steps": total_steps, "backend": self.backend, "device": str(self.device),
+                 "data": self.dataset.stats, "run_dir": str(self.run_dir), **(extra or {})}
+        writer.write_event("start", {**start, "notes": self.notes})
+        self.on_event("start", start)
+        if primary:
+            self.preflight_disk()
+        self.drafter.train()
+        return RunLog(self, total_steps, steps_per_epoch, primary=primary)
+
     def train(self, until: int | None = None) -> TrainResult:
         """Train to `total_steps` (or stop after step `until`; the schedule is unchanged),
         checkpointing every `checkpoint.every` steps and at the end."""
-        from compilewatch import atomic_write_text
-
         t0 = time.perf_counter()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.run_dir / "config.toml", to_toml(self.cfg))
-        self.open_metrics()
-        if self._writer.truncated:
-            self.notes.append(f"metrics.jsonl: dropped {self._writer.truncated} rows past step {self.step} "
-                              "(the killed segment's; this run writes them again)")
-        self._writer.write_event("start", {"step": self.step, "total_steps": self.total_steps, "notes": self.notes,
-                                           "data": self.dataset.stats, "backend": self.backend, "device": str(self.device)})
-        self.on_event("start", {"step": self.step, "total_steps": self.total_steps, "backend": self.backend,
-                                "device": str(self.device), "data": self.dataset.stats, "run_dir": str(self.run_dir)})
-        self.preflight_disk()
-        self.drafter.train()
-        log = RunLog(self, self.total_steps, self.steps_per_epoch)
+        log = self.begin(self.total_steps, self.steps_per_epoch)
         stop = min(self.total_steps, until) if until is not None else self.total_steps
         while self.step < stop:
             td = time.perf_counter()
@@ -340,27 +262,11 @@ class Trainer:
         return log.result(t0, run_eval=True)
 
     def evaluate(self, limit: int | None = None):
-        """Speculative decoding on the held-out prompts (the first `limit` of them) with this drafter."""
-        from dflash.eval.evaluate import DrafterProposer, evaluate, prompt_ids
+        """Speculative decoding on the held-out prompts (the first `limit` of them) with this drafter
+        (dflash.eval.in_training)."""
+        from dflash.eval.in_training import evaluate_trainer
 
-        convs = self.eval_convs[:limit] if limit is not None else self.eval_convs
-        self.on_event("phase", {"name": "eval", "prompts": len(convs)})
-        self.drafter.eval()
-        # decoding shapes change every round: run compiled layers eagerly instead of recompiling them
-        stance = torch.compiler.set_stance("force_eager") if self.cfg.train.compile_layers else contextlib.nullcontext()
-        target = self.full_target
-        # the drafter decodes beside the target: a copy of it where the target lives, when the trainer
-        # holds only the target's embedding and head (the engine's split topology)
-        drafter = self.drafter if target is self.target else build_drafter(
-            self.cfg, self.drafter.spec, target.device, state=self.drafter.state_dict()).eval()
-        try:
-            prompts = prompt_ids(target.tokenizer, convs)
-            with stance:
-                return evaluate(DrafterProposer(drafter, target), target, prompts,
-                                self.cfg.eval.max_new_tokens, self.cfg.drafter.block_size,
-                                progress=lambda d, n: self.on_event("eval", {"done": d, "total": n}))
-        finally:
-            self.drafter.train()
+        return evaluate_trainer(self, limit)
 
     def open_metrics(self, directory: Path | None = None) -> MetricsWriter:
         """Open the metrics log (`metrics.jsonl` in `directory`, default the run dir; rows past the

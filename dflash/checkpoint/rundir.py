@@ -1,0 +1,107 @@
+"""A run directory as the run that owns it opens it: where it is, what it must (not) hold, its lock,
+what killed saves left there, and on --resume the newest checkpoint's training state, verified.
+
+    start = resume_point(run_dir, resume)     # BadInput before anything is created
+    owned = OwnedRunDir.take(run_dir, lock)   # lock held; owned.notes says what it took over or cleaned
+    resumed = load_resume_state(start)        # the reads (.state, .where, .unverified): may run in a thread
+    check_resume_state(start, resumed, spec, hidden, layers, layer_ids)   # against this run's drafter
+    owned.release_after_failure()             # a build that failed: lock released, nothing left behind
+
+The one place the training side reads the checkpoint room's files (store, manifest, retention,
+runlock) when a run starts; the Saver (dflash.checkpoint.writer) writes them while it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from compilewatch import BadInput
+from dflash.checkpoint import manifest, retention, store
+from dflash.checkpoint.runlock import RunLock
+from dflash.config import Config
+from dflash.model.drafter import DrafterSpec
+
+
+def default_run_dir(cfg: Config) -> Path:
+    """`runs/RECIPE-YYYYmmdd-HHMMSS`: where a run without --out writes."""
+    return Path("runs") / f"{cfg.recipe}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def resume_point(run_dir: Path, resume: bool) -> Path | None:
+    """The checkpoint a run continues (None: a fresh run). BadInput when `run_dir` is not a
+    directory, when --resume finds no checkpoint, or when a fresh run would write over checkpoints."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise BadInput(f"--out {str(run_dir)!r} exists and is not a directory",
+                       hint="--out names the run directory dflash creates; choose another name")
+    latest = store.latest_checkpoint(run_dir)
+    if resume and latest is None:
+        raise BadInput(f"--resume: no checkpoint in {str(run_dir)!r}",
+                       hint="point --out at the run directory of the run to continue")
+    if not resume and latest is not None:
+        raise BadInput(f"{str(run_dir)!r} already holds checkpoints",
+                       hint="pass --resume to continue that run, or choose another --out")
+    return latest if resume else None
+
+
+@dataclass
+class OwnedRunDir:
+    """A run directory this process opened: its lock (None for a torchrun rank other than 0, which
+    shares rank 0's) and whether the directory was created by this run."""
+    path: Path
+    lock: RunLock | None
+    created: bool
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def take(cls, path: Path, lock: bool) -> OwnedRunDir:
+        """Hold the lock (when `lock`), nothing more: call `clean()` next, inside the caller's cleanup."""
+        created = not path.exists()
+        return cls(path, RunLock(path).acquire() if lock else None, created)
+
+    def clean(self) -> list[str]:
+        """The lock holder owns the run dir: what a killed run left (its lock, staging directories) is
+        its to remove. Returns the notes that say so."""
+        if self.lock is None:
+            return []
+        notes = [self.lock.took_over] if self.lock.took_over else []
+        left = retention.clean_leftovers(self.path)
+        if left:
+            notes.append(f"removed what killed saves left in {self.path / 'checkpoints'}: {', '.join(left)}")
+        return notes
+
+    def release_after_failure(self) -> None:
+        """The run never started: release the lock (the next --resume must work) and remove the
+        directory when this run created it and left it empty (bad input leaves nothing behind)."""
+        if self.lock is not None:
+            self.lock.release()
+            if self.created and not any(self.path.iterdir()):
+                self.path.rmdir()
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    state: dict[str, Any]  # Trainer.state_dict's, as saved
+    where: str  # its file, for messages
+    unverified: str | None  # a note when the checkpoint has no manifest to verify against
+
+
+def load_resume_state(start: Path) -> ResumeState:
+    """The reads of a resume, no check against the run: every file of checkpoint `start` that its
+    manifest lists (sizes and checksums), then its training state (memory-mapped). What a start can
+    do while the target loads (dflash.training.build). BadInput for a damaged checkpoint."""
+    unverified = manifest.check(start)
+    return ResumeState(store.load_training_state(start), str(start / store.STATE_FILE), unverified)
+
+
+def check_resume_state(start: Path, resumed: ResumeState, spec: DrafterSpec, target_hidden: int,
+                       target_layers: int, layer_ids: tuple[int, ...]) -> ResumeState:
+    """The saved drafter against the target and against this config's drafter `spec` (BadInput)."""
+    saved = DrafterSpec(**resumed.state["spec"])
+    store.check_compatible(saved, target_hidden, target_layers, layer_ids, str(start))
+    if saved != spec:
+        raise BadInput(f"the drafter in {str(start)!r} differs from this config's drafter",
+                       hint="resume with the run's own config (it is in the run directory's config.toml)")
+    return resumed
