@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 from pathlib import Path
 
 from compilewatch import torchinfo
@@ -71,6 +72,11 @@ def make_cache(root: Path, *, n_fx: int = 3, n_codegen: int = 4, system_key: str
     return root
 
 
+def noise(n: int, seed: int = 0) -> bytes:
+    """`n` bytes that look random but are the same on every run (tests never depend on os.urandom)."""
+    return random.Random(seed).randbytes(n)
+
+
 def big_cache(root: Path, n_files: int, size: int = 512) -> Path:
     """Many small files spread over codegen folders and fxgraph keys (a 'large' cache for tests)."""
     key = torchinfo.system_key()
@@ -80,7 +86,8 @@ def big_cache(root: Path, n_files: int, size: int = 512) -> Path:
             write(root, f"fxgraph/{k[1:3]}/{k}/e", entry_pickle(key, pad=size))
         else:
             d = f"{i % 89:02d}"  # torch names code files c<key>, in the folder of the key's 2nd-3rd chars
-            write(root, f"{d}/c{d}{i:07d}{'x' * 43}.cpp", os.urandom(8) * (size // 8))
+            # C++ source starts "//": never a pickle's PROTO byte (0x80), which random bytes were 1 time in 256
+            write(root, f"{d}/c{d}{i:07d}{'x' * 43}.cpp", (b"//" + noise(6, seed=i)) * (size // 8))
     return root
 
 

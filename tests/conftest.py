@@ -4,6 +4,8 @@
 - TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, COMPILEWATCH_STATE_DIR, COMPILEWATCH_CONFIG_DIR and DFLASH_DATA_CACHE point
   into tmp_path: tests never touch a user's cache, signing key or trust store.
 - Environment variables a test leaks fail that test.
+- Repeatable: every test starts from the same `random` and torch seeds, and hypothesis draws the same
+  examples on every run (derandomize), so CI sees what a developer saw.
 - GPU tests: `@requires_cuda(...)` (tests/helpers.py) skips with the reason; `-m gpu` runs only them.
   A GPU test fails when a warning points at the project's own code (dynamo's "lru_cache-wrapped
   function at 'mask.py:180'" was one; tests/test_no_project_warnings.py holds the same rule on CPU).
@@ -12,10 +14,15 @@
 from __future__ import annotations
 
 import os
+import random
 import warnings
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.load_profile("repeatable")
 
 from tests.redis_helpers import redis_server, redis_url  # noqa: F401 - fixtures (a real redis-server)
 
@@ -46,6 +53,16 @@ _ENV_ALLOW = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTEST_CURRENT_TES
               "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCH_LOGS",
               # torch sets these itself when CUDA / triton initialize (seen on the H200, torch 2.11)
               "CUDA_MODULE_LOADING", "TRITON_PTXAS_PATH"}
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """The same random state at the start of every test: a test that draws unseeded numbers
+    (torch.randn, random.random) draws the same ones on every run and machine."""
+    import torch
+
+    random.seed(0)
+    torch.manual_seed(0)
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import pytest
 from compilewatch import torchinfo
 from compilewatch.cache import archive, fingerprint as fp_mod, provenance, verify as verify_mod
 from compilewatch.errors import BadInput
-from tests.cache_helpers import OTHER_KEY, make_cache, moved, tree, write
+from tests.cache_helpers import OTHER_KEY, make_cache, moved, tree, write, noise
 
 
 def siblings(path) -> set[str]:
@@ -87,7 +87,7 @@ def test_archive_for_another_system_is_refused_unless_forced(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("make_bad, match", [
-    (lambda p: p.write_bytes(os.urandom(5000)), "not a readable"),
+    (lambda p: p.write_bytes(noise(5000, seed=41)), "not a readable"),
     (lambda p: p.write_bytes(b""), "not a"),
     (lambda p: _plain_tar(p, {"hello.txt": b"hi"}), "no compilewatch-archive.json"),
 ])

@@ -10,7 +10,7 @@ import pytest
 from cli.main import app
 from compilewatch import torchinfo
 from compilewatch.cache import archive
-from tests.cache_helpers import OTHER_KEY, entry_pickle, make_cache, tree, write
+from tests.cache_helpers import OTHER_KEY, entry_pickle, make_cache, tree, write, noise
 from tests.helpers import invoke, invoke_json
 
 COMMANDS = ["where", "fingerprint", "verify", "save", "load", "clear", "prune", "ls", "du", "diff"]
@@ -103,7 +103,7 @@ def test_bad_input_exits_2_with_a_message_and_changes_nothing(tmp_path, monkeypa
     before = tree(root)
     proj = tmp_path / "proj"
     write(proj, "README.md", "mine")
-    (tmp_path / "junk.tar.gz").write_bytes(b"\x1f\x8b" + os.urandom(300))
+    (tmp_path / "junk.tar.gz").write_bytes(b"\x1f\x8b" + noise(300, seed=11))
     args = {
         "missing-dir": ["cache", "fingerprint", "--dir", str(tmp_path / "nope")],
         "not-a-cache": ["cache", "clear", "--dir", str(proj)],

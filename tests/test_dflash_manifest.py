@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from compilewatch.errors import BadInput
 from dflash.checkpoint import manifest
+from tests.cache_helpers import noise
 from tests.helpers import time_limit
 
 
@@ -22,7 +23,7 @@ def _files(d, **contents):
 
 
 def test_record_then_check_round_trips(tmp_path):
-    names = _files(tmp_path, **{"a.bin": os.urandom(3000), "config.json": b"{}"})
+    names = _files(tmp_path, **{"a.bin": noise(3000, seed=21), "config.json": b"{}"})
     man = manifest.record(tmp_path, names)
     assert set(man["files"]) == set(names) and man["files"]["a.bin"]["bytes"] == 3000
     assert json.loads((tmp_path / manifest.MANIFEST).read_text()) == man
@@ -38,7 +39,7 @@ def test_record_then_check_round_trips(tmp_path):
     (lambda p: (p.unlink(), os.mkfifo(p)), "FIFO"),  # refused without blocking (O_NONBLOCK)
 ])
 def test_a_damaged_file_is_bad_input_naming_it(tmp_path, damage, words):
-    names = _files(tmp_path, **{"model.safetensors": os.urandom(5000), "other": b"x"})
+    names = _files(tmp_path, **{"model.safetensors": noise(5000, seed=22), "other": b"x"})
     manifest.record(tmp_path, names)
     damage(tmp_path / "model.safetensors")
     with pytest.raises(BadInput, match=words) as e:
@@ -48,7 +49,7 @@ def test_a_damaged_file_is_bad_input_naming_it(tmp_path, damage, words):
 
 
 def test_a_bit_flip_anywhere_is_caught(tmp_path):
-    data = bytearray(os.urandom(1 << 16))
+    data = bytearray(noise(1 << 16, seed=23))
     (tmp_path / "f").write_bytes(data)
     manifest.record(tmp_path, ["f"])
     for bit in (0, 7, 8 * 40000 + 3, 8 * len(data) - 1):

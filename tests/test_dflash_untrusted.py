@@ -12,6 +12,7 @@ from cli.dflash_main import app
 from compilewatch.errors import BadInput
 from dflash.checkpoint import store as ckpt
 from dflash.config import load_toml
+from tests.cache_helpers import noise
 from tests.dflash_helpers import chat_file, tiny_target  # noqa: F401 (fixtures)
 from tests.helpers import invoke
 
@@ -44,7 +45,7 @@ def test_train_config_binary_or_huge_is_bad_input(tmp_path):
 
 def test_train_data_binary_file_exits_2(tmp_path):
     data = tmp_path / "data.bin"
-    data.write_bytes(os.urandom(4096))
+    data.write_bytes(noise(4096, seed=31))
     _exit_2(["train", "--data", str(data), "--out", str(tmp_path / "run"), *COMMON])
 
 
