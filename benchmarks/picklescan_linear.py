@@ -10,8 +10,10 @@ a linear scan keeps `us_per_kb` flat.
 - `nested_tuples`: tuples nested N deep.
 - `many_marks`: N (MARK, item, TUPLE) groups; `real_like`: a dict of N small lists (plain data).
 
-    python benchmarks/picklescan_linear.py --out /tmp/pl.json [--max-kb 2048]
-Writes JSON: per shape, size in bytes -> seconds; prints a table. Exit 1 when the largest size of any
+    python benchmarks/picklescan_linear.py --out /tmp/pl.json [--max-kb 2048] [--streamed]
+Writes JSON: per shape, size in bytes -> seconds; prints a table. `--streamed` also scans each pickle
+from a file (`picklescan.scan_file`, what `cache load` and `cache verify` of a large member do) and
+reports both times. Exit 1 when the largest size of any
 shape takes more than 20x the time per byte of its smallest (the scan went superlinear).
 """
 
@@ -22,6 +24,7 @@ import json
 import pickle
 import struct
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,7 +69,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--max-kb", type=int, default=2048)
+    ap.add_argument("--streamed", action="store_true", help="also time scan_file on the pickle written to a file")
     args = ap.parse_args()
+    streamed: dict[str, dict[int, float]] = {}
+    tmp = Path(tempfile.mkdtemp()) / "p.pkl"
     picklescan.scan(_real_like(10))  # warm the name resolution (imports torch modules once)
     results: dict[str, dict[int, float]] = {}
     worst = 0.0
@@ -82,8 +88,17 @@ def main() -> int:
             r = picklescan.scan(blob)
             dt = time.perf_counter() - t0
             results[shape][len(blob)] = dt
-            print(f"{shape:16} {len(blob) / 1024:9.0f} KB {dt:8.3f} s {dt / len(blob) * 1e6 * 1024:8.1f} us/KB "
-                  f"ok={r.ok}")
+            line = f"{shape:16} {len(blob) / 1024:9.0f} KB {dt:8.3f} s {dt / len(blob) * 1e6 * 1024:8.1f} us/KB ok={r.ok}"
+            if args.streamed:
+                tmp.write_bytes(blob)
+                t0 = time.perf_counter()
+                with open(tmp, "rb") as fh:
+                    rs = picklescan.scan_file(fh, len(blob))
+                ds = time.perf_counter() - t0
+                assert rs == r, (shape, len(blob))
+                streamed.setdefault(shape, {})[len(blob)] = ds
+                line += f"   streamed {ds:8.3f} s ({ds / dt:.2f}x)"
+            print(line)
             n *= 4
         sizes = sorted(results[shape])
         if len(sizes) >= 2:
@@ -91,7 +106,8 @@ def main() -> int:
             ratio = (results[shape][big] / big) / max(results[shape][small] / small, 1e-12)
             worst = max(worst, ratio)
     out = {"python": sys.version.split()[0], "results": {k: {str(s): t for s, t in v.items()} for k, v in results.items()},
-           "worst_per_byte_ratio": worst}
+           "worst_per_byte_ratio": worst,
+           "streamed": {k: {str(s): t for s, t in v.items()} for k, v in streamed.items()}}
     if args.out:
         args.out.write_text(json.dumps(out, indent=2))
     print(f"worst per-byte time ratio, largest vs smallest: {worst:.1f}x")

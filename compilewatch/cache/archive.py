@@ -739,13 +739,13 @@ def _scan_pickles(archive: Path, root: Path, got, trust: bool, prefix: str = PRE
     `trust`; returns what was refused and loaded anyway (with `trust`). `prefix`: how a path is named."""
     refused = []
     for rel in sorted(got):
-        fd, _st = open_untrusted(root / rel, "cache file")  # a file swapped for a FIFO is refused, not waited on
+        fd, st = open_untrusted(root / rel, "cache file")  # a file swapped for a FIFO is refused, not waited on
         with os.fdopen(fd, "rb") as fh:
             head = fh.read(1)
             if not picklescan.is_pickle_file(rel, head):
                 continue
             fh.seek(0)
-            scan = picklescan.scan(fh.read())
+            scan = picklescan.scan_file(fh, st.st_size)  # streamed: a large entry is never read in one piece
         if not scan.ok:
             if not trust:
                 raise untrusted(archive, prefix + rel, scan)

@@ -20,8 +20,7 @@ from compilewatch.inputs import one_line
 @dataclass(frozen=True, slots=True)
 class ArchiveFinding:
     member: str
-    kind: str  # "untrusted" (a pickle names or calls what torch's caches never do), "unloadable" (malformed),
-    # "not-scanned" (a member too large to scan in memory)
+    kind: str  # "untrusted" (a pickle names or calls what torch's caches never do), "unloadable" (malformed)
     detail: str
 
 
@@ -49,14 +48,13 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
         elif scan.refused:
             findings.append(ArchiveFinding(member, "untrusted", "; ".join(one_line(r, 200) for r in scan.refused[:3])))
 
-    def on_member(name: str, data: bytes | None) -> None:
+    def on_member(name: str, data: bytes | provenance.MemberStream) -> None:
         counts["members"] += 1
-        if data is None:
-            findings.append(ArchiveFinding(name, "not-scanned", "larger than 256 MiB: not scanned here; "
-                                           "`cache load` scans it from disk after extracting"))
-        elif name.startswith(arch.PREFIX) and picklescan.is_pickle_file(name[len(arch.PREFIX):], data[:1]):
+        large = isinstance(data, provenance.MemberStream)  # over provenance.IN_MEMORY: scanned as it streams
+        head = data.peek(1) if large else data[:1]
+        if name.startswith(arch.PREFIX) and picklescan.is_pickle_file(name[len(arch.PREFIX):], head):
             counts["pickles"] += 1
-            add(name, picklescan.scan(data))
+            add(name, picklescan.scan_file(data, data.size) if large else picklescan.scan(data))
         elif name == arch.MEGA:
             for kind, content, key in _mega_artifacts(data):
                 counts["mega"] += 1

@@ -49,8 +49,14 @@ import pickletools
 import re
 import sys
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from compilewatch.cache import fxsource
+
+MAX_OPS = 50_000_000  # opcodes scanned in one pickle; a real FX-graph entry has tens of thousands
+# scan_file reads a pickle up to this size whole; a larger one streams. A streamed scan costs 1.1-1.6x
+# the time on opcode-dense pickles (benchmarks/picklescan_linear.py --streamed, docs/benchmarks.md)
+READ_WHOLE = 64 << 20
 
 # Exact "module.name" globals seen in real inductor caches (CPU; fwd+bwd, dynamic shapes, buffers,
 # constants, SDPA, no_grad) of torch 2.11, 2.13 and 2.15, plus what a CUDA cache was seen to need
@@ -618,7 +624,7 @@ class _Scan:
                 self.refuse(r)
 
     # the loop ----------------------------------------------------------------------------------
-    def run(self, stream: io.BytesIO) -> str | None:
+    def run(self, stream) -> str | None:  # io.BytesIO, or _Capped over a file
         memo: dict[int, object] = {}
         stack: list[object] = []
 
@@ -728,17 +734,58 @@ class _Scan:
         return "not a valid pickle (no STOP opcode)"
 
 
-def scan(data: bytes, *, max_ops: int = 50_000_000) -> ScanResult:
+def scan(data: bytes, *, max_ops: int = MAX_OPS) -> ScanResult:
     """Every global a pickle names and what in it is not allowed; never unpickles.
 
     Follows the pickle's stack (with pickletools' opcode table: what each opcode pops and pushes) to
     know what each call calls with which arguments. Linear in the pickle's size: every opcode does a
     bounded amount of work (a tuple's facts are computed once, when it is built)."""
+    return _scan_stream(io.BytesIO(data), max_ops)
+
+
+def scan_file(fh: BinaryIO, size: int, *, max_ops: int = MAX_OPS) -> ScanResult:
+    """`scan` of the pickle in the next `size` bytes of `fh` (an open file, an archive member as it
+    streams), never reading past `size`. Up to READ_WHOLE bytes are read at once (the fastest scan);
+    a larger pickle is read as its opcodes ask, so the file is never held whole. What stays in memory
+    is what `scan` keeps of any pickle: its bytes constants (a `_load_from_bytes` argument is scanned
+    in turn), its strings and its stack."""
+    if size <= READ_WHOLE:
+        return scan(fh.read(max(size, 0)), max_ops=max_ops)
+    return _scan_stream(_Capped(fh, size), max_ops)
+
+
+class _Capped:
+    """`fh` as pickletools reads it, never past `left` bytes. An opcode's length field can claim up
+    to 2**63 bytes (BINBYTES8), and a file object allocates what it is asked for before it reads."""
+
+    __slots__ = ("fh", "left", "pos")
+
+    def __init__(self, fh: BinaryIO, size: int) -> None:
+        self.fh, self.left, self.pos = fh, max(size, 0), 0
+
+    def _take(self, data: bytes) -> bytes:
+        self.left -= len(data)
+        self.pos += len(data)
+        return data
+
+    def tell(self) -> int:  # pickletools names an opcode's position in its errors
+        return self.pos
+
+    def read(self, n: int | None = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        return self._take(self.fh.read(n)) if n > 0 else b""
+
+    def readline(self, limit: int | None = -1) -> bytes:
+        limit = self.left if limit is None or limit < 0 else min(limit, self.left)
+        return self._take(self.fh.readline(limit)) if limit > 0 else b""
+
+
+def _scan_stream(stream, max_ops: int) -> ScanResult:
     s = _Scan(max_ops)
     collecting = gc.isenabled()
     gc.disable()  # the model's objects form no cycles; a collection pass per allocation burst is wasted work
     try:
-        problem = s.run(io.BytesIO(data))
+        problem = s.run(stream)
     finally:
         if collecting:
             gc.enable()

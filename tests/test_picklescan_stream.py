@@ -1,0 +1,159 @@
+"""Pickles scanned as they stream (picklescan.scan_file): `cache load` scans each extracted file without
+reading it in one piece, and `cache verify ARCHIVE` scans members too large to hold in memory straight
+from the archive (provenance.MemberStream) instead of reporting them unscanned."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import tarfile
+
+import pytest
+
+from compilewatch.cache import archive, archive_check, picklescan, provenance
+from compilewatch.errors import BadInput
+from tests.cache_helpers import entry_pickle, make_cache, noise, write
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+PICKLES = {
+    "entry": entry_pickle("k" * 64, "t" * 10, pad=5000),
+    "protocol-0 dict": pickle.dumps({"a": [1, 2.5, "s"], "b": (None, True)}, protocol=0),
+    "runs code": pickle.dumps(_RunsCode(), protocol=4),
+    "runs code, protocol 0": pickle.dumps(_RunsCode(), protocol=0),
+    "truncated": entry_pickle("k" * 64)[:-7],
+    "no STOP": pickle.dumps([1, 2, 3], protocol=2)[:-1],
+    "noise": noise(3000, seed=5),
+}
+
+
+@pytest.fixture(params=["read whole", "streamed"])
+def read_whole(request, monkeypatch):
+    """scan_file both ways: reading the pickle at once (up to READ_WHOLE), and as its opcodes ask."""
+    if request.param == "streamed":
+        monkeypatch.setattr(picklescan, "READ_WHOLE", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("name", sorted(PICKLES))
+def test_scan_file_says_what_scan_says(tmp_path, name, read_whole):
+    data = PICKLES[name]
+    f = tmp_path / "p"
+    f.write_bytes(data + b"trailing bytes after the pickle")  # a file holds more than the pickle
+    with open(f, "rb") as fh:
+        streamed = picklescan.scan_file(fh, len(data))
+    assert streamed == picklescan.scan(data)
+
+
+def test_a_length_field_claiming_more_than_the_file_is_malformed_not_a_huge_read(tmp_path, read_whole):
+    """BINBYTES8 claiming 2**62 bytes in a 20-byte file: reading is capped at the file's size."""
+    data = b"\x80\x04\x8e" + (1 << 62).to_bytes(8, "little") + b"abc."
+    f = tmp_path / "p"
+    f.write_bytes(data)
+    with open(f, "rb") as fh:
+        res = picklescan.scan_file(fh, len(data))
+    assert not res.ok and "only 4 remain" in res.problem
+
+
+def _members(tar):
+    with tarfile.open(tar) as t:
+        return [(m.name, t.extractfile(m).read()) for m in t.getmembers()]
+
+
+def _signed(path, members):
+    """An archive of `members`, signed by this machine (what `cache save` would sign)."""
+    members = [(n, d) for n, d in members if n != provenance.SIGNATURE]
+    rec = provenance.Recorder()
+    for n, d in members:
+        rec.add_bytes(n, d)
+    with tarfile.open(path, "w:gz" if str(path).endswith(".gz") else "w", format=tarfile.PAX_FORMAT) as t:
+        for n, d in members + [(provenance.SIGNATURE, rec.signature_member())]:
+            ti = tarfile.TarInfo(n)
+            ti.size = len(d)
+            t.addfile(ti, io.BytesIO(d))
+    return path
+
+
+@pytest.fixture
+def small_memory(monkeypatch):
+    """Every cache member counts as large: verify_archive streams all of them, and scans them streamed."""
+    monkeypatch.setattr(provenance, "IN_MEMORY", 64)
+    monkeypatch.setattr(picklescan, "READ_WHOLE", 0)
+
+
+def test_verify_scans_large_members_as_they_stream(tmp_path, monkeypatch):
+    saved = tmp_path / "a.tar.gz"
+    archive.save(saved, make_cache(tmp_path / "src"), mega=False)
+    in_memory = archive_check.verify_archive(saved)
+    monkeypatch.setattr(provenance, "IN_MEMORY", 64)
+    monkeypatch.setattr(picklescan, "READ_WHOLE", 0)
+    streamed = archive_check.verify_archive(saved)
+    assert in_memory.ok and streamed.ok and not streamed.findings
+    assert streamed.pickles_scanned == in_memory.pickles_scanned == 6  # 3 fxgraph + 3 aotautograd entries
+    assert streamed.provenance.verdict == "own"  # every streamed byte was hashed against the signature
+
+
+def test_a_large_pickle_that_runs_code_is_found_and_named(tmp_path, small_memory):
+    saved = archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
+    members = _members(saved)
+    fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
+    evil = _signed(tmp_path / "evil.tar", [(n, pickle.dumps(_RunsCode(), protocol=4) if n == fx else d)
+                                           for n, d in members])
+    rep = archive_check.verify_archive(evil)
+    assert not rep.ok and rep.provenance.verdict == "own"
+    assert [(f.member, f.kind) for f in rep.findings] == [(fx, "untrusted")]
+    assert "posix.system" in rep.findings[0].detail or "os.system" in rep.findings[0].detail
+
+
+def test_a_large_member_changed_after_signing_is_foreign(tmp_path, small_memory):
+    saved = archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
+    members = _members(saved)
+    fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
+    changed = tmp_path / "changed.tar"
+    with tarfile.open(changed, "w", format=tarfile.PAX_FORMAT) as t:
+        for n, d in members:
+            d = entry_pickle("z" * 64) if n == fx else d  # the signature kept
+            ti = tarfile.TarInfo(n)
+            ti.size = len(d)
+            t.addfile(ti, io.BytesIO(d))
+    rep = archive_check.verify_archive(changed)
+    assert not rep.ok and rep.provenance.verdict == "foreign" and fx in rep.provenance.reason
+
+
+def test_a_damaged_or_cut_large_member_is_never_ok(tmp_path, small_memory):
+    """A gzip archive whose large member is damaged: changed bytes are caught by the hash (foreign); an
+    archive cut inside the member is BadInput (the decompressor's error, raised to the scan, is kept)."""
+    members = _members(archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive)
+    fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
+    big = pickle.dumps({"blob": noise(400_000, seed=9)}, protocol=4)  # incompressible: the middle of the file is in it
+    path = _signed(tmp_path / "big.tar.gz", [(n, big if n == fx else d) for n, d in members])
+    assert archive_check.verify_archive(path).ok
+    raw = path.read_bytes()
+    flipped = tmp_path / "flipped.tar.gz"
+    flipped.write_bytes(raw[:len(raw) // 2] + bytes([raw[len(raw) // 2] ^ 0xFF]) + raw[len(raw) // 2 + 1:])
+    rep = archive_check.verify_archive(flipped)
+    assert not rep.ok and rep.provenance.verdict == "foreign" and fx in rep.provenance.reason
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(raw[:len(raw) // 2])
+    with pytest.raises(BadInput, match="not a readable compilewatch cache archive"):
+        archive_check.verify_archive(cut)
+
+
+def test_load_scans_extracted_files_streamed(tmp_path, monkeypatch):
+    """`cache load` scans each extracted file with scan_file: streamed (as for a file over READ_WHOLE),
+    a pickle that runs code is still refused by name and nothing is changed."""
+    monkeypatch.setattr(picklescan, "READ_WHOLE", 0)
+    src = make_cache(tmp_path / "src")
+    archive.load(archive.save(tmp_path / "ok.tar", src, mega=False).archive, tmp_path / "loaded")
+    assert (tmp_path / "loaded" / "fxgraph").is_dir()
+    evil = "fxgraph/ee/fee" + "e" * 49 + "/entry"
+    write(src, evil, pickle.dumps(_RunsCode(), protocol=4))
+    saved = archive.save(tmp_path / "evil.tar", src, mega=False).archive
+    with pytest.raises(BadInput, match=f"refused cache/{evil}"):
+        archive.load(saved, tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()
