@@ -243,7 +243,6 @@ def train_multi(trainer: Trainer, topo: TopologyConfig, *, watch: bool = True, u
     own = rank_dir(trainer.run_dir, rank) if group is not None else trainer.run_dir
     log = trainer.begin(total, plan.steps_per_epoch, primary=rank == 0, own_dir=own,
                         extra={"target_devices": list(target_devices), "drafter_devices": list(drafter_devices)})
-    writer = trainer._writer
     holder: dict[str, Engine] = {}
 
     def on_step(rec: StepRecord) -> None:
@@ -252,7 +251,7 @@ def train_multi(trainer: Trainer, topo: TopologyConfig, *, watch: bool = True, u
     stop = min(total, until) if until is not None else total
     if trainer.step >= stop:  # a finished run resumed: nothing to train (as Trainer.train), the result again
         report = finished_report(target_devices, drafter_devices, trainer.step, stop)
-        writer.write_event("engine", {"report": report})
+        trainer.write_event("engine", {"report": report})
         return log.result(t0, run_eval=rank == 0), report
     ecfg = EngineConfig.from_topology(topo, steps=stop, start_step=trainer.step, grad_accum=cfg.train.grad_accum,
                                       watch=watch, save_every=cfg.checkpoint.every,
@@ -265,6 +264,6 @@ def train_multi(trainer: Trainer, topo: TopologyConfig, *, watch: bool = True, u
     trainer.step = report.steps_done
     if report.ok or report.outcome == "interrupted":
         trainer.saver.finish(trainer.step)  # the last write: waited for; CheckFailed when it failed
-    writer.write_event("engine", {"report": report})
+    trainer.write_event("engine", {"report": report})
     result = log.result(t0, run_eval=report.ok and rank == 0)
     return result, report

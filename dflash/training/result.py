@@ -63,7 +63,7 @@ class RunLog:
         if len(self.history) > 2 * self.window:
             del self.history[self.window:-self.window]  # keep the first and the latest epoch's worth
         if m.step % self.trainer.cfg.metrics.log_every == 0 or m.step == 1 or m.step == self.total:
-            self.trainer._writer.write(m)
+            self.trainer.write_metrics(m)
         self.trainer.on_event("step", {"metrics": m, "total_steps": self.total})
         self.trainer.saver.poll()  # saves written in the background since the last step: reported now
         ev = self.trainer.cfg.eval
@@ -79,7 +79,7 @@ class RunLog:
         r = t.evaluate(limit=t.cfg.eval.every_prompts)
         data = {"step": step, "tau": r.tau, "max_tau": r.max_tau, "speedup": r.speedup, "prompts": r.prompts,
                 "outputs_match": r.outputs_match, "seconds": round(time.perf_counter() - t0, 3)}
-        t._writer.write_event("periodic_eval", data)
+        t.write_event("periodic_eval", data)
         t.on_event("periodic_eval", data)
 
     def result(self, t0: float, *, run_eval: bool) -> "TrainResult":
@@ -89,7 +89,7 @@ class RunLog:
         result_eval = None
         if run_eval and t.cfg.eval.at_end and t.eval_convs and t.step == self.total:
             result_eval = t.evaluate()
-            t._writer.write_event("eval", {"result": result_eval})
+            t.write_event("eval", {"result": result_eval})
         first, last = self.first, self.last
         return TrainResult(run_dir=str(t.run_dir), steps=t.step, total_steps=self.total,
                            first_loss=first.loss if first else math.nan, last_loss=last.loss if last else math.nan,

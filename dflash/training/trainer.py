@@ -213,9 +213,18 @@ class Trainer:
         else:
             self.notes.append(f"checkpoint at step {data['step']} skipped: {data['reason']}; newest on disk: "
                               f"{data['newest'] or 'none'}; {data['then']}")
+        self.write_event(kind, data)
+        self.on_event(kind, data)
+
+    def write_event(self, kind: str, data: dict[str, Any]) -> None:
+        """An event row in the metrics log (metrics.jsonl); nothing before `begin` opened it."""
         if self._writer is not None:
             self._writer.write_event(kind, data)
-        self.on_event(kind, data)
+
+    def write_metrics(self, m: StepMetrics) -> None:
+        """A step's row in the metrics log; nothing before `begin` opened it."""
+        if self._writer is not None:
+            self._writer.write(m)
 
     def begin(self, total_steps: int, steps_per_epoch: int, *, primary: bool = True, own_dir: Path | None = None,
               extra: dict[str, Any] | None = None) -> RunLog:
