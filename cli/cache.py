@@ -484,6 +484,10 @@ def _render_diff(r: manage.CacheDiff, limit: int) -> None:
     o.print(f"[bold]B[/] {r.b}  {r.content_hash_b}  (system key {short(r.system_key_b)}, torch {r.torch_version_b})")
     if r.same:
         o.print("[green]same content[/]")
+    for side, src, why in (("A", r.source_a, r.source_reason_a), ("B", r.source_b, r.source_reason_b)):
+        if src == "foreign":
+            o.print(f"[yellow]{side} is a foreign archive[/] ({why}): its manifest is only what its maker claims; "
+                    "no signature vouches for it")
     if not r.per_file:
         o.print("[dim]a side has no per-file entries (fingerprint without --files): counts and hashes only[/]")
     table = Table("sub-cache", "files A", "files B", "size A", "size B", "added", "removed", "changed", box=None)

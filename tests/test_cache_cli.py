@@ -161,4 +161,5 @@ def test_json_schemas_are_frozen(tmp_path):
     make_cache(root)
     diff = invoke_json(app, ["cache", "diff", d, d])
     assert set(diff) == {"a", "b", "same", "content_hash_a", "content_hash_b", "system_key_a", "system_key_b",
-                         "torch_version_a", "torch_version_b", "per_file", "subcaches"}
+                         "torch_version_a", "torch_version_b", "per_file", "subcaches", "source_a", "source_b",
+                         "source_reason_a", "source_reason_b"}

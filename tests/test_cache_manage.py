@@ -149,6 +149,47 @@ def test_diff_dirs_fingerprints_and_archives(tmp_path):
     assert manage.diff(tmp_path / "a.json", tmp_path / "a.tar").same
 
 
+def test_diff_says_what_each_side_is_and_that_a_foreign_manifest_is_only_a_claim(tmp_path, monkeypatch):
+    """An archive is read whole for diff: own when every member matches what this machine signed;
+    foreign (from another machine, or changed after signing) when its manifest is only its maker's word."""
+    import io
+    import tarfile
+
+    from cli.main import app
+    from tests.helpers import invoke, invoke_json
+
+    a = make_cache(tmp_path / "a", triton=False)
+    (tmp_path / "a.json").write_text(json.dumps(to_jsonable(fp_mod.fingerprint(a, files=True))))
+    own = archive.save(tmp_path / "a.tar", a).archive
+    d = manage.diff(tmp_path / "a.json", own)
+    assert d.same and (d.source_a, d.source_b) == ("fingerprint", "own") and d.source_reason_b
+    assert (manage.diff(a, a).source_a, manage.diff(a, a).source_b) == ("dir", "dir")
+    # the same archive with one member swapped and the manifest left as it was: the manifest still says
+    # "same", and the diff says it is only a claim
+    with tarfile.open(own) as t:
+        members = [(m.name, t.extractfile(m).read()) for m in t.getmembers()]
+    fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
+    lying = tmp_path / "lying.tar"
+    with tarfile.open(lying, "w", format=tarfile.PAX_FORMAT) as t:
+        for n, data in members:
+            data = b"\x80\x04N." if n == fx else data
+            ti = tarfile.TarInfo(n)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    d = manage.diff(a, lying)
+    assert d.same and d.source_b == "foreign" and fx in d.source_reason_b
+    out = invoke(app, ["cache", "diff", str(a), str(lying)])
+    assert out.exit_code == 0 and "B is a foreign archive" in out.stdout and "only what its maker claims" in out.stdout
+    j = invoke_json(app, ["cache", "diff", str(a), str(lying)])
+    assert j["source_b"] == "foreign" and j["source_a"] == "dir"
+    # from another machine (another config dir, so another signing key)
+    mine = os.environ["COMPILEWATCH_CONFIG_DIR"]
+    monkeypatch.setenv("COMPILEWATCH_CONFIG_DIR", str(tmp_path.parent / f"{tmp_path.name}-other-config"))
+    theirs = archive.save(tmp_path / "theirs.tar", a).archive
+    monkeypatch.setenv("COMPILEWATCH_CONFIG_DIR", mine)
+    assert manage.diff(own, theirs).source_b == "foreign"
+
+
 def test_diff_without_per_file_entries_compares_hashes(tmp_path):
     a = make_cache(tmp_path / "a", triton=False)
     (tmp_path / "a.json").write_text(json.dumps(to_jsonable(fp_mod.fingerprint(a))))

@@ -472,9 +472,7 @@ class _Reader:
             raise
 
     def corrupt(self, e: BaseException | str) -> BadInput:
-        why = e if isinstance(e, str) else str(e) if isinstance(e, tarsafe.UnsafeTar) else f"{type(e).__name__}: {e}"
-        return BadInput(f"{self.archive} is not a readable compilewatch cache archive ({one_line(why, 400)})",
-                        hint="it may be truncated or corrupt; nothing was changed")
+        return _corrupt(self.archive, e)
 
     def members(self):
         try:
@@ -545,7 +543,7 @@ def read_manifest(archive: str | os.PathLike[str], *, stop_after: int | None = N
     with _Reader(Path(archive)) as r:
         for m in r.members():
             if m.name == MANIFEST:
-                return _parse_manifest(r, r.read(m, MAX_MANIFEST))
+                return _parse_manifest(r.archive, r.read(m, MAX_MANIFEST))
             seen += max(m.size, 0)
             if stop_after is not None and seen > stop_after:
                 raise BadInput(f"{archive} holds more than {stop_after} bytes before its manifest, more than "
@@ -553,13 +551,28 @@ def read_manifest(archive: str | os.PathLike[str], *, stop_after: int | None = N
     raise BadInput(f"{archive} has no {MANIFEST}: it was cut short", hint="save it again")
 
 
-def _parse_manifest(reader: _Reader, data: bytes) -> Fingerprint:
-    data_ = loads_json(data, f"{reader.archive}:{MANIFEST}")
+def read_manifest_checked(archive: str | os.PathLike[str]) -> tuple[Fingerprint, provenance.Provenance]:
+    """`read_manifest`, and from the same pass the archive's provenance (every member hashed against
+    what was signed): for a foreign archive the manifest is only what its maker claims (`cache diff`)."""
+    verdict, data = provenance.inspect_archive(archive)
+    if data is None:
+        raise BadInput(f"{archive} has no {MANIFEST}: it was cut short", hint="save it again")
+    return _parse_manifest(Path(archive), data), verdict
+
+
+def _corrupt(archive: Path, e: BaseException | str) -> BadInput:
+    why = e if isinstance(e, str) else str(e) if isinstance(e, tarsafe.UnsafeTar) else f"{type(e).__name__}: {e}"
+    return BadInput(f"{archive} is not a readable compilewatch cache archive ({one_line(why, 400)})",
+                    hint="it may be truncated or corrupt; nothing was changed")
+
+
+def _parse_manifest(archive: Path, data: bytes) -> Fingerprint:
+    data_ = loads_json(data, f"{archive}:{MANIFEST}")
     if not isinstance(data_, dict):
-        raise reader.corrupt(f"{MANIFEST} is not a JSON object")
-    fp = fp_mod.from_json(data_, source=f"{reader.archive}:{MANIFEST}")
+        raise _corrupt(archive, f"{MANIFEST} is not a JSON object")
+    fp = fp_mod.from_json(data_, source=f"{archive}:{MANIFEST}")
     if fp.entries is None:
-        raise reader.corrupt(f"{MANIFEST} lists no files")
+        raise _corrupt(archive, f"{MANIFEST} lists no files")
     return fp
 
 

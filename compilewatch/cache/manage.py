@@ -280,13 +280,21 @@ class CacheDiff:
     torch_version_b: str
     per_file: bool  # False when a side is a fingerprint without file entries (counts and hashes only)
     subcaches: tuple[SubCacheDiff, ...]
+    # what each side is, and so how far its contents are known: "dir" (read here), "fingerprint" (a
+    # JSON file: what it says), or an archive's provenance verdict, "own" / "trusted" (every member
+    # matched what was signed) / "foreign" (its manifest is only what its maker claims)
+    source_a: str = "dir"
+    source_b: str = "dir"
+    source_reason_a: str = ""  # an archive's provenance reason
+    source_reason_b: str = ""
 
 
-def load_side(x: str | os.PathLike[str]) -> Fingerprint:
-    """A fingerprint (with files when available) from a cache dir, an archive or a fingerprint JSON."""
+def load_side(x: str | os.PathLike[str]) -> tuple[Fingerprint, str, str]:
+    """A fingerprint (with files when available) from a cache dir, an archive or a fingerprint JSON,
+    with what the side is (CacheDiff.source_*) and, for an archive, its provenance reason."""
     p = Path(os.path.expanduser(x))
     if p.is_dir():
-        return fp_mod.fingerprint(p, files=True)
+        return fp_mod.fingerprint(p, files=True), "dir", ""
     if not p.exists():
         raise BadInput(f"{p} does not exist", hint="give a cache dir, an archive or a fingerprint JSON file")
     with open(p, "rb") as fh:
@@ -295,13 +303,15 @@ def load_side(x: str | os.PathLike[str]) -> Fingerprint:
         data = loads_json(read_text(p, what="fingerprint JSON file"), str(p))
         if not isinstance(data, dict):
             raise BadInput(f"{p} is not a compilewatch fingerprint (a JSON object was expected)")
-        return fp_mod.from_json(data, source=str(p))
-    return archive_mod.read_manifest(p)
+        return fp_mod.from_json(data, source=str(p)), "fingerprint", ""
+    fp, prov = archive_mod.read_manifest_checked(p)
+    return fp, prov.verdict, prov.reason
 
 
 def diff(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> CacheDiff:
-    """What changed from A to B, per sub-cache. A and B: cache dirs, archives or fingerprint JSON files."""
-    fa, fb = load_side(a), load_side(b)
+    """What changed from A to B, per sub-cache. A and B: cache dirs, archives or fingerprint JSON files.
+    An archive is read whole: its provenance says whether its manifest matches what was signed."""
+    (fa, src_a, why_a), (fb, src_b, why_b) = load_side(a), load_side(b)
     per_file = fa.entries is not None and fb.entries is not None
     names = sorted({s.name for s in fa.subcaches} | {s.name for s in fb.subcaches})
     subs = []
@@ -323,5 +333,5 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> CacheDiff:
         a=str(a), b=str(b), same=fa.content_hash == fb.content_hash, content_hash_a=fa.content_hash,
         content_hash_b=fb.content_hash, system_key_a=fa.system_key, system_key_b=fb.system_key,
         torch_version_a=fa.torch_version, torch_version_b=fb.torch_version, per_file=per_file,
-        subcaches=tuple(subs),
+        subcaches=tuple(subs), source_a=src_a, source_b=src_b, source_reason_a=why_a, source_reason_b=why_b,
     )
