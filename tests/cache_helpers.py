@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import io
 import pickle
 import random
+import tarfile
 from pathlib import Path
 
 from compilewatch import torchinfo
@@ -103,3 +105,31 @@ def moved(t: dict[str, bytes], old: Path, new: Path) -> dict[str, bytes]:
     name their kernel folder by absolute path (compilewatch.cache.relocate rewrites it)."""
     return {rel: data.replace(str(old).encode(), str(new).encode()) if rel.startswith("triton/") and rel.endswith(".json")
             else data for rel, data in t.items()}
+
+
+def tar_members(path: Path) -> list[tuple[str, bytes]]:
+    """Every member of the tar at `path` (name, bytes), in order."""
+    with tarfile.open(path) as t:
+        return [(m.name, t.extractfile(m).read()) for m in t.getmembers()]
+
+
+def write_tar(path: Path, members) -> Path:
+    """A tar of `members` (name, bytes), in order, PAX format like compilewatch's; gzip for *.gz."""
+    with tarfile.open(path, "w:gz" if str(path).endswith(".gz") else "w", format=tarfile.PAX_FORMAT) as t:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    return path
+
+
+def signed_tar(path: Path, members) -> Path:
+    """`write_tar` of `members` (an old signature.json left out), signed by this machine's key as
+    `cache save` would sign them: how a test crafts an archive this machine calls its own."""
+    from compilewatch.cache import provenance
+
+    members = [(n, d) for n, d in members if n != provenance.SIGNATURE]
+    rec = provenance.Recorder()
+    for name, data in members:
+        rec.add_bytes(name, data)
+    return write_tar(path, [*members, (provenance.SIGNATURE, rec.signature_member())])

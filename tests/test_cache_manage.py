@@ -11,7 +11,7 @@ import pytest
 from compilewatch.cache import archive, fingerprint as fp_mod, lock as lock_mod, manage
 from compilewatch.errors import BadInput
 from compilewatch.serialize import to_jsonable
-from tests.cache_helpers import big_cache, make_cache, tree, write
+from tests.cache_helpers import big_cache, make_cache, tar_members, tree, write, write_tar
 
 
 # --- clear ----------------------------------------------------------------------------------------
@@ -152,9 +152,6 @@ def test_diff_dirs_fingerprints_and_archives(tmp_path):
 def test_diff_says_what_each_side_is_and_that_a_foreign_manifest_is_only_a_claim(tmp_path, monkeypatch):
     """An archive is read whole for diff: own when every member matches what this machine signed;
     foreign (from another machine, or changed after signing) when its manifest is only its maker's word."""
-    import io
-    import tarfile
-
     from cli.main import app
     from tests.helpers import invoke, invoke_json
 
@@ -166,16 +163,9 @@ def test_diff_says_what_each_side_is_and_that_a_foreign_manifest_is_only_a_claim
     assert (manage.diff(a, a).source_a, manage.diff(a, a).source_b) == ("dir", "dir")
     # the same archive with one member swapped and the manifest left as it was: the manifest still says
     # "same", and the diff says it is only a claim
-    with tarfile.open(own) as t:
-        members = [(m.name, t.extractfile(m).read()) for m in t.getmembers()]
+    members = tar_members(own)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
-    lying = tmp_path / "lying.tar"
-    with tarfile.open(lying, "w", format=tarfile.PAX_FORMAT) as t:
-        for n, data in members:
-            data = b"\x80\x04N." if n == fx else data
-            ti = tarfile.TarInfo(n)
-            ti.size = len(data)
-            t.addfile(ti, io.BytesIO(data))
+    lying = write_tar(tmp_path / "lying.tar", [(n, b"\x80\x04N." if n == fx else d) for n, d in members])
     d = manage.diff(a, lying)
     assert d.same and d.source_b == "foreign" and fx in d.source_reason_b
     out = invoke(app, ["cache", "diff", str(a), str(lying)])

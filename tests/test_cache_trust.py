@@ -6,12 +6,10 @@ colleague, a stranger, someone who alters a signed archive, a file name that att
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
 import stat
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from cli.main import app
 from compilewatch.cache import archive, archive_check, keys, provenance
 from compilewatch.errors import BadInput
-from tests.cache_helpers import make_cache, tree, write
+from tests.cache_helpers import make_cache, signed_tar, tar_members, tree, write, write_tar
 from tests.helpers import invoke, invoke_json
 
 
@@ -39,20 +37,6 @@ def other_machine(tmp_path, monkeypatch):
             monkeypatch.setenv("COMPILEWATCH_CONFIG_DIR", mine)
 
     return as_other
-
-
-def _members(tar):
-    with tarfile.open(tar) as t:
-        return [(m.name, t.extractfile(m).read()) for m in t.getmembers()]
-
-
-def _write(tar, members):
-    with tarfile.open(tar, "w", format=tarfile.PAX_FORMAT) as t:
-        for name, data in members:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            t.addfile(ti, io.BytesIO(data))
-    return tar
 
 
 def test_own_archive_is_made_here_and_the_key_is_private(tmp_path):
@@ -105,7 +89,7 @@ def test_trusting_a_key_makes_its_archives_load_and_removing_it_undoes_that(tmp_
 def test_a_foreign_archive_with_trust_is_loaded_as_code(tmp_path):
     saved = tmp_path / "a.tar"
     archive.save(saved, make_cache(tmp_path / "src"))
-    unsigned = _write(tmp_path / "unsigned.tar", [(n, d) for n, d in _members(saved) if n != provenance.SIGNATURE])
+    unsigned = write_tar(tmp_path / "unsigned.tar", [(n, d) for n, d in tar_members(saved) if n != provenance.SIGNATURE])
     assert "not signed" in provenance.check_provenance(unsigned).reason
     r = invoke(app, ["cache", "load", str(unsigned), "--dir", str(tmp_path / "dst"), "--trust"])
     assert r.exit_code == 0
@@ -119,21 +103,21 @@ def test_a_foreign_archive_with_trust_is_loaded_as_code(tmp_path):
 def test_altering_a_signed_archive_makes_it_foreign(tmp_path):
     saved = tmp_path / "a.tar"
     archive.save(saved, make_cache(tmp_path / "src"))
-    members = _members(saved)
+    members = tar_members(saved)
     # a member changed (the manifest updated to match, the signature kept)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
     changed = [(n, pickle.dumps({"x": 1}) if n == fx else d) for n, d in members]
-    p = provenance.check_provenance(_write(tmp_path / "changed.tar", changed))
+    p = provenance.check_provenance(write_tar(tmp_path / "changed.tar", changed))
     assert p.verdict == "foreign" and "differs from what was signed" in p.reason and fx in p.reason
     # the statement edited (a member's hash replaced): the signature no longer verifies
     sig = json.loads(dict(members)[provenance.SIGNATURE])
     sig["statement"] = sig["statement"].replace('"members":{', '"members":{"cache/extra":[1,"00"],', 1)
     forged = [(n, json.dumps(sig).encode() if n == provenance.SIGNATURE else d) for n, d in members]
-    p = provenance.check_provenance(_write(tmp_path / "forged.tar", forged))
+    p = provenance.check_provenance(write_tar(tmp_path / "forged.tar", forged))
     assert p.verdict == "foreign" and "does not verify" in p.reason
     # garbage where the signature goes
     garbage = [(n, b"\x00{" if n == provenance.SIGNATURE else d) for n, d in members]
-    assert "malformed" in provenance.check_provenance(_write(tmp_path / "g.tar", garbage)).reason
+    assert "malformed" in provenance.check_provenance(write_tar(tmp_path / "g.tar", garbage)).reason
 
 
 def test_an_archive_changed_between_the_check_and_the_extraction_is_refused(tmp_path, monkeypatch):
@@ -141,7 +125,7 @@ def test_an_archive_changed_between_the_check_and_the_extraction_is_refused(tmp_
     saved = tmp_path / "a.tar"
     archive.save(saved, make_cache(tmp_path / "src"))
     verdict, _ = provenance.inspect_archive(saved)
-    members = _members(saved)
+    members = tar_members(saved)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
     new = pickle.dumps({"_fx_graph_cache_debug_lines": [], "evil": 1}, protocol=4)
     manifest = json.loads(dict(members)[archive.MANIFEST])
@@ -151,7 +135,7 @@ def test_an_archive_changed_between_the_check_and_the_extraction_is_refused(tmp_
         if "cache/" + e["rel"] == fx:
             e["size"], e["hash"] = len(new), xxhash.xxh3_128_hexdigest(new)
     swapped = [(n, new if n == fx else json.dumps(manifest).encode() if n == archive.MANIFEST else d) for n, d in members]
-    _write(saved, swapped)
+    write_tar(saved, swapped)
     real = provenance.inspect_archive
     monkeypatch.setattr(provenance, "inspect_archive", lambda *a, **k: (verdict, real(*a, **k)[1]))
     with pytest.raises(BadInput, match="differs from what was signed"):
@@ -204,11 +188,7 @@ def test_mega_cache_preload_checks_provenance_and_scans_every_artifact(tmp_path,
         blob, _ = CacheArtifactManager.serialize()
     saved = tmp_path / "a.tar"
     archive.save(saved, make_cache(tmp_path / "src"), mega=False)
-    members = [(n, d) for n, d in _members(saved) if n != provenance.SIGNATURE] + [(archive.MEGA, blob)]
-    rec = provenance.Recorder()
-    for n, d in members:
-        rec.add_bytes(n, d)
-    evil = _write(tmp_path / "evil.tar", members + [(provenance.SIGNATURE, rec.signature_member())])
+    evil = signed_tar(tmp_path / "evil.tar", [*tar_members(saved), (archive.MEGA, blob)])
     with pytest.raises(BadInput, match="refused mega_cache.bin: inductor fevil"):
         archive.load_mega_cache(evil)
     with other_machine():

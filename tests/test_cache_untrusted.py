@@ -20,7 +20,7 @@ import xxhash
 
 from compilewatch.cache import archive, fingerprint as fp_mod, manage, provenance, verify as verify_mod
 from compilewatch.errors import BadInput
-from tests.cache_helpers import make_cache, tree, write
+from tests.cache_helpers import make_cache, tar_members, tree, write, write_tar
 from tests.helpers import invoke
 
 
@@ -40,10 +40,7 @@ def _forge(src_tar, dst_tar, *, replace=None, add=None, manifest_edit=None, head
     compromised (or a trusted colleague's mistake) would produce, so that only the second-line check
     under test can catch it. `sign=False` leaves the original signature, which no longer matches."""
     replace, add = replace or {}, add or {}
-    members = []
-    with tarfile.open(src_tar) as tin:
-        for m in tin.getmembers():
-            members.append((m.name, tin.extractfile(m).read()))
+    members = tar_members(src_tar)
     out = []
     manifest = None
     for name, data in members:
@@ -79,12 +76,7 @@ def _forge(src_tar, dst_tar, *, replace=None, add=None, manifest_edit=None, head
         out.append((provenance.SIGNATURE, rec.signature_member()))
     else:
         out.append((provenance.SIGNATURE, old_signature))
-    with tarfile.open(dst_tar, "w", format=tarfile.PAX_FORMAT) as t:
-        for name, data in out:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            t.addfile(ti, io.BytesIO(data))
-    return dst_tar
+    return write_tar(dst_tar, out)
 
 
 @pytest.fixture

@@ -4,16 +4,14 @@ from the archive (provenance.MemberStream) instead of reporting them unscanned."
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
-import tarfile
 
 import pytest
 
 from compilewatch.cache import archive, archive_check, picklescan, provenance
 from compilewatch.errors import BadInput
-from tests.cache_helpers import entry_pickle, make_cache, noise, write
+from tests.cache_helpers import entry_pickle, make_cache, noise, signed_tar, tar_members, write, write_tar
 
 
 class _RunsCode:
@@ -60,25 +58,6 @@ def test_a_length_field_claiming_more_than_the_file_is_malformed_not_a_huge_read
     assert not res.ok and "only 4 remain" in res.problem
 
 
-def _members(tar):
-    with tarfile.open(tar) as t:
-        return [(m.name, t.extractfile(m).read()) for m in t.getmembers()]
-
-
-def _signed(path, members):
-    """An archive of `members`, signed by this machine (what `cache save` would sign)."""
-    members = [(n, d) for n, d in members if n != provenance.SIGNATURE]
-    rec = provenance.Recorder()
-    for n, d in members:
-        rec.add_bytes(n, d)
-    with tarfile.open(path, "w:gz" if str(path).endswith(".gz") else "w", format=tarfile.PAX_FORMAT) as t:
-        for n, d in members + [(provenance.SIGNATURE, rec.signature_member())]:
-            ti = tarfile.TarInfo(n)
-            ti.size = len(d)
-            t.addfile(ti, io.BytesIO(d))
-    return path
-
-
 @pytest.fixture
 def small_memory(monkeypatch):
     """Every cache member counts as large: verify_archive streams all of them, and scans them streamed."""
@@ -100,9 +79,9 @@ def test_verify_scans_large_members_as_they_stream(tmp_path, monkeypatch):
 
 def test_a_large_pickle_that_runs_code_is_found_and_named(tmp_path, small_memory):
     saved = archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
-    members = _members(saved)
+    members = tar_members(saved)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
-    evil = _signed(tmp_path / "evil.tar", [(n, pickle.dumps(_RunsCode(), protocol=4) if n == fx else d)
+    evil = signed_tar(tmp_path / "evil.tar", [(n, pickle.dumps(_RunsCode(), protocol=4) if n == fx else d)
                                            for n, d in members])
     rep = archive_check.verify_archive(evil)
     assert not rep.ok and rep.provenance.verdict == "own"
@@ -112,15 +91,10 @@ def test_a_large_pickle_that_runs_code_is_found_and_named(tmp_path, small_memory
 
 def test_a_large_member_changed_after_signing_is_foreign(tmp_path, small_memory):
     saved = archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
-    members = _members(saved)
+    members = tar_members(saved)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
-    changed = tmp_path / "changed.tar"
-    with tarfile.open(changed, "w", format=tarfile.PAX_FORMAT) as t:
-        for n, d in members:
-            d = entry_pickle("z" * 64) if n == fx else d  # the signature kept
-            ti = tarfile.TarInfo(n)
-            ti.size = len(d)
-            t.addfile(ti, io.BytesIO(d))
+    changed = write_tar(tmp_path / "changed.tar", [(n, entry_pickle("z" * 64) if n == fx else d)
+                                                   for n, d in members])  # the signature kept
     rep = archive_check.verify_archive(changed)
     assert not rep.ok and rep.provenance.verdict == "foreign" and fx in rep.provenance.reason
 
@@ -128,10 +102,10 @@ def test_a_large_member_changed_after_signing_is_foreign(tmp_path, small_memory)
 def test_a_damaged_or_cut_large_member_is_never_ok(tmp_path, small_memory):
     """A gzip archive whose large member is damaged: changed bytes are caught by the hash (foreign); an
     archive cut inside the member is BadInput (the decompressor's error, raised to the scan, is kept)."""
-    members = _members(archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive)
+    members = tar_members(archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
     big = pickle.dumps({"blob": noise(400_000, seed=9)}, protocol=4)  # incompressible: the middle of the file is in it
-    path = _signed(tmp_path / "big.tar.gz", [(n, big if n == fx else d) for n, d in members])
+    path = signed_tar(tmp_path / "big.tar.gz", [(n, big if n == fx else d) for n, d in members])
     assert archive_check.verify_archive(path).ok
     raw = path.read_bytes()
     flipped = tmp_path / "flipped.tar.gz"
