@@ -7,7 +7,9 @@ then asks compilewatch what a user's `cache` commands would:
 - pickles: every file that starts like a pickle, scanned by `compilewatch.cache.picklescan` (nothing
   is loaded); the globals it refuses, with counts and one file each;
 - `cache verify` findings by kind;
-- `cache save` to an archive, then `cache load` of it into a fresh dir (the seeds' lost-cache case).
+- `cache save` to an archive, `cache verify ARCHIVE` of it twice (members in memory, then every member
+  streamed and scanned as its opcodes ask, what a member over 256 MiB gets: they must agree), then
+  `cache load` of it into a fresh dir (the seeds' lost-cache case).
 
     GPU:  python benchmarks/gpu_cache_trust.py --out $OUT        (~1-2 min on an H200)
     CPU:  python benchmarks/gpu_cache_trust.py --device cpu --out /tmp/ct
@@ -105,6 +107,7 @@ def roundtrip(cache: Path, work: Path) -> dict:
         return {"save": {"ok": False, "error": e.message}}
     except Exception as e:  # noqa: BLE001 - a benchmark reports what broke
         return {"save": {"ok": False, "error": f"{type(e).__name__}: {e}"}}
+    out["verify_archive"] = verify_archive_both_ways(arc)
     try:
         r = archive.load(arc, work / "loaded")
         out["load"] = {"ok": True, "files": getattr(r, "files", None)}
@@ -113,6 +116,31 @@ def roundtrip(cache: Path, work: Path) -> dict:
     except Exception as e:  # noqa: BLE001
         out["load"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     return out
+
+
+def verify_archive_both_ways(arc: Path) -> dict:
+    """`cache verify ARCHIVE` as it runs (members up to 256 MiB in memory), then with every member
+    streamed from the archive and every pickle scanned as its opcodes ask (what a member over 256 MiB
+    gets): the two must agree. Seconds of each."""
+    import time as _time
+
+    from compilewatch.cache import archive_check, picklescan, provenance
+
+    res = {}
+    for how, in_memory, whole in (("in_memory", provenance.IN_MEMORY, picklescan.READ_WHOLE), ("streamed", 0, 0)):
+        old = provenance.IN_MEMORY, picklescan.READ_WHOLE
+        provenance.IN_MEMORY, picklescan.READ_WHOLE = in_memory, whole
+        try:
+            t0 = _time.perf_counter()
+            rep = archive_check.verify_archive(arc)
+            res[how] = {"ok": rep.ok, "verdict": rep.provenance.verdict, "members": rep.members,
+                        "pickles_scanned": rep.pickles_scanned, "findings": [f"{f.kind}: {f.member}" for f in rep.findings],
+                        "seconds": round(_time.perf_counter() - t0, 3)}
+        finally:
+            provenance.IN_MEMORY, picklescan.READ_WHOLE = old
+    a, b = res["in_memory"], res["streamed"]
+    res["agree"] = all(a[k] == b[k] for k in ("ok", "verdict", "members", "pickles_scanned", "findings"))
+    return res
 
 
 def main() -> int:
@@ -140,7 +168,9 @@ def main() -> int:
     print(json.dumps(result, indent=1, default=str)[:6000])
     bad = (not result["layout"].get("looks_like_cache") or result["layout"].get("unknown_entries")
            or result["pickles"].get("refused") or "error" in result["pickles"] or "error" in result["verify"]
-           or not result["roundtrip"].get("load", {}).get("ok"))
+           or not result["roundtrip"].get("load", {}).get("ok")
+           or not result["roundtrip"].get("verify_archive", {}).get("agree")
+           or not result["roundtrip"].get("verify_archive", {}).get("in_memory", {}).get("ok"))
     return 1 if bad else 0
 
 

@@ -189,6 +189,9 @@ def test_every_pickle_of_every_subcache_passes_the_scanner(real_pgo_cache):
         if picklescan.is_pickle_file(f.rel, data[:1]):
             r = picklescan.scan(data)
             assert r.ok, (f.rel, r.refused, r.problem)
+            with open(real_pgo_cache / f.rel, "rb") as fh, pytest.MonkeyPatch.context() as mp:
+                mp.setattr(picklescan, "READ_WHOLE", 0)  # streamed, as a pickle over 64 MiB is
+                assert picklescan.scan_file(fh, len(data)) == r, f.rel
             per_sub[f.rel.split("/")[0]] = per_sub.get(f.rel.split("/")[0], 0) + 1
     assert per_sub.get("fxgraph", 0) >= 4 and per_sub.get("aotautograd", 0) >= 2 and per_sub.get("dynamo", 0) >= 1, per_sub
 
@@ -202,6 +205,13 @@ def test_a_real_archive_is_made_here_and_its_mega_cache_preloads(real_pgo_cache,
     rep = archive_check.verify_archive(tmp_path / "pgo.tar")
     assert rep.ok and rep.provenance.verdict == "own" and rep.findings == (), rep.findings
     assert rep.pickles_scanned >= 7 and rep.mega_artifacts_scanned >= 6
+    # every cache member streamed from the archive and scanned as its opcodes ask (a member over 256 MiB)
+    from compilewatch.cache import picklescan, provenance
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(provenance, "IN_MEMORY", 0)
+        mp.setattr(picklescan, "READ_WHOLE", 0)
+        assert archive_check.verify_archive(tmp_path / "pgo.tar") == rep
     counts = archive.load_mega_cache(tmp_path / "pgo.tar")
     assert counts and counts.get("inductor", 0) >= 4
 
