@@ -131,3 +131,31 @@ def test_load_scans_extracted_files_streamed(tmp_path, monkeypatch):
     with pytest.raises(BadInput, match=f"refused cache/{evil}"):
         archive.load(saved, tmp_path / "dst")
     assert not (tmp_path / "dst").exists()
+
+
+def test_what_a_scan_holds_is_bounded(tmp_path, monkeypatch):
+    """A pickle over MAX_SCAN is not scanned (a problem, so refused like a malformed one) and a text
+    argument over MAX_LINE makes the pickle malformed: a crafted member cannot make the scan hold more."""
+    monkeypatch.setattr(picklescan, "READ_WHOLE", 0)
+    monkeypatch.setattr(picklescan, "MAX_LINE", 100)
+    f = tmp_path / "p"
+    data = b"cos\n" + b"s" * 500 + b"\n)R."  # protocol 0: GLOBAL with a 500-byte name, no newline within 101
+    f.write_bytes(data)
+    with open(f, "rb") as fh:
+        res = picklescan.scan_file(fh, len(data))
+    assert not res.ok and "no newline" in res.problem
+    ok = PICKLES["entry"]
+    f.write_bytes(ok)
+    monkeypatch.setattr(picklescan, "MAX_SCAN", len(ok) - 1)
+    with open(f, "rb") as fh:
+        res = picklescan.scan_file(fh, len(ok))
+    assert not res.ok and f"a pickle of {len(ok)} bytes" in res.problem and "not scanned" in res.problem
+    # in an archive: a finding naming the member; cache load refuses it (unless --trust)
+    monkeypatch.setattr(provenance, "IN_MEMORY", 0)
+    saved = archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
+    monkeypatch.setattr(picklescan, "MAX_SCAN", 150)  # make_cache's fx entries are 100-300 bytes
+    rep = archive_check.verify_archive(saved)
+    assert not rep.ok and rep.findings and all(x.kind == "unloadable" and "not scanned" in x.detail for x in rep.findings)
+    with pytest.raises(BadInput, match="not scanned"):
+        archive.load(saved, tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()

@@ -57,6 +57,10 @@ MAX_OPS = 50_000_000  # opcodes scanned in one pickle; a real FX-graph entry has
 # scan_file reads a pickle up to this size whole; a larger one streams. A streamed scan costs 1.1-1.6x
 # the time on opcode-dense pickles (benchmarks/picklescan_linear.py --streamed, docs/benchmarks.md)
 READ_WHOLE = 64 << 20
+# the largest pickle scan_file scans: what the scan keeps (its bytes constants) must fit in memory, and a
+# crafted member may claim anything. Real entries are KB to MB (an 8B model's FX entries: 31 MB for 10)
+MAX_SCAN = 4 << 30
+MAX_LINE = 64 << 20  # a text opcode's argument (GLOBAL's names, protocol 0's strings); real ones are short
 
 # Exact "module.name" globals seen in real inductor caches (CPU; fwd+bwd, dynamic shapes, buffers,
 # constants, SDPA, no_grad) of torch 2.11, 2.13 and 2.15, plus what a CUDA cache was seen to need
@@ -748,7 +752,11 @@ def scan_file(fh: BinaryIO, size: int, *, max_ops: int = MAX_OPS) -> ScanResult:
     streams), never reading past `size`. Up to READ_WHOLE bytes are read at once (the fastest scan);
     a larger pickle is read as its opcodes ask, so the file is never held whole. What stays in memory
     is what `scan` keeps of any pickle: its bytes constants (a `_load_from_bytes` argument is scanned
-    in turn), its strings and its stack."""
+    in turn), its strings and its stack; so a pickle over MAX_SCAN is not scanned (a problem: refused
+    like a malformed one), and a text argument over MAX_LINE makes the pickle malformed."""
+    if size > MAX_SCAN:
+        return ScanResult((), (), f"a pickle of {size} bytes, more than the {MAX_SCAN} bytes a scan may hold "
+                          "in memory: not scanned")
     if size <= READ_WHOLE:
         return scan(fh.read(max(size, 0)), max_ops=max_ops)
     return _scan_stream(_Capped(fh, size), max_ops)
@@ -776,7 +784,8 @@ class _Capped:
         return self._take(self.fh.read(n)) if n > 0 else b""
 
     def readline(self, limit: int | None = -1) -> bytes:
-        limit = self.left if limit is None or limit < 0 else min(limit, self.left)
+        # a line past MAX_LINE comes back without its newline: pickletools calls the pickle malformed
+        limit = min(self.left if limit is None or limit < 0 else limit, self.left, MAX_LINE + 1)
         return self._take(self.fh.readline(limit)) if limit > 0 else b""
 
 
