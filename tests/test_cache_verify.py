@@ -197,3 +197,32 @@ def test_fix_rewrites_relocated_paths(tmp_path):
     r = verify_mod.verify(moved_root, fix=True)
     assert r.counts == {"relocated": 2} and r.paths_rewritten == 1 and r.moved == () and r.quarantine is None
     assert verify_mod.verify(moved_root).counts == {}
+
+
+def test_a_file_too_large_to_read_is_unloadable_and_a_fifo_never_blocks(tmp_path, monkeypatch):
+    """verify reads each file once, bounded (picklescan.MAX_SCAN, what cache load would scan), and
+    opens it non-blocking: a cache from elsewhere can hold a huge pickle or a FIFO where a file was."""
+    from compilewatch.cache import picklescan
+    from tests.helpers import time_limit
+
+    root = make_cache(tmp_path / "c")
+    big = next(root.glob("fxgraph/*/*/entry2"))  # the largest entry (pad 200)
+    limit = picklescan.MAX_SCAN
+    monkeypatch.setattr(picklescan, "MAX_SCAN", big.stat().st_size - 1)
+    r = verify_mod.verify(root)
+    assert [(f.kind, f.path) for f in r.findings] == [("unloadable", str(big.relative_to(root)))]
+    assert "not checked" in r.findings[0].detail
+    monkeypatch.setattr(picklescan, "MAX_SCAN", limit)
+    fifo = next(root.glob("aotautograd/*/entry0"))
+    real_read = verify_mod._Checker.read
+
+    def swap_then_read(self, rel):  # the file becomes a FIFO after the walk listed it as a file
+        if rel == str(fifo.relative_to(root)):
+            fifo.unlink()
+            os.mkfifo(fifo)
+        return real_read(self, rel)
+
+    monkeypatch.setattr(verify_mod._Checker, "read", swap_then_read)
+    with time_limit(30):
+        r = verify_mod.verify(root)
+    assert any(str(fifo.relative_to(root)) in n and "not a regular file" in n for n in r.not_checked), r.not_checked

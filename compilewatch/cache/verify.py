@@ -43,6 +43,8 @@ from pathlib import Path
 from compilewatch.cache import layout, picklescan, stamps
 from compilewatch.cache.lock import cache_lock
 from compilewatch.cache.relocate import rebase_triton_paths
+from compilewatch.errors import BadInput
+from compilewatch.inputs import open_untrusted
 
 ERROR_KINDS = ("empty", "truncated", "unloadable", "untrusted", "dangling", "missing-binary")
 FOREIGN_KINDS = ("foreign-system", "foreign-torch")
@@ -113,12 +115,24 @@ class _Checker:
         self.findings.append(Finding(kind, _severity(kind), sub, entry or unit, rel, detail))
 
     def read(self, rel: str) -> bytes | None:
+        """The file's bytes: None (with a note) when it cannot be read or is no longer a regular file
+        (never blocks on a FIFO), and None with an `unloadable` finding past picklescan.MAX_SCAN (a
+        cache from elsewhere may hold anything; `cache load` would refuse such a pickle too)."""
         try:
-            with open(self.root / rel, "rb") as fh:
-                return fh.read()
-        except OSError as e:
-            self.notes.add(f"{rel}: unreadable ({e.strerror})")
+            fd, st = open_untrusted(self.root / rel, "cache file")
+        except BadInput as e:
+            self.notes.add(f"{rel}: unreadable ({e.message})")
             return None
+        with os.fdopen(fd, "rb") as fh:
+            if st.st_size > picklescan.MAX_SCAN:
+                self.add("unloadable", rel, f"{st.st_size} bytes, more than the {picklescan.MAX_SCAN} bytes verify "
+                         "reads of one file: not checked")
+                return None
+            try:
+                return fh.read(st.st_size)
+            except OSError as e:
+                self.notes.add(f"{rel}: unreadable ({e.strerror})")
+                return None
 
     # --- per sub-cache -------------------------------------------------------------------------
     def check_pickle_entry(self, f: layout.FileStat, sub: str) -> None:
