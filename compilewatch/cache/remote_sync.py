@@ -31,7 +31,7 @@ import socket
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -41,7 +41,7 @@ from compilewatch.cache import layout, picklescan, remote, remote_keys
 from compilewatch.cache import verify as verify_mod
 from compilewatch.errors import BadInput
 from compilewatch.fsutil import atomic_path
-from compilewatch.inputs import one_line
+from compilewatch.inputs import one_line, read_bytes
 
 BACKUP_FORMAT = "compilewatch-remote-backup"
 BACKUP_SUFFIX = ".jsonl"
@@ -116,61 +116,64 @@ def _set(client, key: str, value: bytes, overwrite: bool) -> bool:
     return bool(client.set(key, value, nx=not overwrite))
 
 
-def _push_dir(client, root: Path, overwrite: bool, max_value: int) -> tuple[Counter[str], int, int, list[Skipped]]:
+@dataclass
+class _Tally:
+    """What a push did: entries written per kind, their bytes, keys the server already had, skipped."""
+
+    pushed: Counter[str] = field(default_factory=Counter)
+    nbytes: int = 0
+    already: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def send(self, client, key: str, kind: str, value: bytes, overwrite: bool) -> None:
+        if _set(client, key, value, overwrite):
+            self.pushed[kind] += 1
+            self.nbytes += len(value)
+        else:
+            self.already += 1
+
+
+def _push_dir(client, root: Path, overwrite: bool, max_value: int) -> _Tally:
     report = verify_mod.verify(root, deep=True)
     bad = {f.path: f"{f.kind}: {f.detail}" for f in report.findings if f.severity in ("error", "foreign")}
-    pushed: Counter[str] = Counter()
-    nbytes = already = 0
-    skipped = [Skipped(p, r) for p, r in sorted(bad.items())
-               if layout.subcache_of(p) in remote_keys.PUSHABLE]
+    t = _Tally(skipped=[Skipped(p, r) for p, r in sorted(bad.items()) if layout.subcache_of(p) in remote_keys.PUSHABLE])
     for (kind, key), f in sorted(_local_entries(root).items()):
         if f.rel in bad:
             continue
         try:
             rkey = remote_keys.redis_key(kind, key)
         except ValueError as e:
-            skipped.append(Skipped(f.rel, str(e)))
+            t.skipped.append(Skipped(f.rel, str(e)))
             continue
         if f.size > max_value:
-            skipped.append(Skipped(f.rel, f"{f.size} bytes, over the {max_value} byte cap"))
+            t.skipped.append(Skipped(f.rel, f"{f.size} bytes, over the {max_value} byte cap"))
             continue
-        try:
-            content = (root / f.rel).read_bytes()
-        except OSError as e:
-            skipped.append(Skipped(f.rel, f"unreadable: {e.strerror}"))
+        try:  # bounded and non-blocking: the file may have grown or been swapped since the walk
+            content = read_bytes(root / f.rel, limit=max_value, what="cache file")
+        except BadInput as e:
+            t.skipped.append(Skipped(f.rel, f"unreadable: {e.message}"))
             continue
         scan = picklescan.scan(content)  # again: the file may have changed since verify read it
         if not scan.ok:
-            skipped.append(Skipped(f.rel, scan.problem or f"names {', '.join(scan.refused[:3])}"))
+            t.skipped.append(Skipped(f.rel, scan.problem or f"names {', '.join(scan.refused[:3])}"))
             continue
-        value = remote_keys.encode_pickled(content)
-        if _set(client, rkey, value, overwrite):
-            pushed[kind] += 1
-            nbytes += len(value)
-        else:
-            already += 1
-    return pushed, nbytes, already, skipped
+        t.send(client, rkey, kind, remote_keys.encode_pickled(content), overwrite)
+    return t
 
 
-def _push_backup(client, path: Path, overwrite: bool, max_value: int) -> tuple[Counter[str], int, int, list[Skipped]]:
-    pushed: Counter[str] = Counter()
-    nbytes = already = 0
-    skipped: list[Skipped] = []
+def _push_backup(client, path: Path, overwrite: bool, max_value: int) -> _Tally:
+    t = _Tally()
     for key, value in read_backup(path, max_value=max_value):
         kind = remote_keys.parse_key(key).kind
         if kind not in remote_keys.KINDS:
-            skipped.append(Skipped(key, "not a key torch writes"))
+            t.skipped.append(Skipped(key, "not a key torch writes"))
             continue
         e = remote.check_value(key, kind, value, deep=True)
         if e.problem:
-            skipped.append(Skipped(key, f"{e.problem}: {e.detail}"))
+            t.skipped.append(Skipped(key, f"{e.problem}: {e.detail}"))
             continue
-        if _set(client, key, value, overwrite):
-            pushed[kind] += 1
-            nbytes += len(value)
-        else:
-            already += 1
-    return pushed, nbytes, already, skipped
+        t.send(client, key, kind, value, overwrite)
+    return t
 
 
 def push(source: str | os.PathLike[str], url: str | None = None, *, overwrite: bool = False,
@@ -194,20 +197,20 @@ def push(source: str | os.PathLike[str], url: str | None = None, *, overwrite: b
         with remote.failing_server(url, "push", "what was written before the failure stays; run push again "
                                    "when the server is back"):
             if kind == "dir":
-                pushed, nbytes, already, skipped = _push_dir(client, src, overwrite, max_value)
+                t = _push_dir(client, src, overwrite, max_value)
             elif kind == "backup":
-                pushed, nbytes, already, skipped = _push_backup(client, src, overwrite, max_value)
+                t = _push_backup(client, src, overwrite, max_value)
             else:
                 tmp = Path(tempfile.mkdtemp(prefix="compilewatch-push-"))
                 try:
                     archive_mod.load(src, tmp / "cache")  # every check `cache load` makes, provenance included
-                    pushed, nbytes, already, skipped = _push_dir(client, tmp / "cache", overwrite, max_value)
+                    t = _push_dir(client, tmp / "cache", overwrite, max_value)
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
     finally:
         client.close()
-    notes = (AOT_FLAG_NOTE,) if pushed.get("aotautograd") and kind != "backup" else ()
-    return PushResult(remote.config(url).url, str(src), kind, dict(pushed), nbytes, already, tuple(skipped),
+    notes = (AOT_FLAG_NOTE,) if t.pushed.get("aotautograd") and kind != "backup" else ()
+    return PushResult(remote.config(url).url, str(src), kind, dict(t.pushed), t.nbytes, t.already, tuple(t.skipped),
                       time.perf_counter() - t0, notes)
 
 
