@@ -4,6 +4,7 @@ from the archive (provenance.MemberStream) instead of reporting them unscanned."
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 
@@ -159,3 +160,20 @@ def test_what_a_scan_holds_is_bounded(tmp_path, monkeypatch):
     with pytest.raises(BadInput, match="not scanned"):
         archive.load(saved, tmp_path / "dst")
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("peek", range(6))
+def test_member_stream_reads_as_a_file_does_and_hashes_every_byte(peek):
+    """MemberStream serves what `peek` took before reading on: any mix of read / readline (with or
+    without a limit) returns what io.BytesIO returns, and drain() hashes every byte exactly once."""
+    import hashlib
+
+    data = b"ab\ncdef\ngh"
+    for limit in (-1, 0, 1, 2, 3, 4, 10):
+        ref = io.BytesIO(data)
+        ms = provenance.MemberStream(io.BufferedReader(io.BytesIO(data)), hashlib.sha256(), len(data))
+        assert ms.peek(peek) == data[:peek]
+        for _ in range(6):
+            assert ms.readline(limit) == ref.readline(limit)
+            assert ms.read(2) == ref.read(2)
+        assert ms.drain() == len(data) and ms.h.hexdigest() == hashlib.sha256(data).hexdigest()

@@ -126,15 +126,3 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Step rows of a metrics.jsonl (events skipped)."""
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                row = json.loads(line)
-                if "event" not in row:
-                    rows.append(row)
-    return rows
