@@ -39,9 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from compilewatch.cache import fingerprint as fp_mod  # noqa: E402
-from compilewatch.cache.layout import SIDECAR  # noqa: E402
-from compilewatch.cache.manage import parse_size  # noqa: E402
+from compilewatch.cache.content import fingerprint as fp_mod
+from compilewatch.cache.local.layout import SIDECAR
+from compilewatch.cache.local.manage import parse_size
 
 
 def build(root: Path, n_files: int, total: int, seed: int = 0) -> int:

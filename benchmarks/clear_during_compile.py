@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true", help="switch busy.not_compiling off (what clear did before)")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     a = ap.parse_args()
-    from compilewatch.cache import busy, manage
+    from compilewatch.cache.local import busy, manage
     from compilewatch.errors import BadInput, CheckFailed
 
     if a.no_check:

@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     a = ap.parse_args()
-    from compilewatch.cache import archive, manage
+    from compilewatch.cache.archive import reader as archive
+    from compilewatch.cache.local import manage
     from compilewatch.env.formats import load_env
     from compilewatch.env.formats.tomlutil import load_toml
     from tests.cache_helpers import big_cache

@@ -4,7 +4,7 @@ Builds a cache the way users do: `dflash train` (tiny recipe, compiled drafter l
 attention, `--device` on CUDA, a few steps) in a child process with a fresh TORCHINDUCTOR_CACHE_DIR,
 then asks compilewatch what a user's `cache` commands would:
 - layout: `cache_evidence`, `unknown_entries`, `looks_like_cache`, and what the unexpected entries hold;
-- pickles: every file that starts like a pickle, scanned by `compilewatch.cache.picklescan` (nothing
+- pickles: every file that starts like a pickle, scanned by `compilewatch.cache.trust.picklescan` (nothing
   is loaded); the globals it refuses, with counts and one file each;
 - `cache verify` findings by kind;
 - `cache save` to an archive, `cache verify ARCHIVE` of it twice (members in memory, then every member
@@ -52,7 +52,7 @@ def build_cache(cache: Path, device: str, steps: int, work: Path) -> dict:
 
 
 def layout_facts(cache: Path) -> dict:
-    from compilewatch.cache import layout
+    from compilewatch.cache.local import layout
 
     unknown = layout.unknown_entries(cache)
     # what is inside the top-level names the layout does not expect (the names a fix has to learn)
@@ -64,7 +64,7 @@ def layout_facts(cache: Path) -> dict:
 
 
 def pickle_facts(cache: Path) -> dict:
-    from compilewatch.cache import picklescan
+    from compilewatch.cache.trust import picklescan
 
     refused: collections.Counter = collections.Counter()
     example: dict[str, str] = {}
@@ -87,7 +87,7 @@ def pickle_facts(cache: Path) -> dict:
 
 
 def verify_facts(cache: Path) -> dict:
-    from compilewatch.cache.verify import verify
+    from compilewatch.cache.content.verify import verify
 
     rep = verify(cache)
     kinds = collections.Counter(f.kind for f in rep.findings)
@@ -95,13 +95,14 @@ def verify_facts(cache: Path) -> dict:
 
 
 def roundtrip(cache: Path, work: Path) -> dict:
-    from compilewatch.cache import archive
+    from compilewatch.cache.archive import load as archive_load
+    from compilewatch.cache.archive import save as archive_save
     from compilewatch.errors import CompilewatchError
 
     arc = work / "cache.tar.gz"
     out: dict = {}
     try:
-        s = archive.save(arc, cache)
+        s = archive_save.save(arc, cache)
         out["save"] = {"ok": True, "files": s.files, "bytes": arc.stat().st_size}
     except CompilewatchError as e:
         return {"save": {"ok": False, "error": e.message}}
@@ -109,7 +110,7 @@ def roundtrip(cache: Path, work: Path) -> dict:
         return {"save": {"ok": False, "error": f"{type(e).__name__}: {e}"}}
     out["verify_archive"] = verify_archive_both_ways(arc)
     try:
-        r = archive.load(arc, work / "loaded")
+        r = archive_load.load(arc, work / "loaded")
         out["load"] = {"ok": True, "files": getattr(r, "files", None)}
     except CompilewatchError as e:
         out["load"] = {"ok": False, "error": e.message, "hint": getattr(e, "hint", None)}
@@ -124,7 +125,9 @@ def verify_archive_both_ways(arc: Path) -> dict:
     gets): the two must agree. Seconds of each."""
     import time as _time
 
-    from compilewatch.cache import archive_check, picklescan, provenance
+    from compilewatch.cache.archive import check as archive_check
+    from compilewatch.cache.archive import reader as provenance
+    from compilewatch.cache.trust import picklescan
 
     res = {}
     for how, in_memory, whole in (("in_memory", provenance.IN_MEMORY, picklescan.READ_WHOLE), ("streamed", 0, 0)):

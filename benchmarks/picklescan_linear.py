@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compilewatch.cache import picklescan  # noqa: E402
+from compilewatch.cache.trust import picklescan
 
 
 def _memo_tuple(n: int, call: bool) -> bytes:

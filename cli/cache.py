@@ -11,18 +11,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from cli import cache_trust, output
-from cli.cache_render import counts_by_key, print_findings, short
 from cli.app import make_app
+from cli.cache_render import counts_by_key, print_findings, short
+from cli.lazy import lazy
 from cli.options import JsonOpt
 from cli.progress import byte_progress
-from cli.lazy import lazy
 
-archive = lazy("compilewatch.cache.archive")
-archive_check = lazy("compilewatch.cache.archive_check")
-fp_lib = lazy("compilewatch.cache.fingerprint")
-layout = lazy("compilewatch.cache.layout")
-manage = lazy("compilewatch.cache.manage")
-verify_lib = lazy("compilewatch.cache.verify")
+archive_save = lazy("compilewatch.cache.archive.save")
+archive_load = lazy("compilewatch.cache.archive.load")
+cache_diff = lazy("compilewatch.cache.archive.diff")
+archive_check = lazy("compilewatch.cache.archive.check")
+fp_lib = lazy("compilewatch.cache.content.fingerprint")
+layout = lazy("compilewatch.cache.local.layout")
+manage = lazy("compilewatch.cache.local.manage")
+verify_lib = lazy("compilewatch.cache.content.verify")
 from compilewatch.fsutil import atomic_write_json
 
 app = make_app(
@@ -42,7 +44,7 @@ def _cache_group(ctx: typer.Context) -> None:
 
 def _say_recovered() -> None:
     """A load killed between its two renames is repaired by the next cache command (swap.recover): say so."""
-    from compilewatch.cache import swap
+    from compilewatch.cache.local import swap
 
     for line in swap.take_recovered():
         output.err.print(f"[yellow]repaired:[/] {output.clean(line)}")
@@ -261,12 +263,12 @@ def save_cmd(
         --dir /tmp/torchinductor_root
     """
     with byte_progress("save") as on_bytes:
-        result = archive.save(archive_path, dir, mega=not no_mega, level=level, overwrite=overwrite,
+        result = archive_save.save(archive_path, dir, mega=not no_mega, level=level, overwrite=overwrite,
                               headers=headers, progress=on_bytes)
     output.emit(result, as_json, _render_save, escape_markup=True)
 
 
-def _render_save(r: archive.SaveResult) -> None:
+def _render_save(r: archive_save.SaveResult) -> None:
     o = output.out
     o.print(f"saved {r.source} → [bold]{r.archive}[/]")
     o.print(f"{r.files} files, {output.fmt_bytes(r.bytes)} → {output.fmt_bytes(r.archive_bytes)} ({r.compression}) "
@@ -308,11 +310,11 @@ def load_cmd(
       compilewatch cache load /tmp/torchinductor_root.backup-20260101-120000
     """
     with byte_progress("load") as on_bytes:
-        result = archive.load(source, dir, force=force, trust=trust, progress=on_bytes)
+        result = archive_load.load(source, dir, force=force, trust=trust, progress=on_bytes)
     output.emit(result, as_json, _render_load, escape_markup=True)
 
 
-def _render_load(r: archive.LoadResult) -> None:
+def _render_load(r: archive_load.LoadResult) -> None:
     o = output.out
     if r.provenance is not None:
         o.print(_provenance_line(r.provenance))
@@ -473,12 +475,12 @@ def diff_cmd(
 
       compilewatch cache diff old.tar.gz new.tar.gz --json
     """
-    result = manage.diff(a, b)
+    result = cache_diff.diff(a, b)
     output.emit(result, as_json, lambda r: _render_diff(r, limit), escape_markup=True)
     raise typer.Exit(0 if result.same else 1)
 
 
-def _render_diff(r: manage.CacheDiff, limit: int) -> None:
+def _render_diff(r: cache_diff.CacheDiff, limit: int) -> None:
     o = output.out
     o.print(f"[bold]A[/] {r.a}  {r.content_hash_a}  (system key {short(r.system_key_a)}, torch {r.torch_version_a})")
     o.print(f"[bold]B[/] {r.b}  {r.content_hash_b}  (system key {short(r.system_key_b)}, torch {r.torch_version_b})")

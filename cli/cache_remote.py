@@ -1,4 +1,4 @@
-"""`compilewatch cache remote ...`: torch's Redis remote caches (rendering of compilewatch.cache.remote*)."""
+"""`compilewatch cache remote ...`: torch's Redis remote caches (rendering of compilewatch.cache.remote)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import typer
 from rich.table import Table
 
 from cli import output
-from cli.cache_render import counts_by_key, print_findings, short
 from cli.app import make_app
+from cli.cache_render import counts_by_key, print_findings, short
 from cli.lazy import lazy
 from cli.options import JsonOpt
 
-remote = lazy("compilewatch.cache.remote")
-sync = lazy("compilewatch.cache.remote_sync")
-manage = lazy("compilewatch.cache.manage")
+remote = lazy("compilewatch.cache.remote.server")
+sync = lazy("compilewatch.cache.remote.sync")
+manage = lazy("compilewatch.cache.local.manage")
 
 app = make_app(
     "remote",

@@ -1,5 +1,5 @@
 """`compilewatch cache trust ...`: the keys whose archives load without --trust (rendering of
-compilewatch.cache.keys)."""
+compilewatch.cache.trust.keys)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from cli.app import make_app
 from cli.lazy import lazy
 from cli.options import JsonOpt
 
-keys = lazy("compilewatch.cache.keys")
+keys = lazy("compilewatch.cache.trust.keys")
 
 app = make_app(
     "trust",

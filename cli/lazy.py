@@ -1,6 +1,6 @@
 """Library modules imported on first use: `--help` and quick commands (lock) skip what they do not run.
 
-`archive = lazy("compilewatch.cache.archive")` at the top of a command module; `archive.save(...)`
+`archive = lazy("compilewatch.cache.archive.save")` at the top of a command module; `archive.save(...)`
 imports the module the first time an attribute is read. (Annotations stay strings under
 `from __future__ import annotations`, so `r: archive.SaveResult` costs nothing.)
 """

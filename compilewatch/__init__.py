@@ -49,7 +49,7 @@ _LAZY = {
     "inductor_cache_dir": ("compilewatch.torchinfo", "inductor_cache_dir"),
     "system_key": ("compilewatch.torchinfo", "system_key"),
     # cache
-    "fingerprint": ("compilewatch.cache.fingerprint", "fingerprint"),
+    "fingerprint": ("compilewatch.cache.content.fingerprint", "fingerprint"),
     "enable_remote_cache": ("compilewatch.remote_usage", "enable"),
     "remote_cache_usage": ("compilewatch.remote_usage", "usage"),
     # files, untrusted input, JSON

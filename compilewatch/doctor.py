@@ -19,9 +19,9 @@ import platform
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from compilewatch import torchinfo
 from compilewatch.devices import gpus as _gpus
 from compilewatch.tracing import torchcompat
-from compilewatch import torchinfo
 
 if TYPE_CHECKING:
     from compilewatch.remote_usage import RemoteUsage
@@ -144,8 +144,8 @@ def cache_status(env: dict[str, str] | None = None) -> CacheStatus:
     """The inductor cache: location, size, and whether it was built for this machine's system key
     (compilewatch.cache's walk, and its quick verify: the system keys stamped inside entries, bytes
     only, nothing unpickled)."""
-    from compilewatch.cache import layout as cache_layout
-    from compilewatch.cache import verify as cache_verify
+    from compilewatch.cache.content import verify as cache_verify
+    from compilewatch.cache.local import layout as cache_layout
 
     env = _set_env() if env is None else env
     root, source = cache_layout.default_root(env)

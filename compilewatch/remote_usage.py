@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
-from compilewatch.cache import remote, remote_keys
+from compilewatch.cache.remote import keyspace as remote_keys
+from compilewatch.cache.remote import server as remote
 
 PROBE_TIMEOUT_S = 1.0  # a process reporting at exit must not hang on a dead host
 

@@ -8,16 +8,16 @@ folders with a group file, and empty lock files.
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import io
 import pickle
 import random
 import tarfile
 from pathlib import Path
 
 from compilewatch import torchinfo
-from compilewatch.cache import stamps
+from compilewatch.cache.content import stamps
 
 OTHER_KEY = "f" * 64
 
@@ -102,7 +102,7 @@ def tree(root: Path) -> dict[str, bytes]:
 
 def moved(t: dict[str, bytes], old: Path, new: Path) -> dict[str, bytes]:
     """`tree()` of a cache as it should look after moving from `old` to `new`: triton's .json files
-    name their kernel folder by absolute path (compilewatch.cache.relocate rewrites it)."""
+    name their kernel folder by absolute path (compilewatch.cache.local.relocate rewrites it)."""
     return {rel: data.replace(str(old).encode(), str(new).encode()) if rel.startswith("triton/") and rel.endswith(".json")
             else data for rel, data in t.items()}
 
@@ -126,7 +126,7 @@ def write_tar(path: Path, members) -> Path:
 def signed_tar(path: Path, members) -> Path:
     """`write_tar` of `members` (an old signature.json left out), signed by this machine's key as
     `cache save` would sign them: how a test crafts an archive this machine calls its own."""
-    from compilewatch.cache import provenance
+    from compilewatch.cache.trust import provenance
 
     members = [(n, d) for n, d in members if n != provenance.SIGNATURE]
     rec = provenance.Recorder()

@@ -9,8 +9,8 @@ import pytest
 
 from cli.main import app
 from compilewatch import torchinfo
-from compilewatch.cache import archive
-from tests.cache_helpers import OTHER_KEY, entry_pickle, make_cache, tree, write, noise
+from compilewatch.cache.archive import save as archive
+from tests.cache_helpers import OTHER_KEY, entry_pickle, make_cache, noise, tree, write
 from tests.helpers import invoke, invoke_json
 
 COMMANDS = ["where", "fingerprint", "verify", "save", "load", "clear", "prune", "ls", "du", "diff"]

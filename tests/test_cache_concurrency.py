@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 
-from compilewatch.cache import archive, fingerprint as fp_mod, verify as verify_mod
+from compilewatch.cache.archive import load as archive_load
+from compilewatch.cache.archive import save as archive_save
+from compilewatch.cache.content import fingerprint as fp_mod
+from compilewatch.cache.content import verify as verify_mod
 from tests.cache_helpers import make_cache, tree
 
 
@@ -30,7 +33,7 @@ def test_half_written_entries_are_invisible_until_renamed(tmp_path):
     during = fp_mod.fingerprint(root)
     assert during.content_hash == base.content_hash and during.in_flight == 1
     assert verify_mod.verify(root).ok  # a young temp file is not a finding
-    res = archive.save(tmp_path / "during.tar", root)
+    res = archive_save.save(tmp_path / "during.tar", root)
     assert res.content_hash == base.content_hash  # the archive holds no half entry
     os.rename(tmp, target)  # the job finishes the write
     after = fp_mod.fingerprint(root)
@@ -41,7 +44,7 @@ def test_a_file_replaced_during_save_is_archived_whole(tmp_path, monkeypatch):
     root = make_cache(tmp_path / "c")
     victim = sorted(root.glob("*/c01*.cpp"))[0]
     old, new = victim.read_bytes(), b"// recompiled by the training job\n" * 50
-    real = archive._add_file
+    real = archive_save._add_file
     seen = {"n": 0}
 
     def add_file(tar, r, f):
@@ -50,21 +53,21 @@ def test_a_file_replaced_during_save_is_archived_whole(tmp_path, monkeypatch):
             torch_style_write(victim, new)  # the job replaces the file just before it is read
         return real(tar, r, f)
 
-    monkeypatch.setattr(archive, "_add_file", add_file)
-    archive.save(tmp_path / "a.tar", root)
+    monkeypatch.setattr(archive_save, "_add_file", add_file)
+    archive_save.save(tmp_path / "a.tar", root)
     assert seen["n"] == 1
-    monkeypatch.setattr(archive, "_add_file", real)
-    archive.load(tmp_path / "a.tar", tmp_path / "loaded")  # checks every file against the manifest
+    monkeypatch.setattr(archive_save, "_add_file", real)
+    archive_load.load(tmp_path / "a.tar", tmp_path / "loaded")  # checks every file against the manifest
     got = (tmp_path / "loaded" / victim.relative_to(root)).read_bytes()
     assert got in (old, new)
 
 
 def test_load_under_a_reader_keeps_its_open_file_intact(tmp_path):
     root = make_cache(tmp_path / "c")
-    archive.save(tmp_path / "a.tar", make_cache(tmp_path / "other", n_fx=1, triton=False))
+    archive_save.save(tmp_path / "a.tar", make_cache(tmp_path / "other", n_fx=1, triton=False))
     entry = sorted(root.glob("fxgraph/*/*/*"))[0]
     before = entry.read_bytes()
     with open(entry, "rb") as held:  # the job has this entry open while the cache is swapped
-        res = archive.load(tmp_path / "a.tar", root)
+        res = archive_load.load(tmp_path / "a.tar", root)
         assert held.read() == before
     assert tree(tmp_path / os.path.basename(res.backup))[str(entry.relative_to(root))] == before

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from cli.main import app
-from compilewatch.cache import archive, backups, manage, provenance
+from compilewatch.cache.archive import load as archive_load
+from compilewatch.cache.archive import save as archive_save
+from compilewatch.cache.local import manage
+from compilewatch.cache.trust import backups, provenance
 from compilewatch.errors import BadInput
 from tests.cache_helpers import make_cache, moved, tree, write
 from tests.helpers import invoke
@@ -40,7 +43,7 @@ def _untouched(cur: Path, before: dict, src: Path, src_before: dict) -> None:
 def test_a_backup_compilewatch_made_is_own_and_restores(tmp_path):
     old, t = _backup(tmp_path)
     cur = make_cache(tmp_path / "cache", n_fx=1, triton=False)
-    res = archive.load(old, cur)
+    res = archive_load.load(old, cur)
     assert res.provenance.verdict == "own" and res.provenance.kind == "dir" and not res.provenance.trusted_by_flag
     assert res.provenance.summary.startswith("made here: a backup of") and res.trusted_pickles == ()
     assert tree(cur) == t and not old.exists()
@@ -48,12 +51,12 @@ def test_a_backup_compilewatch_made_is_own_and_restores(tmp_path):
 
 def test_the_cache_a_load_moved_aside_is_recorded_too(tmp_path):
     src = make_cache(tmp_path / "src", triton=False)
-    archive.save(tmp_path / "a.tar", src)
+    archive_save.save(tmp_path / "a.tar", src)
     cur = make_cache(tmp_path / "cache", n_fx=1, triton=False)
     before = tree(cur)
-    res = archive.load(tmp_path / "a.tar", cur)
+    res = archive_load.load(tmp_path / "a.tar", cur)
     assert backups.recorded(res.backup) is not None
-    back = archive.load(res.backup, cur)  # undo the load: no --trust needed
+    back = archive_load.load(res.backup, cur)  # undo the load: no --trust needed
     assert back.provenance.verdict == "own" and tree(cur) == before
 
 
@@ -62,10 +65,10 @@ def test_a_dir_compilewatch_did_not_make_is_foreign_unless_trust(tmp_path):
     cur = make_cache(tmp_path / "cache", n_fx=1, triton=False)
     before, other_before = tree(cur), tree(other)
     with pytest.raises(BadInput, match="is foreign .*not a backup compilewatch made on this machine") as e:
-        archive.load(other, cur)
+        archive_load.load(other, cur)
     assert "--trust" in e.value.hint
     _untouched(cur, before, other, other_before)
-    res = archive.load(other, cur, trust=True)
+    res = archive_load.load(other, cur, trust=True)
     assert res.provenance.verdict == "foreign" and res.provenance.trusted_by_flag
     assert provenance.CODE_WARNING in res.warnings and tree(cur) == other_before
 
@@ -75,8 +78,8 @@ def test_a_copy_of_a_backup_is_not_the_backup(tmp_path):
     copy = tmp_path / "copied.backup"
     shutil.copytree(old, copy)  # same content, another inode: nothing says who filled it
     with pytest.raises(BadInput, match="not a backup compilewatch made"):
-        archive.load(copy, tmp_path / "cache")
-    assert archive.load(old, tmp_path / "cache").provenance.verdict == "own"
+        archive_load.load(copy, tmp_path / "cache")
+    assert archive_load.load(old, tmp_path / "cache").provenance.verdict == "own"
 
 
 def test_a_new_dir_at_a_recorded_path_is_not_the_backup(tmp_path):
@@ -84,7 +87,7 @@ def test_a_new_dir_at_a_recorded_path_is_not_the_backup(tmp_path):
     shutil.rmtree(old)
     make_cache(old, triton=False)  # someone puts a dir where the backup was
     with pytest.raises(BadInput, match="not a backup compilewatch made"):
-        archive.load(old, tmp_path / "cache")
+        archive_load.load(old, tmp_path / "cache")
 
 
 def test_a_backup_others_can_write_is_foreign(tmp_path):
@@ -92,7 +95,7 @@ def test_a_backup_others_can_write_is_foreign(tmp_path):
     f = next(old.glob("fxgraph/*/*/*"))
     os.chmod(f, 0o666)
     with pytest.raises(BadInput, match="others can change it: .*writable by everyone"):
-        archive.load(old, tmp_path / "cache")
+        archive_load.load(old, tmp_path / "cache")
 
 
 def test_a_pickle_planted_in_a_backup_is_refused_before_the_rename(tmp_path):
@@ -103,9 +106,9 @@ def test_a_pickle_planted_in_a_backup_is_refused_before_the_rename(tmp_path):
     cur = make_cache(tmp_path / "cache", n_fx=1, triton=False)
     before, old_before = tree(cur), tree(old)
     with pytest.raises(BadInput, match=f"refused fxgraph/{key[1:3]}/{key}/entry: it names posix.system"):
-        archive.load(old, cur)
+        archive_load.load(old, cur)
     _untouched(cur, before, old, old_before)
-    res = archive.load(old, cur, trust=True)  # the user's call: loaded, and said
+    res = archive_load.load(old, cur, trust=True)  # the user's call: loaded, and said
     assert res.trusted_pickles and res.trusted_pickles[0].startswith(f"fxgraph/{key[1:3]}/{key}/entry")
     assert not marker.exists()  # nothing was ever unpickled
 
@@ -118,8 +121,8 @@ def test_a_backup_whose_record_could_not_be_written_needs_trust(tmp_path, monkey
     old = Path(manage.clear(made).backup)  # the backup itself is made
     assert old.is_dir() and not made.exists()
     with pytest.raises(BadInput, match="record of backups compilewatch made .* cannot be read|not a backup"):
-        archive.load(old, tmp_path / "cache")
-    assert archive.load(old, tmp_path / "cache", trust=True).provenance.trusted_by_flag
+        archive_load.load(old, tmp_path / "cache")
+    assert archive_load.load(old, tmp_path / "cache", trust=True).provenance.trusted_by_flag
 
 
 def test_cli_names_who_made_the_dir(tmp_path):

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from compilewatch import torchinfo
-from compilewatch.cache import fingerprint as fp_mod
-from compilewatch.cache import layout
+from compilewatch.cache.content import fingerprint as fp_mod
+from compilewatch.cache.local import layout
 from compilewatch.errors import BadInput
 from tests.cache_helpers import OTHER_KEY, big_cache, make_cache, write
 
@@ -177,7 +177,7 @@ def test_in_flight_files_are_counted_not_hashed(tmp_path):
 def test_a_cache_holding_only_precompiled_headers_is_a_cache(tmp_path):
     """What torch leaves in the default dir after CPU compiles elsewhere: only precompiled_headers/
     (`c<hash>.h` + `.h.gch`). It is torch's, so it is fingerprinted, not called "not a cache"."""
-    from compilewatch.cache import layout
+    from compilewatch.cache.local import layout
 
     root = tmp_path / "torchinductor_user"
     name = "c2wne2o555rbgtohkgbuxoo64pc5rm5kbakdbsm7q6hiphbew3ng"
@@ -196,7 +196,7 @@ def test_a_cuda_code_folder_with_autotune_results_is_torchs(tmp_path):
     """On CUDA, triton's autotuning writes `<sha256 hex>.best_config` beside the kernel's c<hash>.py in the
     same two-character folder (torch/_inductor/runtime/autotune_cache.py). Such folders are torch's: a
     real GPU cache was called "not an inductor cache (it holds 2q/, 3f/, ... which torch does not write)"."""
-    from compilewatch.cache import layout
+    from compilewatch.cache.local import layout
 
     root = tmp_path / "gpu_cache"
     write(root, "2q/c2q" + "a" * 49 + ".py", b"# kernel\n")

@@ -8,7 +8,12 @@ import threading
 
 import pytest
 
-from compilewatch.cache import archive, fingerprint as fp_mod, lock as lock_mod, manage
+from compilewatch.cache.archive import diff as cache_diff
+from compilewatch.cache.archive import load as archive_load
+from compilewatch.cache.archive import save as archive_save
+from compilewatch.cache.content import fingerprint as fp_mod
+from compilewatch.cache.local import lock as lock_mod
+from compilewatch.cache.local import manage
 from compilewatch.errors import BadInput
 from compilewatch.serialize import to_jsonable
 from tests.cache_helpers import big_cache, make_cache, tar_members, tree, write, write_tar
@@ -24,7 +29,7 @@ def test_clear_moves_to_a_backup_and_says_how_to_restore(tmp_path):
     assert backup.name.startswith("c.backup-") and tree(backup) == before
     assert r.restore_command == f"compilewatch cache load {backup} --dir {root}"
     assert r.files == len(before)
-    archive.load(backup, root)  # the printed restore works
+    archive_load.load(backup, root)  # the printed restore works
     assert tree(root) == before
 
 
@@ -133,20 +138,20 @@ def test_diff_dirs_fingerprints_and_archives(tmp_path):
     a = make_cache(tmp_path / "a", triton=False)
     fa = fp_mod.fingerprint(a, files=True)
     (tmp_path / "a.json").write_text(json.dumps(to_jsonable(fa)))
-    archive.save(tmp_path / "a.tar", a)
+    archive_save.save(tmp_path / "a.tar", a)
     write(a, "fxgraph/zz/fzznew/e", b"\x80new.")
     next(a.glob("aotautograd/a00*/*")).unlink()
     p = next(a.glob("*/c01*.cpp"))
     p.write_text("// changed\n")
     for old in (tmp_path / "a.json", tmp_path / "a.tar"):
-        d = manage.diff(old, a)
+        d = cache_diff.diff(old, a)
         assert not d.same and d.per_file
         subs = {s.name: s for s in d.subcaches}
         assert subs["fxgraph"].added == ("fxgraph/zz/fzznew/e",)
         assert len(subs["aotautograd"].removed) == 1
         assert subs["codegen"].changed == (str(p.relative_to(a)),)
         assert subs["locks"].same
-    assert manage.diff(tmp_path / "a.json", tmp_path / "a.tar").same
+    assert cache_diff.diff(tmp_path / "a.json", tmp_path / "a.tar").same
 
 
 def test_diff_says_what_each_side_is_and_that_a_foreign_manifest_is_only_a_claim(tmp_path, monkeypatch):
@@ -157,16 +162,16 @@ def test_diff_says_what_each_side_is_and_that_a_foreign_manifest_is_only_a_claim
 
     a = make_cache(tmp_path / "a", triton=False)
     (tmp_path / "a.json").write_text(json.dumps(to_jsonable(fp_mod.fingerprint(a, files=True))))
-    own = archive.save(tmp_path / "a.tar", a).archive
-    d = manage.diff(tmp_path / "a.json", own)
+    own = archive_save.save(tmp_path / "a.tar", a).archive
+    d = cache_diff.diff(tmp_path / "a.json", own)
     assert d.same and (d.source_a, d.source_b) == ("fingerprint", "own") and d.source_reason_b
-    assert (manage.diff(a, a).source_a, manage.diff(a, a).source_b) == ("dir", "dir")
+    assert (cache_diff.diff(a, a).source_a, cache_diff.diff(a, a).source_b) == ("dir", "dir")
     # the same archive with one member swapped and the manifest left as it was: the manifest still says
     # "same", and the diff says it is only a claim
     members = tar_members(own)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
     lying = write_tar(tmp_path / "lying.tar", [(n, b"\x80\x04N." if n == fx else d) for n, d in members])
-    d = manage.diff(a, lying)
+    d = cache_diff.diff(a, lying)
     assert d.same and d.source_b == "foreign" and fx in d.source_reason_b
     out = invoke(app, ["cache", "diff", str(a), str(lying)])
     assert out.exit_code == 0 and "B is a foreign archive" in out.stdout and "only what its maker claims" in out.stdout
@@ -175,15 +180,15 @@ def test_diff_says_what_each_side_is_and_that_a_foreign_manifest_is_only_a_claim
     # from another machine (another config dir, so another signing key)
     mine = os.environ["COMPILEWATCH_CONFIG_DIR"]
     monkeypatch.setenv("COMPILEWATCH_CONFIG_DIR", str(tmp_path.parent / f"{tmp_path.name}-other-config"))
-    theirs = archive.save(tmp_path / "theirs.tar", a).archive
+    theirs = archive_save.save(tmp_path / "theirs.tar", a).archive
     monkeypatch.setenv("COMPILEWATCH_CONFIG_DIR", mine)
-    assert manage.diff(own, theirs).source_b == "foreign"
+    assert cache_diff.diff(own, theirs).source_b == "foreign"
 
 
 def test_diff_without_per_file_entries_compares_hashes(tmp_path):
     a = make_cache(tmp_path / "a", triton=False)
     (tmp_path / "a.json").write_text(json.dumps(to_jsonable(fp_mod.fingerprint(a))))
-    d = manage.diff(tmp_path / "a.json", a)
+    d = cache_diff.diff(tmp_path / "a.json", a)
     assert d.same and not d.per_file
 
 
@@ -192,11 +197,11 @@ def test_diff_bad_inputs(tmp_path):
     (tmp_path / "x.json").write_text('{"hello": 1}')
     (tmp_path / "broken.json").write_text('{"hello": ')
     with pytest.raises(BadInput, match="not a compilewatch fingerprint"):
-        manage.diff(tmp_path / "x.json", a)
+        cache_diff.diff(tmp_path / "x.json", a)
     with pytest.raises(BadInput, match="broken.json:1: invalid JSON"):
-        manage.diff(tmp_path / "broken.json", a)
+        cache_diff.diff(tmp_path / "broken.json", a)
     with pytest.raises(BadInput, match="does not exist"):
-        manage.diff(tmp_path / "missing", a)
+        cache_diff.diff(tmp_path / "missing", a)
 
 
 # --- lock -----------------------------------------------------------------------------------------
@@ -258,7 +263,7 @@ def test_lock_file_that_cannot_be_created(tmp_path, monkeypatch):
 
 
 def test_where_lists_what_compilewatch_kept_beside_the_cache(tmp_path):
-    from compilewatch.cache import layout
+    from compilewatch.cache.local import layout
 
     root = make_cache(tmp_path / "c")
     r = manage.clear(root)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from compilewatch.cache import archive, fingerprint as fp_mod
+from compilewatch.cache.archive import load as archive_load
+from compilewatch.cache.archive import save as archive_save
+from compilewatch.cache.content import fingerprint as fp_mod
 from tests.cache_helpers import big_cache
 
 
@@ -28,10 +30,10 @@ def test_fingerprint_save_and_load_report_bytes(tmp_path, capsys):
 
     calls.clear()
     out = tmp_path / "c.tar.gz"
-    archive.save(out, root, mega=False, progress=lambda d, t: calls.append((d, t)))
+    archive_save.save(out, root, mega=False, progress=lambda d, t: calls.append((d, t)))
     _check(calls, fp.bytes)
 
     calls.clear()
-    archive.load(out, tmp_path / "restored", progress=lambda d, t: calls.append((d, t)))
+    archive_load.load(out, tmp_path / "restored", progress=lambda d, t: calls.append((d, t)))
     _check(calls, out.stat().st_size)  # load follows the archive's (compressed) bytes
     assert capsys.readouterr() == ("", "")  # the library printed nothing

@@ -17,7 +17,12 @@ from typing import NamedTuple
 import pytest
 
 from compilewatch import torchinfo
-from compilewatch.cache import archive, fingerprint as fp_mod, layout, stamps, verify as verify_mod
+from compilewatch.cache.archive import load as archive_load
+from compilewatch.cache.archive import save as archive_save
+from compilewatch.cache.content import fingerprint as fp_mod
+from compilewatch.cache.content import stamps
+from compilewatch.cache.content import verify as verify_mod
+from compilewatch.cache.local import layout
 
 SCRIPT = '''
 import json
@@ -105,9 +110,9 @@ def test_real_cache_dangling_and_truncated_entries(cache_copy):
 
 
 def test_saved_and_loaded_cache_hits_in_a_new_process(real_compile, cache_copy, tmp_path):
-    res = archive.save(tmp_path / "warm.tar.gz", cache_copy)
+    res = archive_save.save(tmp_path / "warm.tar.gz", cache_copy)
     assert res.mega_cache == {"inductor": 2, "aot_autograd": 1}
-    loaded = archive.load(tmp_path / "warm.tar.gz", tmp_path / "elsewhere")
+    loaded = archive_load.load(tmp_path / "warm.tar.gz", tmp_path / "elsewhere")
     assert loaded.content_hash == fp_mod.fingerprint(cache_copy).content_hash
     counts = compile_into(tmp_path / "elsewhere", tmp_path, real_compile.tmp_root)
     assert counts["aot_autograd"].get("autograd_cache_hit") == 1, counts
@@ -115,9 +120,9 @@ def test_saved_and_loaded_cache_hits_in_a_new_process(real_compile, cache_copy, 
 
 
 def test_mega_cache_preloads_into_this_process_cache_dir(cache_copy, tmp_path):
-    archive.save(tmp_path / "warm.tar", cache_copy)
+    archive_save.save(tmp_path / "warm.tar", cache_copy)
     target = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])  # the test's own tmp dir (conftest)
-    counts = archive.load_mega_cache(tmp_path / "warm.tar")
+    counts = archive_load.load_mega_cache(tmp_path / "warm.tar")
     assert counts == {"inductor": 2, "aot_autograd": 1}
     assert len(list(target.glob("fxgraph/*/*/*"))) == 2 and len(list(target.glob("aotautograd/*/*"))) == 1
 
@@ -125,7 +130,7 @@ def test_mega_cache_preloads_into_this_process_cache_dir(cache_copy, tmp_path):
 def test_every_pickle_of_a_real_cache_passes_the_scanner(real_cache):
     """The allow-list is derived from real caches (picklescan's docstring); a fresh one from this torch
     must pass whole, so a torch that starts pickling a new global fails here, not in a user's load."""
-    from compilewatch.cache import picklescan
+    from compilewatch.cache.trust import picklescan
 
     scanned = 0
     for f in layout.walk(real_cache).files:
@@ -181,7 +186,7 @@ def real_pgo_cache(tmp_path_factory) -> Path:
 def test_every_pickle_of_every_subcache_passes_the_scanner(real_pgo_cache):
     """Issue 29: the allow-list admits data constructors only, yet every pickle a real cache holds, in
     every sub-cache torch unpickles (fxgraph, aotautograd, dynamo/ PGO state), passes."""
-    from compilewatch.cache import picklescan
+    from compilewatch.cache.trust import picklescan
 
     per_sub: dict[str, int] = {}
     for f in layout.walk(real_pgo_cache).files:
@@ -199,20 +204,21 @@ def test_every_pickle_of_every_subcache_passes_the_scanner(real_pgo_cache):
 def test_a_real_archive_is_made_here_and_its_mega_cache_preloads(real_pgo_cache, tmp_path):
     """save signs with this machine's key; verify says made here and scans every pickle and Mega-Cache
     artifact of a real cache (none refused); load_mega_cache checks provenance and scans, then preloads."""
-    from compilewatch.cache import archive_check
+    from compilewatch.cache.archive import check as archive_check
 
-    archive.save(tmp_path / "pgo.tar", real_pgo_cache)
+    archive_save.save(tmp_path / "pgo.tar", real_pgo_cache)
     rep = archive_check.verify_archive(tmp_path / "pgo.tar")
     assert rep.ok and rep.provenance.verdict == "own" and rep.findings == (), rep.findings
     assert rep.pickles_scanned >= 7 and rep.mega_artifacts_scanned >= 6
     # every cache member streamed from the archive and scanned as its opcodes ask (a member over 256 MiB)
-    from compilewatch.cache import picklescan, provenance
+    from compilewatch.cache.archive import reader as provenance
+    from compilewatch.cache.trust import picklescan
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(provenance, "IN_MEMORY", 0)
         mp.setattr(picklescan, "READ_WHOLE", 0)
         assert archive_check.verify_archive(tmp_path / "pgo.tar") == rep
-    counts = archive.load_mega_cache(tmp_path / "pgo.tar")
+    counts = archive_load.load_mega_cache(tmp_path / "pgo.tar")
     assert counts and counts.get("inductor", 0) >= 4
 
 

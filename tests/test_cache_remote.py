@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 
 from cli.main import app
-from compilewatch.cache import layout, remote, remote_keys, remote_sync
+from compilewatch.cache.local import layout
+from compilewatch.cache.remote import keyspace as remote_keys
+from compilewatch.cache.remote import server as remote
+from compilewatch.cache.remote import sync as remote_sync
 from compilewatch.errors import BadInput
 from tests.cache_helpers import tree
 from tests.helpers import invoke, invoke_json
@@ -174,13 +177,14 @@ def test_push_from_a_dir_leaves_out_what_does_not_verify(tmp_path, redis_url, re
 
 
 def test_push_from_an_archive_goes_through_cache_load(tmp_path, redis_url, real_cache, monkeypatch):
-    from compilewatch.cache import archive
+    from compilewatch.cache.archive import load as archive_load
+    from compilewatch.cache.archive import save as archive_save
 
     arch = tmp_path / "warm.tar.gz"
-    archive.save(arch, real_cache)
+    archive_save.save(arch, real_cache)
     calls = []
-    real_load = archive.load
-    monkeypatch.setattr(archive, "load", lambda *a, **k: calls.append(a) or real_load(*a, **k))
+    real_load = archive_load.load
+    monkeypatch.setattr(archive_load, "load", lambda *a, **k: calls.append(a) or real_load(*a, **k))
     r = remote_sync.push(arch, redis_url)
     assert calls and Path(calls[0][0]) == arch and r.source_kind == "archive" and r.pushed.get("fxgraph", 0) >= 1
     cut = tmp_path / "cut.tar.gz"

@@ -6,7 +6,9 @@ from __future__ import annotations
 import tarfile
 
 from cli.main import app
-from compilewatch.cache import archive
+from compilewatch.cache.archive import load as archive_load
+from compilewatch.cache.archive import reader
+from compilewatch.cache.archive import save as archive_save
 from tests.cache_helpers import make_cache, tree, write
 from tests.helpers import invoke, invoke_json
 
@@ -32,24 +34,24 @@ def _members(path) -> list[str]:
 
 def test_save_leaves_the_precompiled_headers_out_and_says_so(tmp_path):
     src = _default_dir_cache(tmp_path / "torchinductor_me")
-    res = archive.save(tmp_path / "a.tar", src)
+    res = archive_save.save(tmp_path / "a.tar", src)
     assert not [m for m in _members(tmp_path / "a.tar") if "precompiled_headers" in m]
     assert res.left_out == {"precompiled_headers": {"files": 3, "bytes": sum(len(d) for d in HEADERS.values())}}
-    assert res.files == len(tree(src)) - 3 and not [e for e in archive.read_manifest(tmp_path / "a.tar").entries
+    assert res.files == len(tree(src)) - 3 and not [e for e in reader.read_manifest(tmp_path / "a.tar").entries
                                                      if e.rel.startswith("precompiled_headers")]
-    loaded = archive.load(tmp_path / "a.tar", tmp_path / "dst")  # manifest and signature agree with what was left
+    loaded = archive_load.load(tmp_path / "a.tar", tmp_path / "dst")  # manifest and signature agree with what was left
     assert loaded.files == res.files and not (tmp_path / "dst" / "precompiled_headers").exists()
 
 
 def test_headers_true_archives_them(tmp_path):
     src = _default_dir_cache(tmp_path / "torchinductor_me")
-    res = archive.save(tmp_path / "a.tar", src, headers=True)
-    assert {archive.PREFIX + rel for rel in HEADERS} <= set(_members(tmp_path / "a.tar"))
+    res = archive_save.save(tmp_path / "a.tar", src, headers=True)
+    assert {reader.PREFIX + rel for rel in HEADERS} <= set(_members(tmp_path / "a.tar"))
     assert res.left_out is None and res.files == len(tree(src))
 
 
 def test_a_cache_without_headers_reports_nothing_left_out(tmp_path):
-    res = archive.save(tmp_path / "a.tar", make_cache(tmp_path / "c"))
+    res = archive_save.save(tmp_path / "a.tar", make_cache(tmp_path / "c"))
     assert res.left_out is None
 
 

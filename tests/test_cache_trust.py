@@ -15,7 +15,11 @@ from pathlib import Path
 import pytest
 
 from cli.main import app
-from compilewatch.cache import archive, archive_check, keys, provenance
+from compilewatch.cache.archive import check as archive_check
+from compilewatch.cache.archive import load as archive_load
+from compilewatch.cache.archive import reader
+from compilewatch.cache.archive import save as archive_save
+from compilewatch.cache.trust import keys, provenance
 from compilewatch.errors import BadInput
 from tests.cache_helpers import make_cache, signed_tar, tar_members, tree, write, write_tar
 from tests.helpers import invoke, invoke_json
@@ -41,12 +45,12 @@ def other_machine(tmp_path, monkeypatch):
 
 def test_own_archive_is_made_here_and_the_key_is_private(tmp_path):
     src = make_cache(tmp_path / "src")
-    saved = archive.save(tmp_path / "a.tar", src)
+    saved = archive_save.save(tmp_path / "a.tar", src)
     key_file = keys.key_path()
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
-    p = provenance.check_provenance(tmp_path / "a.tar")
+    p = reader.check_provenance(tmp_path / "a.tar")
     assert p.verdict == "own" and p.allowed and p.key_id == saved.signed_by and p.summary.startswith("made here")
-    res = archive.load(tmp_path / "a.tar", tmp_path / "dst")
+    res = archive_load.load(tmp_path / "a.tar", tmp_path / "dst")
     assert res.provenance.verdict == "own" and res.warnings == ()
     r = invoke(app, ["cache", "load", str(tmp_path / "a.tar"), "--dir", str(tmp_path / "dst2")])
     assert r.exit_code == 0 and r.stdout.splitlines()[0].startswith("made here"), r.stdout
@@ -54,13 +58,13 @@ def test_own_archive_is_made_here_and_the_key_is_private(tmp_path):
 
 def test_foreign_archive_is_refused_first_and_changes_nothing(tmp_path, other_machine):
     with other_machine():
-        archive.save(tmp_path / "theirs.tar", make_cache(tmp_path / "src"))
+        archive_save.save(tmp_path / "theirs.tar", make_cache(tmp_path / "src"))
     dst = make_cache(tmp_path / "dst", n_fx=1, triton=False)
     before = tree(dst)
-    p = provenance.check_provenance(tmp_path / "theirs.tar")
+    p = reader.check_provenance(tmp_path / "theirs.tar")
     assert p.verdict == "foreign" and not p.allowed and "not in your trust store" in p.reason
     with pytest.raises(BadInput, match="is foreign") as e:
-        archive.load(tmp_path / "theirs.tar", dst)
+        archive_load.load(tmp_path / "theirs.tar", dst)
     assert "--trust" in e.value.hint and tree(dst) == before
     r = invoke(app, ["cache", "load", str(tmp_path / "theirs.tar"), "--dir", str(dst)])
     assert r.exit_code == 2 and "is foreign" in r.stderr.splitlines()[0] and tree(dst) == before
@@ -70,27 +74,27 @@ def test_foreign_archive_is_refused_first_and_changes_nothing(tmp_path, other_ma
 
 def test_trusting_a_key_makes_its_archives_load_and_removing_it_undoes_that(tmp_path, other_machine):
     with other_machine():
-        archive.save(tmp_path / "theirs.tar", make_cache(tmp_path / "src"))
+        archive_save.save(tmp_path / "theirs.tar", make_cache(tmp_path / "src"))
         line = invoke(app, ["cache", "trust", "key"]).stdout.strip()
     assert line.startswith(keys.KEY_TYPE)
     added = invoke_json(app, ["cache", "trust", "add", line, "--name", "colleague"])
     assert added["name"] == "colleague"
     listed = invoke_json(app, ["cache", "trust", "list"])
     assert [k["name"] for k in listed["keys"]] == ["colleague"]
-    p = provenance.check_provenance(tmp_path / "theirs.tar")
+    p = reader.check_provenance(tmp_path / "theirs.tar")
     assert p.verdict == "trusted" and p.key_name == "colleague"
     r = invoke(app, ["cache", "load", str(tmp_path / "theirs.tar"), "--dir", str(tmp_path / "dst")])
     assert r.exit_code == 0 and r.stdout.startswith("signed by a trusted key: colleague"), r.stdout
     assert invoke(app, ["cache", "trust", "remove", "colleague"]).exit_code == 0
-    assert provenance.check_provenance(tmp_path / "theirs.tar").verdict == "foreign"
+    assert reader.check_provenance(tmp_path / "theirs.tar").verdict == "foreign"
     assert invoke(app, ["cache", "trust", "remove", "colleague"]).exit_code == 2  # nothing left to remove
 
 
 def test_a_foreign_archive_with_trust_is_loaded_as_code(tmp_path):
     saved = tmp_path / "a.tar"
-    archive.save(saved, make_cache(tmp_path / "src"))
+    archive_save.save(saved, make_cache(tmp_path / "src"))
     unsigned = write_tar(tmp_path / "unsigned.tar", [(n, d) for n, d in tar_members(saved) if n != provenance.SIGNATURE])
-    assert "not signed" in provenance.check_provenance(unsigned).reason
+    assert "not signed" in reader.check_provenance(unsigned).reason
     r = invoke(app, ["cache", "load", str(unsigned), "--dir", str(tmp_path / "dst"), "--trust"])
     assert r.exit_code == 0
     first, second = r.stdout.splitlines()[:2]
@@ -102,44 +106,44 @@ def test_a_foreign_archive_with_trust_is_loaded_as_code(tmp_path):
 
 def test_altering_a_signed_archive_makes_it_foreign(tmp_path):
     saved = tmp_path / "a.tar"
-    archive.save(saved, make_cache(tmp_path / "src"))
+    archive_save.save(saved, make_cache(tmp_path / "src"))
     members = tar_members(saved)
     # a member changed (the manifest updated to match, the signature kept)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
     changed = [(n, pickle.dumps({"x": 1}) if n == fx else d) for n, d in members]
-    p = provenance.check_provenance(write_tar(tmp_path / "changed.tar", changed))
+    p = reader.check_provenance(write_tar(tmp_path / "changed.tar", changed))
     assert p.verdict == "foreign" and "differs from what was signed" in p.reason and fx in p.reason
     # the statement edited (a member's hash replaced): the signature no longer verifies
     sig = json.loads(dict(members)[provenance.SIGNATURE])
     sig["statement"] = sig["statement"].replace('"members":{', '"members":{"cache/extra":[1,"00"],', 1)
     forged = [(n, json.dumps(sig).encode() if n == provenance.SIGNATURE else d) for n, d in members]
-    p = provenance.check_provenance(write_tar(tmp_path / "forged.tar", forged))
+    p = reader.check_provenance(write_tar(tmp_path / "forged.tar", forged))
     assert p.verdict == "foreign" and "does not verify" in p.reason
     # garbage where the signature goes
     garbage = [(n, b"\x00{" if n == provenance.SIGNATURE else d) for n, d in members]
-    assert "malformed" in provenance.check_provenance(write_tar(tmp_path / "g.tar", garbage)).reason
+    assert "malformed" in reader.check_provenance(write_tar(tmp_path / "g.tar", garbage)).reason
 
 
 def test_an_archive_changed_between_the_check_and_the_extraction_is_refused(tmp_path, monkeypatch):
     """The file may be replaced after its provenance was checked: extraction hashes every member again."""
     saved = tmp_path / "a.tar"
-    archive.save(saved, make_cache(tmp_path / "src"))
-    verdict, _ = provenance.inspect_archive(saved)
+    archive_save.save(saved, make_cache(tmp_path / "src"))
+    verdict, _ = reader.inspect_archive(saved)
     members = tar_members(saved)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
     new = pickle.dumps({"_fx_graph_cache_debug_lines": [], "evil": 1}, protocol=4)
-    manifest = json.loads(dict(members)[archive.MANIFEST])
+    manifest = json.loads(dict(members)[reader.MANIFEST])
     import xxhash
 
     for e in manifest["entries"]:
         if "cache/" + e["rel"] == fx:
             e["size"], e["hash"] = len(new), xxhash.xxh3_128_hexdigest(new)
-    swapped = [(n, new if n == fx else json.dumps(manifest).encode() if n == archive.MANIFEST else d) for n, d in members]
+    swapped = [(n, new if n == fx else json.dumps(manifest).encode() if n == reader.MANIFEST else d) for n, d in members]
     write_tar(saved, swapped)
-    real = provenance.inspect_archive
-    monkeypatch.setattr(provenance, "inspect_archive", lambda *a, **k: (verdict, real(*a, **k)[1]))
+    real = reader.inspect_archive
+    monkeypatch.setattr(reader, "inspect_archive", lambda *a, **k: (verdict, real(*a, **k)[1]))
     with pytest.raises(BadInput, match="differs from what was signed"):
-        archive.load(saved, tmp_path / "dst")
+        archive_load.load(saved, tmp_path / "dst")
     assert not (tmp_path / "dst").exists()
 
 
@@ -148,7 +152,7 @@ def test_signing_key_from_the_environment_and_its_checks(tmp_path, monkeypatch, 
     shared = tmp_path / "ci-key.pem"
     monkeypatch.setenv("COMPILEWATCH_SIGNING_KEY", str(shared))
     with pytest.raises(BadInput, match="does not exist"):
-        archive.save(tmp_path / "x.tar", make_cache(tmp_path / "src"))
+        archive_save.save(tmp_path / "x.tar", make_cache(tmp_path / "src"))
     monkeypatch.delenv("COMPILEWATCH_SIGNING_KEY")
     with other_machine("ci"):
         keys.signing_key()  # made in the CI config dir; copy it out as the shared secret
@@ -156,10 +160,10 @@ def test_signing_key_from_the_environment_and_its_checks(tmp_path, monkeypatch, 
     os.chmod(shared, 0o644)
     monkeypatch.setenv("COMPILEWATCH_SIGNING_KEY", str(shared))
     with pytest.raises(BadInput, match="readable by other users"):
-        archive.save(tmp_path / "x.tar", make_cache(tmp_path / "src"))
+        archive_save.save(tmp_path / "x.tar", make_cache(tmp_path / "src"))
     os.chmod(shared, 0o600)
-    archive.save(tmp_path / "x.tar", make_cache(tmp_path / "src"))
-    assert provenance.check_provenance(tmp_path / "x.tar").verdict == "own"
+    archive_save.save(tmp_path / "x.tar", make_cache(tmp_path / "src"))
+    assert reader.check_provenance(tmp_path / "x.tar").verdict == "own"
 
 
 def test_trust_add_refuses_what_is_not_a_key(tmp_path):
@@ -187,16 +191,16 @@ def test_mega_cache_preload_checks_provenance_and_scans_every_artifact(tmp_path,
         CacheArtifactManager.record_artifact("inductor", "fevil", pickle.dumps(RunsCode(), protocol=0))
         blob, _ = CacheArtifactManager.serialize()
     saved = tmp_path / "a.tar"
-    archive.save(saved, make_cache(tmp_path / "src"), mega=False)
-    evil = signed_tar(tmp_path / "evil.tar", [*tar_members(saved), (archive.MEGA, blob)])
+    archive_save.save(saved, make_cache(tmp_path / "src"), mega=False)
+    evil = signed_tar(tmp_path / "evil.tar", [*tar_members(saved), (reader.MEGA, blob)])
     with pytest.raises(BadInput, match="refused mega_cache.bin: inductor fevil"):
-        archive.load_mega_cache(evil)
+        archive_load.load_mega_cache(evil)
     with other_machine():
         with pytest.raises(BadInput, match="is foreign"):
-            archive.load_mega_cache(evil)
+            archive_load.load_mega_cache(evil)
     assert not marker.exists()
     rep = archive_check.verify_archive(evil)
-    assert not rep.ok and rep.provenance.verdict == "own" and rep.findings[0].member.startswith(archive.MEGA)
+    assert not rep.ok and rep.provenance.verdict == "own" and rep.findings[0].member.startswith(reader.MEGA)
 
 
 def test_names_from_files_never_reach_the_terminal_raw(tmp_path):

@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from compilewatch.cache import archive, fingerprint as fp_mod, manage, provenance, verify as verify_mod
+from compilewatch.cache.archive import load as archive_load
+from compilewatch.cache.archive import reader
+from compilewatch.cache.archive import save as archive_save
+from compilewatch.cache.content import fingerprint as fp_mod
+from compilewatch.cache.content import verify as verify_mod
+from compilewatch.cache.local import manage
+from compilewatch.cache.trust import provenance
 from compilewatch.errors import BadInput
 from tests.cache_helpers import make_cache, tar_members, tree, write, write_tar
 from tests.helpers import invoke
@@ -44,23 +50,23 @@ def _forge(src_tar, dst_tar, *, replace=None, add=None, manifest_edit=None, head
     out = []
     manifest = None
     for name, data in members:
-        rel = name[len(archive.PREFIX):] if name.startswith(archive.PREFIX) else None
-        if name == archive.MANIFEST:
+        rel = name[len(reader.PREFIX):] if name.startswith(reader.PREFIX) else None
+        if name == reader.MANIFEST:
             manifest = json.loads(data)
             continue
         if name == provenance.SIGNATURE:
             old_signature = data
             continue
-        if name == archive.HEADER and header_edit:
+        if name == reader.HEADER and header_edit:
             data = json.dumps(header_edit(json.loads(data))).encode()
         if rel is not None and rel in replace:
             data = replace[rel]
         out.append((name, data))
-    out += [(archive.PREFIX + rel, data) for rel, data in add.items()]
+    out += [(reader.PREFIX + rel, data) for rel, data in add.items()]
     entries = {e["rel"]: e for e in manifest["entries"]}
     for name, data in out:
-        if name.startswith(archive.PREFIX):
-            rel = name[len(archive.PREFIX):]
+        if name.startswith(reader.PREFIX):
+            rel = name[len(reader.PREFIX):]
             e = entries.setdefault(rel, {"rel": rel, "mtime_ns": 0})
             e["size"], e["hash"] = len(data), xxhash.xxh3_128_hexdigest(data)
     manifest["entries"] = list(entries.values())
@@ -68,7 +74,7 @@ def _forge(src_tar, dst_tar, *, replace=None, add=None, manifest_edit=None, head
     manifest["bytes"] = sum(e["size"] for e in entries.values())
     if manifest_edit:
         manifest_edit(manifest)
-    out.append((archive.MANIFEST, json.dumps(manifest).encode()))
+    out.append((reader.MANIFEST, json.dumps(manifest).encode()))
     if sign:
         rec = provenance.Recorder()
         for name, data in out:
@@ -82,13 +88,13 @@ def _forge(src_tar, dst_tar, *, replace=None, add=None, manifest_edit=None, head
 @pytest.fixture
 def saved(tmp_path):
     src = make_cache(tmp_path / "src")
-    archive.save(tmp_path / "a.tar", src)
+    archive_save.save(tmp_path / "a.tar", src)
     return tmp_path / "a.tar"
 
 
 def _fx_rel(tar):
     with tarfile.open(tar) as t:
-        return next(m.name for m in t.getmembers() if m.name.startswith("cache/fxgraph/"))[len(archive.PREFIX):]
+        return next(m.name for m in t.getmembers() if m.name.startswith("cache/fxgraph/"))[len(reader.PREFIX):]
 
 
 def _refused_untouched(tmp_path, bad, match, **kw):
@@ -96,7 +102,7 @@ def _refused_untouched(tmp_path, bad, match, **kw):
     before = tree(dst)
     names = set(os.listdir(tmp_path))
     with pytest.raises(BadInput, match=match) as info:
-        archive.load(bad, dst, **kw)
+        archive_load.load(bad, dst, **kw)
     assert tree(dst) == before and set(os.listdir(tmp_path)) == names  # no temp dir left, no backup made
     return info.value
 
@@ -110,7 +116,7 @@ def test_s1_archive_with_a_code_running_pickle_is_refused_and_never_run(tmp_path
     assert not marker.exists()
     # --trust loads it (nothing is unpickled by loading); verify then names it and still runs nothing
     dst2 = tmp_path / "trusted"
-    archive.load(bad, dst2, trust=True)
+    archive_load.load(bad, dst2, trust=True)
     report = verify_mod.verify(dst2)
     assert report.counts.get("untrusted") == 1 and not marker.exists()
 
@@ -126,7 +132,7 @@ def test_s1_cli_load_exits_2_naming_member_and_global(tmp_path, saved):
 def test_s2_load_reports_the_hash_it_extracted_not_the_manifests_claim(tmp_path, saved):
     lying = _forge(saved, tmp_path / "lying.tar",
                    manifest_edit=lambda m: m.update(content_hash="xxh3-128:" + "0" * 32))
-    res = archive.load(lying, tmp_path / "dst")
+    res = archive_load.load(lying, tmp_path / "dst")
     assert res.content_hash != "xxh3-128:" + "0" * 32
     # the bytes extracted are the saved cache's (triton paths are rewritten after that, for the new place)
     assert res.content_hash == fp_mod.fingerprint(tmp_path / "src").content_hash
@@ -150,11 +156,11 @@ def test_s3_free_space_counts_the_members_not_the_manifests_total(tmp_path, save
     """Issue 29: a manifest saying 0 bytes passed the free-space check. The check adds up the members'
     sizes (what extraction may write), whatever the manifest's `bytes` claims."""
     lying = _forge(saved, tmp_path / "zero.tar", manifest_edit=lambda m: m.update(bytes=0))
-    real = sum(e.size for e in archive.read_manifest(lying).entries)
-    assert real > 0 and archive.read_manifest(lying).bytes == 0
-    free = archive.DISK_MARGIN + real // 2  # enough for the claim, not for the members
+    real = sum(e.size for e in reader.read_manifest(lying).entries)
+    assert real > 0 and reader.read_manifest(lying).bytes == 0
+    free = archive_load.DISK_MARGIN + real // 2  # enough for the claim, not for the members
     usage = type(shutil.disk_usage("/"))
-    monkeypatch.setattr(archive.shutil, "disk_usage", lambda p: usage(1 << 40, (1 << 40) - free, free))
+    monkeypatch.setattr(archive_load.shutil, "disk_usage", lambda p: usage(1 << 40, (1 << 40) - free, free))
     err = _refused_untouched(tmp_path, lying, "free")
     assert f"holds {real} bytes" in err.message
 
@@ -170,8 +176,8 @@ def test_s3_extraction_stops_and_cleans_up_when_the_disk_fills_meanwhile(tmp_pat
         free = (1 << 40) if calls["n"] <= 2 else 1024  # fine for the checks before writing, then full
         return usage(1 << 40, (1 << 40) - free, free)
 
-    monkeypatch.setattr(archive._SpaceBudget, "_RECHECK", 1)
-    monkeypatch.setattr(archive.shutil, "disk_usage", shrinking)
+    monkeypatch.setattr(archive_load._SpaceBudget, "_RECHECK", 1)
+    monkeypatch.setattr(archive_load.shutil, "disk_usage", shrinking)
     _refused_untouched(tmp_path, saved, "running out of space")
 
 
@@ -195,7 +201,7 @@ def test_manifest_not_json_is_bad_input(tmp_path, saved):
     out = tmp_path / "m.tar"
     with tarfile.open(saved) as tin, tarfile.open(out, "w") as tout:
         for m in tin.getmembers():
-            data = b"{not json" if m.name == archive.MANIFEST else tin.extractfile(m).read()
+            data = b"{not json" if m.name == reader.MANIFEST else tin.extractfile(m).read()
             m.size = len(data)
             tout.addfile(m, io.BytesIO(data))
     _refused_untouched(tmp_path, out, "foreign")
@@ -217,14 +223,14 @@ def test_loading_an_empty_dir_is_bad_input(tmp_path):
     dst = make_cache(tmp_path / "dst", n_fx=1, triton=False)
     before = tree(dst)
     with pytest.raises(BadInput, match="it is empty"):
-        archive.load(tmp_path / "empty", dst)
+        archive_load.load(tmp_path / "empty", dst)
     assert tree(dst) == before and (tmp_path / "empty").is_dir()
 
 
 def test_loading_a_dir_that_is_not_a_cache_is_bad_input(tmp_path):
     write(tmp_path / "proj", "README.md", "mine")
     with pytest.raises(BadInput, match="does not look like an inductor cache"):
-        archive.load(tmp_path / "proj", tmp_path / "dst")
+        archive_load.load(tmp_path / "proj", tmp_path / "dst")
     assert (tmp_path / "proj" / "README.md").read_text() == "mine"
 
 

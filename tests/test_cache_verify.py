@@ -9,7 +9,7 @@ import time
 import pytest
 
 from compilewatch import torchinfo
-from compilewatch.cache import verify as verify_mod
+from compilewatch.cache.content import verify as verify_mod
 from tests.cache_helpers import OTHER_KEY, entry_pickle, make_cache, tree, write
 
 KDIR = "triton/0/KERNELAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
@@ -173,7 +173,7 @@ def test_broken_local_cache_json_is_truncated(tmp_path):
 
 
 def test_rebase_triton_paths_fixes_a_moved_cache(tmp_path):
-    from compilewatch.cache.relocate import rebase_triton_paths
+    from compilewatch.cache.local.relocate import rebase_triton_paths
 
     root = make_cache(tmp_path / "c")
     grp = root / KDIR / "__grp__triton_poi_0.json"
@@ -202,7 +202,7 @@ def test_fix_rewrites_relocated_paths(tmp_path):
 def test_a_file_too_large_to_read_is_unloadable_and_a_fifo_never_blocks(tmp_path, monkeypatch):
     """verify reads each file once, bounded (picklescan.MAX_SCAN, what cache load would scan), and
     opens it non-blocking: a cache from elsewhere can hold a huge pickle or a FIFO where a file was."""
-    from compilewatch.cache import picklescan
+    from compilewatch.cache.trust import picklescan
     from tests.helpers import time_limit
 
     root = make_cache(tmp_path / "c")

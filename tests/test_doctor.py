@@ -8,10 +8,9 @@ import os
 import pytest
 
 from cli.main import app
-from compilewatch import doctor
+from compilewatch import doctor, torchinfo
 from compilewatch.devices import gpus
 from compilewatch.tracing import torchcompat
-from compilewatch import torchinfo
 from tests.helpers import invoke, invoke_json
 from tests.test_gpus import fake_nvml, no_driver, seeds_drafters
 
@@ -26,7 +25,7 @@ def test_cache_dir_and_source_come_from_the_cache_layout(monkeypatch, tmp_path):
     """One rule for "where the cache is and why" (compilewatch.cache.layout.default_root): `cache
     where` judges by the environment now; doctor by the variables as they were before torch set
     TORCHINDUCTOR_CACHE_DIR itself."""
-    from compilewatch.cache import layout
+    from compilewatch.cache.local import layout
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "c"))
     assert layout.default_root() == (tmp_path / "c", "TORCHINDUCTOR_CACHE_DIR")

@@ -21,7 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compilewatch.cache import archive, tarsafe
+from compilewatch.cache.archive import load as archive_load
+from compilewatch.cache.archive import reader, tarsafe
+from compilewatch.cache.archive import save as archive_save
 from compilewatch.errors import BadInput
 from tests.cache_helpers import make_cache, tree
 from tests.limits import MiB, cli, one_clear_line
@@ -62,16 +64,16 @@ def _tar(*parts: bytes) -> bytes:
     return b"".join(parts) + b"\0" * 1024
 
 
-_HEADER = {"format": archive.FORMAT, "created_at": "2026-12-01T00:00:00+00:00", "source_path": "/c", "system_key": "k",
+_HEADER = {"format": reader.FORMAT, "created_at": "2026-12-01T00:00:00+00:00", "source_path": "/c", "system_key": "k",
            "system_info": {}, "torch_version": "0", "torch_hash": None, "compression": "none", "env": {}}
 
 
 def _header_member() -> bytes:
-    return _member(archive.HEADER, json.dumps(_HEADER).encode())
+    return _member(reader.HEADER, json.dumps(_HEADER).encode())
 
 
 def _manifest_member() -> bytes:
-    return _member(archive.MANIFEST, b"{}")
+    return _member(reader.MANIFEST, b"{}")
 
 
 @pytest.fixture
@@ -83,7 +85,7 @@ def real_cache(tmp_path):
 def test_quadratic_pax_header_80kb_is_refused_fast(tmp_path, real_cache):
     """80 KB of digits in one PAX header: > 60 s in tarfile before 3.11.10; refused before it parses."""
     bad = tmp_path / "cve.tar"
-    bad.write_bytes(_tar(_member(archive.HEADER, b"{}", pax=b"1" * 80_000)))
+    bad.write_bytes(_tar(_member(reader.HEADER, b"{}", pax=b"1" * 80_000)))
     before = tree(real_cache)
     for args in (["cache", "diff", str(bad), str(bad)], ["cache", "load", str(bad), "--dir", str(real_cache)]):
         one_clear_line(cli(*args, timeout=60, mem=1536 * MiB), words="extended header of 80000 bytes")
@@ -93,7 +95,7 @@ def test_quadratic_pax_header_80kb_is_refused_fast(tmp_path, real_cache):
 def test_quadratic_digits_within_the_size_cap_are_refused(tmp_path):
     """A 15 KB header under the size cap but made of digit runs (what makes the regex backtrack)."""
     bad = tmp_path / "digits.tar"
-    bad.write_bytes(_tar(_member(archive.HEADER, b"{}", pax=_record("comment", b"7" * 15_000))))
+    bad.write_bytes(_tar(_member(reader.HEADER, b"{}", pax=_record("comment", b"7" * 15_000))))
     one_clear_line(cli("cache", "diff", str(bad), str(bad), timeout=30), words="run of more than 20 digits")
 
 
@@ -156,7 +158,7 @@ def test_pax_timestamp_out_of_range_is_bad_input(tmp_path, value, words):
     bad = tmp_path / "t.tar"
     bad.write_bytes(_tar(_header_member(), _member("cache/ab/x", b"x", pax=_record("mtime", value)), _manifest_member()))
     with pytest.raises(BadInput, match=words):
-        archive.read_manifest(bad)
+        reader.read_manifest(bad)
 
 
 def test_base256_timestamp_in_a_plain_header_is_bad_input(tmp_path):
@@ -175,7 +177,7 @@ def test_member_path_of_2000_components_is_bad_input(tmp_path, real_cache):
     before = tree(real_cache)
     one_clear_line(cli("cache", "diff", str(bad), str(bad), timeout=30), words="2002 components")
     with pytest.raises(BadInput, match="components"):
-        archive.read_manifest(bad)
+        reader.read_manifest(bad)
     assert tree(real_cache) == before
 
 
@@ -233,7 +235,7 @@ def test_any_pax_mtime_is_a_value_or_bad_input(value):
         os.write(fd, raw)
         os.close(fd)
         try:
-            archive.read_manifest(p)
+            reader.read_manifest(p)
         except BadInput:
             pass
     finally:
@@ -245,7 +247,7 @@ def test_a_real_archive_with_long_and_unicode_names_round_trips(tmp_path):
     long_rel = "other/" + "/".join(["päth-" + "x" * 90] * 3) + "/ünïcode-" + "y" * 150
     (src / long_rel).parent.mkdir(parents=True)
     (src / long_rel).write_bytes(b"payload")
-    archive.save(tmp_path / "a.tar.gz", src)
-    res = archive.load(tmp_path / "a.tar.gz", tmp_path / "dst")
+    archive_save.save(tmp_path / "a.tar.gz", src)
+    res = archive_load.load(tmp_path / "a.tar.gz", tmp_path / "dst")
     assert (tmp_path / "dst" / long_rel).read_bytes() == b"payload" and res.files == len(tree(src))
     assert math.isfinite((tmp_path / "dst" / long_rel).stat().st_mtime)

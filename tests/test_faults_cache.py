@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from compilewatch.cache import archive, layout, manage, swap
-from compilewatch.cache.lock import CacheLocked, cache_lock
+from compilewatch.cache.archive import save as archive
+from compilewatch.cache.local import layout, manage, swap
+from compilewatch.cache.local.lock import CacheLocked, cache_lock
 from compilewatch.errors import CheckFailed
 from compilewatch.tracing import runner
 from tests.cache_helpers import big_cache, make_cache, tree
@@ -91,7 +92,7 @@ os.rename = rename
 
 
 def _kill_mid_swap(new: Path, target: Path, when: str) -> None:
-    call = ("from compilewatch.cache import swap, layout\n"
+    call = ("from compilewatch.cache.local import swap, layout\n"
             "swap.swap_in(__import__('pathlib').Path(sys.argv[1]), __import__('pathlib').Path(sys.argv[2]), "
             "new_is_temp=True, backup_for=lambda t: layout.timestamped_sibling(t, 'backup'))")
     o = python(_KILL_AFTER.format(call=call), str(new), str(target), when, timeout=60)
@@ -103,7 +104,7 @@ def test_cache_load_killed_between_its_renames_is_completed_by_the_next_command(
     archive.save(tmp_path / "a.tar", src, mega=False)
     dst = make_cache(tmp_path / "dst", n_fx=1, triton=False)
     old = tree(dst)
-    o = python(_KILL_AFTER.format(call="from compilewatch.cache import archive\narchive.load(sys.argv[1], sys.argv[2])"),
+    o = python(_KILL_AFTER.format(call="from compilewatch.cache.archive import load\nload.load(sys.argv[1], sys.argv[2])"),
                str(tmp_path / "a.tar"), str(dst), "after-first", timeout=120, mem=None)
     assert o.rc == -signal.SIGKILL, o.stderr[-2000:]
     assert not dst.exists() and swap.journal_for(dst).exists()  # the window the issue found

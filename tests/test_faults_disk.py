@@ -15,9 +15,9 @@ import sys
 import pytest
 
 from compilewatch import fsutil
+from compilewatch.cache.archive import save as archive
 from compilewatch.errors import WriteFailed
 from tests.cache_helpers import make_cache
-from compilewatch.cache import archive
 from tests.limits import cli, file_size_limit, one_clear_line
 
 

@@ -217,7 +217,7 @@ def test_watch_report_and_timeline(rows, junk):
 @FAST
 @given(st.data())
 def test_fingerprint_manifest_json(data):
-    from compilewatch.cache import fingerprint as fp_mod
+    from compilewatch.cache.content import fingerprint as fp_mod
 
     base = {"format": 1, "path": "/c", "files": 1, "bytes": 3, "content_hash": "xxh3-128:0",
             "subcaches": [{"name": "fxgraph", "files": 1, "bytes": 3, "content_hash": "x", "newest_mtime_ns": 1}],
@@ -228,11 +228,11 @@ def test_fingerprint_manifest_json(data):
 
 @pytest.fixture(scope="module")
 def real_archive(tmp_path_factory):
-    from compilewatch.cache import archive
+    from compilewatch.cache.archive import save as archive_save
     from tests.cache_helpers import make_cache
 
     d = tmp_path_factory.mktemp("fuzzarch")
-    archive.save(d / "a.tar", make_cache(d / "src", n_fx=2, n_codegen=2), mega=False)
+    archive_save.save(d / "a.tar", make_cache(d / "src", n_fx=2, n_codegen=2), mega=False)
     return (d / "a.tar").read_bytes()
 
 
@@ -256,7 +256,7 @@ def _tar(members) -> bytes:
 def test_cache_archive_load(real_archive, data):
     """Mutated archives: a JSON member with one node replaced, a member's bytes or name replaced,
     or raw bytes flipped. Load into a fresh dir: a LoadResult or BadInput."""
-    from compilewatch.cache import archive
+    from compilewatch.cache.archive import load as archive_load
 
     members = _members(real_archive)
     how = data.draw(st.sampled_from(["json", "bytes", "name", "flip"]))
@@ -276,13 +276,13 @@ def test_cache_archive_load(real_archive, data):
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "a.tar"
         p.write_bytes(raw)
-        _only_bad_input(archive.load, p, Path(d) / "dst")
+        _only_bad_input(archive_load.load, p, Path(d) / "dst")
 
 
 @FAST
 @given(st.binary(max_size=400))
 def test_picklescan_never_raises(blob):
-    from compilewatch.cache import picklescan
+    from compilewatch.cache.trust import picklescan
 
     r = picklescan.scan(b"\x80\x04" + blob)
     assert isinstance(r.refused, tuple)
@@ -293,9 +293,9 @@ def test_picklescan_never_raises(blob):
 @SLOW
 @given(st.data())
 def test_dflash_config_toml(data):
-    from dflash.config import load_toml, tiny, to_toml
-
     import tomllib
+
+    from dflash.config import load_toml, tiny, to_toml
 
     base = tomllib.loads(to_toml(tiny()))
     text = data.draw(st.sampled_from(["mutated", "text"]))

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import collections
-import pickletools
 import os
 import pickle
+import pickletools
 import subprocess
 
 import pytest
 
-from compilewatch.cache import picklescan
+from compilewatch.cache.trust import picklescan
 
 
 class _Call:
@@ -195,7 +195,6 @@ def test_real_sympy_objects_pass(protocol):
     Protocols 4-5 only, the ones torch's caches write: below 4, a Symbol with assumptions is pickled as
     functools.partial(getattr(Symbol, "__new__"), ...), which the scanner refuses (a dunder)."""
     import sympy
-
     from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
     s0, s1 = sympy.Symbol("s0", integer=True, positive=True), sympy.Symbol("s1", integer=True)
@@ -243,7 +242,7 @@ def _graph_module_pickle(code, protocol):
 ])
 def test_graph_module_source_that_is_not_fx_is_refused(protocol, code):
     """Red team: a torch.fx helper executes the source it is given while the pickle loads. The one torch
-    uses (reduce_graph_module) is admitted only for FX-shaped source (compilewatch.cache.fxsource)."""
+    uses (reduce_graph_module) is admitted only for FX-shaped source (compilewatch.cache.trust.fxsource)."""
     r = picklescan.scan(_graph_module_pickle(code, protocol))
     assert not r.ok and any("reduce_graph_module" in x for x in r.refused), r
 
@@ -267,7 +266,6 @@ def test_calls_that_smuggle_a_call_are_refused(protocol):
     import copyreg
 
     import torch
-
     from torch._tensor import _rebuild_from_type_v2
     from torch.fx.graph_module import reduce_graph_module
 
@@ -356,8 +354,8 @@ def test_real_signatures_and_triton_configs_pass(protocol):
 
     objs = [inspect.signature(kernel)]
     try:  # the CUDA wheels (CI's torch 2.11 and 2.15 columns) bring triton; the CPU wheel does not
-        from triton.runtime.autotuner import Config
         from torch._inductor.runtime.triton_heuristics import InductorConfig
+        from triton.runtime.autotuner import Config
     except ImportError:
         pass
     else:

@@ -10,7 +10,11 @@ import pickle
 
 import pytest
 
-from compilewatch.cache import archive, archive_check, picklescan, provenance
+from compilewatch.cache.archive import check as archive_check
+from compilewatch.cache.archive import load as archive_load
+from compilewatch.cache.archive import reader as provenance
+from compilewatch.cache.archive import save as archive_save
+from compilewatch.cache.trust import picklescan
 from compilewatch.errors import BadInput
 from tests.cache_helpers import entry_pickle, make_cache, noise, signed_tar, tar_members, write, write_tar
 
@@ -68,7 +72,7 @@ def small_memory(monkeypatch):
 
 def test_verify_scans_large_members_as_they_stream(tmp_path, monkeypatch):
     saved = tmp_path / "a.tar.gz"
-    archive.save(saved, make_cache(tmp_path / "src"), mega=False)
+    archive_save.save(saved, make_cache(tmp_path / "src"), mega=False)
     in_memory = archive_check.verify_archive(saved)
     monkeypatch.setattr(provenance, "IN_MEMORY", 64)
     monkeypatch.setattr(picklescan, "READ_WHOLE", 0)
@@ -79,7 +83,7 @@ def test_verify_scans_large_members_as_they_stream(tmp_path, monkeypatch):
 
 
 def test_a_large_pickle_that_runs_code_is_found_and_named(tmp_path, small_memory):
-    saved = archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
+    saved = archive_save.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
     members = tar_members(saved)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
     evil = signed_tar(tmp_path / "evil.tar", [(n, pickle.dumps(_RunsCode(), protocol=4) if n == fx else d)
@@ -91,7 +95,7 @@ def test_a_large_pickle_that_runs_code_is_found_and_named(tmp_path, small_memory
 
 
 def test_a_large_member_changed_after_signing_is_foreign(tmp_path, small_memory):
-    saved = archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
+    saved = archive_save.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
     members = tar_members(saved)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
     changed = write_tar(tmp_path / "changed.tar", [(n, entry_pickle("z" * 64) if n == fx else d)
@@ -103,7 +107,7 @@ def test_a_large_member_changed_after_signing_is_foreign(tmp_path, small_memory)
 def test_a_damaged_or_cut_large_member_is_never_ok(tmp_path, small_memory):
     """A gzip archive whose large member is damaged: changed bytes are caught by the hash (foreign); an
     archive cut inside the member is BadInput (the decompressor's error, raised to the scan, is kept)."""
-    members = tar_members(archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive)
+    members = tar_members(archive_save.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive)
     fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
     big = pickle.dumps({"blob": noise(400_000, seed=9)}, protocol=4)  # incompressible: the middle of the file is in it
     path = signed_tar(tmp_path / "big.tar.gz", [(n, big if n == fx else d) for n, d in members])
@@ -124,13 +128,13 @@ def test_load_scans_extracted_files_streamed(tmp_path, monkeypatch):
     a pickle that runs code is still refused by name and nothing is changed."""
     monkeypatch.setattr(picklescan, "READ_WHOLE", 0)
     src = make_cache(tmp_path / "src")
-    archive.load(archive.save(tmp_path / "ok.tar", src, mega=False).archive, tmp_path / "loaded")
+    archive_load.load(archive_save.save(tmp_path / "ok.tar", src, mega=False).archive, tmp_path / "loaded")
     assert (tmp_path / "loaded" / "fxgraph").is_dir()
     evil = "fxgraph/ee/fee" + "e" * 49 + "/entry"
     write(src, evil, pickle.dumps(_RunsCode(), protocol=4))
-    saved = archive.save(tmp_path / "evil.tar", src, mega=False).archive
+    saved = archive_save.save(tmp_path / "evil.tar", src, mega=False).archive
     with pytest.raises(BadInput, match=f"refused cache/{evil}"):
-        archive.load(saved, tmp_path / "dst")
+        archive_load.load(saved, tmp_path / "dst")
     assert not (tmp_path / "dst").exists()
 
 
@@ -153,12 +157,12 @@ def test_what_a_scan_holds_is_bounded(tmp_path, monkeypatch):
     assert not res.ok and f"a pickle of {len(ok)} bytes" in res.problem and "not scanned" in res.problem
     # in an archive: a finding naming the member; cache load refuses it (unless --trust)
     monkeypatch.setattr(provenance, "IN_MEMORY", 0)
-    saved = archive.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
+    saved = archive_save.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
     monkeypatch.setattr(picklescan, "MAX_SCAN", 150)  # make_cache's fx entries are 100-300 bytes
     rep = archive_check.verify_archive(saved)
     assert not rep.ok and rep.findings and all(x.kind == "unloadable" and "not scanned" in x.detail for x in rep.findings)
     with pytest.raises(BadInput, match="not scanned"):
-        archive.load(saved, tmp_path / "dst")
+        archive_load.load(saved, tmp_path / "dst")
     assert not (tmp_path / "dst").exists()
 
 

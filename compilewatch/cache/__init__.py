@@ -1,21 +1,17 @@
-"""The inductor cache as a managed artifact: locate, fingerprint, verify, archive, manage.
+"""The inductor cache as a managed artifact, in five rooms by capability. Each room imports only the
+rooms before it in this list (and compilewatch's top-level basics); tests/test_layering.py checks it,
+string imports included, and that no two files import each other in a cycle.
 
-Modules (each named after what it holds):
-- `layout`: where the cache is, its sub-caches, how a relative path maps to a sub-cache and an entry,
-  and the one file walk every other module uses.
-- `stamps`: what torch writes inside entries that says which system key / torch build made them.
-- `fingerprint`: a Merkle content hash (xxh3-128) with a stat index sidecar for fast re-runs.
-- `verify`: unusable entries and entries built for another system key; `--fix` moves them aside.
-- `archive`: portable `tar` (+ zstd or gzip) archives with a manifest, env summary and Mega-Cache.
-- `provenance`: who made an archive (the signed statement `save` writes; `check_provenance`'s verdict:
-  own, trusted or foreign) — what load, verify and a remote push decide by.
-- `keys`: this machine's Ed25519 signing key and the trust store of keys the user accepts.
-- `archive_check`: `cache verify ARCHIVE` (provenance, then every pickle scanned; nothing extracted).
-- `picklescan`: a pickle's globals and calls checked without unpickling (the second line);
-  `fxsource`: the FX-source check for the one source-executing call torch's pickles make.
-- `relocate`: triton's absolute kernel paths, rewritten when a cache moves (load does it).
-- `manage`: clear (with backup), prune (LRU), ls, du, diff.
-- `lock`: the inter-process lock compilewatch's own cache operations take.
+- `trust/`: deciding what may be believed about bytes from elsewhere: the pickle scan, the FX-source
+  check, this machine's signing key and trust store, an archive's signed statement and its verdict,
+  the record of backup dirs compilewatch made. Imports no other cache room.
+- `local/`: the cache dir on this machine: where it is, its sub-caches, the one file walk, the lock,
+  the two-rename swap, busy writers, triton's absolute paths; ls, du, clear, prune.
+- `content/`: what the cache holds: the stamps torch writes into entries, the Merkle fingerprint,
+  `verify --dir`.
+- `archive/`: portable archives: the format and its one-pass reads, save, load, `verify ARCHIVE`, the
+  tar bounds, `cache diff` (which reads dirs, fingerprints and archives alike).
+- `remote/`: torch's Redis remote caches: the key space, status and verify, push/pull/clear.
 
 Nothing here imports torch at import time; functions that need torch import it lazily.
 """

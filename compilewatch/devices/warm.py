@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal
 
-from compilewatch.tracing import counters as _counters
 from compilewatch import torchinfo
-from compilewatch.tracing.compile_events import CompileRecorder, error_text
 from compilewatch.devices.spec import parse_devices
+from compilewatch.tracing import counters as _counters
+from compilewatch.tracing.compile_events import CompileRecorder, error_text
 from compilewatch.tracing.targets import EntryPointError, Workload, as_workload
 from compilewatch.tracing.tracehooks import TraceRecorder
 
@@ -271,8 +271,8 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
 
 def _repair_cache_swap() -> None:
     """A `cache load` killed between its renames leaves no cache dir: complete or roll it back before
-    compiling into it (compilewatch.cache.swap; one stat when there is nothing to repair)."""
-    from compilewatch.cache import swap
+    compiling into it (compilewatch.cache.local.swap; one stat when there is nothing to repair)."""
+    from compilewatch.cache.local import swap
 
     try:
         swap.recover(torchinfo.inductor_cache_dir())

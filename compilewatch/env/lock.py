@@ -288,8 +288,8 @@ def _cache_summary(cache_dir: str, progress: Any = None) -> CacheSummary:
 
     A dir that is not an inductor cache (compilewatch.cache refuses it) is only counted.
     """
-    from compilewatch.cache import fingerprint as cache_fingerprint
-    from compilewatch.cache import layout as cache_layout
+    from compilewatch.cache.content import fingerprint as cache_fingerprint
+    from compilewatch.cache.local import layout as cache_layout
     from compilewatch.errors import BadInput
 
     root = Path(cache_dir)

@@ -19,8 +19,8 @@ import contextlib
 import os
 import shutil
 import signal
-import sys
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -146,8 +146,9 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
         events.sort(key=lambda e: (e.time, e.pid, e.seq))
         report_path = None
         if report is not None:
-            from compilewatch.fsutil import atomic_write_text
             import json
+
+            from compilewatch.fsutil import atomic_write_text
             from compilewatch.serialize import to_jsonable
 
             text = "".join(json.dumps(to_jsonable(e.to_json())) + "\n" for e in events)
@@ -169,9 +170,9 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
 
 def _repair_cache_swap() -> None:
     """Complete or roll back a `cache load` killed between its renames before the program compiles
-    into torch's cache dir (compilewatch.cache.swap; one stat when there is nothing to repair)."""
-    from compilewatch.cache import swap
+    into torch's cache dir (compilewatch.cache.local.swap; one stat when there is nothing to repair)."""
     from compilewatch import torchinfo
+    from compilewatch.cache.local import swap
 
     try:
         swap.recover(torchinfo.inductor_cache_dir())

@@ -26,7 +26,7 @@ _BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!--
 
 
 def subcache_table() -> str:
-    from compilewatch.cache import layout
+    from compilewatch.cache.local import layout
 
     rows = ["| sub-cache | where | what it holds | tied to | torch | written when |", "|---|---|---|---|---|---|"]
     for k in layout.KINDS:

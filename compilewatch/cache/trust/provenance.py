@@ -16,7 +16,7 @@ Ed25519 signature over the statement's exact bytes. The statement names every me
 the header, the Mega-Cache, the manifest) with its size and SHA-256, and says who made it (user,
 host, key id: claims that mean something only when the signature verifies).
 
-`check_provenance(archive)` reads the whole archive once, hashing every member, and returns a frozen
+`archive.reader.check_provenance(archive)` reads the whole archive once, hashing every member, and returns a frozen
 `Provenance`. (A directory `cache load` restores has no signature: `backups.judge` gives it the same
 verdicts, `own` meaning a backup compilewatch recorded making here.) Nothing in it runs code; members are hashed, not parsed. Whoever uses the archive's
 bytes afterwards (extraction, the Mega-Cache preload, a remote-cache push) checks each member
@@ -32,24 +32,26 @@ import binascii
 import getpass
 import hashlib
 import json
-import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any, Literal
 
-from compilewatch.cache import keys
+from compilewatch.cache.trust import keys
 from compilewatch.errors import BadInput
 from compilewatch.inputs import one_line
 
 SIGNATURE = "signature.json"
+
+
 STATEMENT_FORMAT = 1
-MAX_SIGNATURE = 1 << 30  # a statement names every member (~120 bytes each): millions of files
-IN_MEMORY = 256 << 20  # members up to this size reach `on_member` as bytes; larger ones as a MemberStream
+
+
 CODE_WARNING = ("this archive is code: torch runs the Python, C++ and kernels its entries carry, as you, "
                 "on the next compile")
+
 
 Verdict = Literal["own", "trusted", "foreign"]
 
@@ -211,7 +213,7 @@ def _made_by(st: dict | None) -> dict[str, Any]:
         {"created_at": one_line(st["created_at"], 40)} if isinstance(st.get("created_at"), str) else {})
 
 
-def _judge(archive: Path, seen: dict[str, tuple[int, str]], sig: bytes | None, trust: bool) -> Provenance:
+def judge(archive: Path, seen: dict[str, tuple[int, str]], sig: bytes | None, trust: bool) -> Provenance:
     def foreign(reason: str, signed: bool, made: dict | None = None) -> Provenance:
         return Provenance(str(archive), "foreign", reason, signed, None, None, made or {}, trust)
 
@@ -238,129 +240,3 @@ def _judge(archive: Path, seen: dict[str, tuple[int, str]], sig: bytes | None, t
     reason = "signed by this machine's key" if kind == "own" else f"signed by {name}, a key in your trust store"
     return Provenance(str(archive), kind, reason, True, keys.key_id(raw), name, made, False,
                       SignedMembers({n: v[1] for n, v in signed.items()}))
-
-
-def check_provenance(archive: str | os.PathLike[str], *, trust: bool = False) -> Provenance:
-    """The provenance verdict of `archive` (module docstring); reads and hashes every member, runs
-    nothing. BadInput only for a file that is not a readable archive. `trust`: the caller accepts a
-    foreign archive as code (`Provenance.allowed`)."""
-    return inspect_archive(archive, trust=trust)[0]
-
-
-def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, stop_after: int | None = None,
-                    on_member=None):
-    """One pass over `archive`: (Provenance, manifest bytes or None). `stop_after`: BadInput once the
-    members seen add up to more bytes. `on_member(name, data)` gets each member as read (for `verify_archive`'s
-    scan): its bytes, or for a cache file over IN_MEMORY bytes a MemberStream to read it from while it
-    is hashed (what the callback leaves unread is hashed after it returns)."""
-    from compilewatch.cache import archive as arch
-
-    path = Path(archive)
-    arch.read_header(path)  # a clear error for files that are not archives
-    seen: dict[str, tuple[int, str]] = {}
-    sig = manifest = None
-    total = 0
-    with arch._Reader(path) as r:
-        for m in r.members():
-            if m.name == SIGNATURE:
-                sig = r.read(m, MAX_SIGNATURE)
-                continue
-            if m.name in seen:
-                raise r.corrupt(f"member {one_line(m.name, 200)} appears twice")
-            total += max(m.size, 0)
-            if stop_after is not None and total > stop_after:
-                raise BadInput(f"{archive} holds more than {stop_after} bytes, more than the disk beside the cache "
-                               "has free; nothing was changed")
-            cap = {arch.HEADER: arch.MAX_HEADER, arch.MANIFEST: arch.MAX_MANIFEST}.get(m.name)
-            if cap is not None and m.size > cap:
-                raise r.corrupt(f"member {m.name} is {m.size} bytes, more than {cap} for what it is")
-            h = hashlib.sha256()
-            keep = m.name in (arch.HEADER, arch.MANIFEST, arch.MEGA) or (on_member is not None and m.size <= IN_MEMORY)
-            chunks: list[bytes] = []
-            n = 0
-            try:
-                fh = r.tar.extractfile(m)
-            except Exception as e:  # noqa: BLE001 - tarfile errors on a damaged stream
-                raise r.corrupt(e) from None
-            if fh is not None and on_member is not None and not keep:  # a large cache file: read as it streams
-                stream = MemberStream(fh, h, m.size)
-                on_member(m.name, stream)
-                seen[m.name] = (stream.drain(), h.hexdigest())
-                if stream.error is not None:
-                    raise r.corrupt(stream.error) from None
-                continue
-            try:
-                while fh is not None:
-                    chunk = fh.read(4 << 20)
-                    if not chunk:
-                        break
-                    h.update(chunk)
-                    n += len(chunk)
-                    if keep:
-                        chunks.append(chunk)
-            except Exception as e:  # noqa: BLE001 - tarfile/decompressor errors on a damaged stream
-                raise r.corrupt(e) from None
-            seen[m.name] = (n, h.hexdigest())
-            data = b"".join(chunks) if keep else None
-            if m.name == arch.MANIFEST:
-                manifest = data
-            if on_member is not None:
-                on_member(m.name, data)
-    return _judge(path, seen, sig, trust), manifest
-
-
-class MemberStream:
-    """An archive member as it is read (`read`, `readline`, `peek`), every byte hashed on the way.
-    An error of the archive's stream (a damaged gzip block) is raised to the reader and kept in
-    `error`: `inspect_archive` calls the archive corrupt, whatever the reader made of it."""
-
-    def __init__(self, fh, h, size: int) -> None:
-        self.fh, self.h, self.size = fh, h, size  # size: what the member's header says
-        self.n = 0
-        self.error: Exception | None = None
-        self._pending = b""
-
-    def _take(self, read, arg: int) -> bytes:
-        if self.error is not None:
-            raise self.error
-        try:
-            data = read(arg)
-        except Exception as e:  # noqa: BLE001 - tarfile/decompressor errors on a damaged stream
-            self.error = e
-            raise
-        self.h.update(data)
-        self.n += len(data)
-        return data
-
-    def peek(self, n: int) -> bytes:
-        """The next `n` bytes (fewer at the end), left to be read again."""
-        if len(self._pending) < n:
-            self._pending += self._take(self.fh.read, n - len(self._pending))
-        return self._pending[:n]
-
-    def read(self, n: int | None = -1) -> bytes:
-        if n is None or n < 0:
-            data, self._pending = self._pending + self._take(self.fh.read, -1), b""
-            return data
-        head, self._pending = self._pending[:n], self._pending[n:]
-        return head + self._take(self.fh.read, n - len(head)) if len(head) < n else head
-
-    def readline(self, limit: int | None = -1) -> bytes:
-        limit = -1 if limit is None else limit
-        head, self._pending = self._pending, b""
-        if b"\n" in head or 0 <= limit <= len(head):  # the line ends inside what was peeked
-            cut = head.find(b"\n") + 1 or len(head)
-            cut = min(cut, limit) if limit >= 0 else cut
-            head, self._pending = head[:cut], head[cut:]
-            return head
-        return head + self._take(self.fh.readline, limit - len(head) if limit >= 0 else -1)
-
-    def drain(self) -> int:
-        """Hash what was not read; the member's byte count."""
-        if self.error is None:
-            try:
-                while self.read(4 << 20):
-                    pass
-            except Exception:  # noqa: BLE001 - kept in self.error
-                pass
-        return self.n

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from compilewatch.cache.layout import lock_file_for
 from compilewatch.errors import BadInput, CompilewatchError
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -81,3 +80,8 @@ def _read_holder(fd: int) -> str:
     except OSError:
         return ""
     return f" ({text})" if text else ""
+
+
+def lock_file_for(path: Path) -> Path:
+    """The lock file beside the cache dir (beside, so it survives the dir being swapped or moved)."""
+    return path.parent / f".{path.name}.compilewatch.lock"

@@ -30,8 +30,8 @@ import stat
 from datetime import datetime, timezone
 from pathlib import Path
 
-from compilewatch.cache import keys
-from compilewatch.cache.provenance import Provenance
+from compilewatch.cache.trust import keys
+from compilewatch.cache.trust.provenance import Provenance
 from compilewatch.errors import BadInput
 
 RECORD = "backups.jsonl"

@@ -96,7 +96,7 @@ def recover(target: str | os.PathLike[str]) -> str | None:
     j = journal_for(target)
     if not os.path.lexists(j):
         return None
-    from compilewatch.cache.lock import CacheLocked, cache_lock
+    from compilewatch.cache.local.lock import CacheLocked, cache_lock
 
     try:
         with cache_lock(target, timeout=0.0):

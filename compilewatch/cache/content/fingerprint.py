@@ -32,8 +32,9 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 
 import xxhash
 
-from compilewatch.cache import layout, stamps
-from compilewatch.cache.layout import FileStat
+from compilewatch.cache.content import stamps
+from compilewatch.cache.local import layout
+from compilewatch.cache.local.layout import FileStat
 from compilewatch.errors import BadInput
 from compilewatch.fsutil import atomic_write_text
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, NamedTuple
 
+from compilewatch.cache.local.lock import lock_file_for
 from compilewatch.errors import BadInput
 
 SIDECAR = ".compilewatch"  # compilewatch's folder inside a cache dir (stat index); never archived
@@ -48,6 +49,8 @@ class SubCacheKind:
 
 
 _EVERY = "2.11, 2.13, 2.15"
+
+
 KINDS: tuple[SubCacheKind, ...] = (
     SubCacheKind("fxgraph", "fxgraph/<2>/f<key>/<entry>",
                  "FX graph cache: pickled CompiledFxGraph entries (code + triton kernel bundle)",
@@ -113,17 +116,31 @@ KINDS: tuple[SubCacheKind, ...] = (
     SubCacheKind("other", "anything else", "what no supported torch writes (another tool, or a newer torch)",
                  "unknown", "-", "-"),
 )
+
+
 SUBCACHES: dict[str, str] = {k.name: k.holds for k in KINDS}  # name -> what it holds
+
+
 KIND_BY_NAME: dict[str, SubCacheKind] = {k.name: k for k in KINDS}
+
+
 # the top-level names of each sub-cache (exact folder or file names, then name prefixes)
 _NAMED = {"fxgraph", "aotautograd", "triton", "cache", "dynamo", "locks", "precompiled_headers", "gcc",
           "aoti_eager", "autoheuristic"}
+
+
 _NAMED_AS = {"torch_cutlass": "cutlass", "bisect": "debug", "unhashed_kernel_inputs": "debug",
              "cutedsl_compile_cache": "cutedsl", "quack": "quack", "flydsl_compile_cache": "flydsl",
              "memoizer_cache.json": "memoizer", "memoizer_cache.lock": "memoizer"}
+
+
 _PREFIXES = (("halide-runtime-", "halide"), ("inductor_const_spill_", "temp"), ("configs_", "cutlass"),
              ("tmp", "temp"))
+
+
 _HASH_DIR = re.compile(r"^[a-z0-9]{2}$")
+
+
 _TRITON_TMP = "tmp.pid_"
 
 
@@ -259,13 +276,25 @@ def walk(root: str | os.PathLike[str]) -> Walk:
 
 
 _CODE_FILE = re.compile(r"^c([a-z0-9]{2})[a-z0-9]{40,}(\.[A-Za-z0-9_.]+)?$")  # c<base32 key>[.main].py/.cpp/.so
+
+
 # triton autotuning's local cache, beside the kernel's c<hash>.py: sha256(cache key + torch key).best_config
 # (torch/_inductor/runtime/autotune_cache.py; CUDA caches only, so no CPU cache shows it)
 _AUTOTUNE_FILE = re.compile(r"^[0-9a-f]{64}\.best_config$")
+
+
 _FX_KEY_DIR = re.compile(r"^f[a-z0-9]{40,}$")
+
+
 _AOT_KEY_DIR = re.compile(r"^a[a-z0-9]{40,}$")
+
+
 _TRITON_KERNEL_DIR = re.compile(r"^[A-Z2-7]{52}$")  # triton's base32 kernel hash
+
+
 _SYSTEM_KEY_FILE = re.compile(r"^[0-9a-f]{64}$")  # cache/<system key>: sha256 hex of CacheBase.get_system()
+
+
 _OTHER_TORCH_DIRS = {"aot_inductor", "kernel"}  # names torch's own tools use (kept: not a sign of a foreign dir)
 
 
@@ -367,11 +396,6 @@ def header_dir() -> Path:
     return Path(torchinfo.default_cache_dir()) / "precompiled_headers"
 
 
-def lock_file_for(path: Path) -> Path:
-    """The lock file beside the cache dir (beside, so it survives the dir being swapped or moved)."""
-    return path.parent / f".{path.name}.compilewatch.lock"
-
-
 def default_root(env: Mapping[str, str] | None = None) -> tuple[Path, str]:
     """The inductor cache dir torch uses, and its source: "TORCHINDUCTOR_CACHE_DIR" when that
     variable is set in `env`, else "default". `env` defaults to os.environ; `compilewatch doctor`
@@ -395,7 +419,7 @@ def locate(path: str | os.PathLike[str] | None = None) -> CacheLocation:
         root = Path(path)
         source = "argument"
     root = Path(os.path.abspath(os.path.expanduser(root)))
-    from compilewatch.cache import swap
+    from compilewatch.cache.local import swap
 
     swap.recover(root)  # a load killed between its two renames: completed or rolled back first
     env_triton = os.environ.get("TRITON_CACHE_DIR")

@@ -122,7 +122,7 @@ def not_compiling(root: str | os.PathLike[str], in_flight: tuple[str, ...] | lis
     from compilewatch.errors import CheckFailed
 
     if in_flight is None:
-        from compilewatch.cache import layout
+        from compilewatch.cache.local import layout
 
         in_flight = layout.walk(root).in_flight if os.path.isdir(root) else ()
     with hold_torch_locks(root) as held:

@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from compilewatch.cache import picklescan, provenance
+from compilewatch.cache.archive import reader
+from compilewatch.cache.trust import picklescan, provenance
 from compilewatch.inputs import one_line
 
 
@@ -37,7 +38,7 @@ class ArchiveReport:
 
 def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
     """Provenance and scan of every pickle in the archive `path` (module docstring)."""
-    from compilewatch.cache import archive as arch
+    from compilewatch.cache.archive import reader as arch
 
     findings: list[ArchiveFinding] = []
     counts = {"members": 0, "pickles": 0, "mega": 0}
@@ -48,9 +49,9 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
         elif scan.refused:
             findings.append(ArchiveFinding(member, "untrusted", "; ".join(one_line(r, 200) for r in scan.refused[:3])))
 
-    def on_member(name: str, data: bytes | provenance.MemberStream) -> None:
+    def on_member(name: str, data: bytes | reader.MemberStream) -> None:
         counts["members"] += 1
-        large = isinstance(data, provenance.MemberStream)  # over provenance.IN_MEMORY: scanned as it streams
+        large = isinstance(data, reader.MemberStream)  # over provenance.IN_MEMORY: scanned as it streams
         head = data.peek(1) if large else data[:1]
         if name.startswith(arch.PREFIX) and picklescan.is_pickle_file(name[len(arch.PREFIX):], head):
             counts["pickles"] += 1
@@ -60,7 +61,7 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
                 counts["mega"] += 1
                 add(f"{arch.MEGA}: {kind} {one_line(key, 80)}", picklescan.scan_artifact(kind, content))
 
-    verdict, _ = provenance.inspect_archive(Path(path), on_member=on_member)
+    verdict, _ = reader.inspect_archive(Path(path), on_member=on_member)
     return ArchiveReport(str(path), verdict.verdict != "foreign" and not findings, verdict, counts["members"],
                          counts["pickles"], counts["mega"], tuple(findings))
 

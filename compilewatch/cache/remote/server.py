@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-from compilewatch.cache import picklescan, remote_keys, stamps
+from compilewatch.cache.content import stamps
+from compilewatch.cache.remote import keyspace as remote_keys
+from compilewatch.cache.trust import picklescan
 from compilewatch.errors import BadInput
 
 MAX_VALUE = 256 << 20  # the largest entry read (bytes); CUDA FX-graph entries are a few MB

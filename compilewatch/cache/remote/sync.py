@@ -36,9 +36,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from compilewatch.cache import archive as archive_mod
-from compilewatch.cache import layout, picklescan, remote, remote_keys
-from compilewatch.cache import verify as verify_mod
+from compilewatch.cache.archive import load as archive_load
+from compilewatch.cache.archive import reader
+from compilewatch.cache.content import verify as verify_mod
+from compilewatch.cache.local import layout
+from compilewatch.cache.remote import keyspace as remote_keys
+from compilewatch.cache.remote import server as remote
+from compilewatch.cache.trust import picklescan
 from compilewatch.errors import BadInput
 from compilewatch.fsutil import atomic_path
 from compilewatch.inputs import one_line, read_bytes
@@ -191,7 +195,7 @@ def push(source: str | os.PathLike[str], url: str | None = None, *, overwrite: b
         kind = "backup"
     else:
         kind = "archive"
-        archive_mod.compression_for(src)  # BadInput for a file that is none of the three
+        reader.compression_for(src)  # BadInput for a file that is none of the three
     client = remote.connect(url)
     try:
         with remote.failing_server(url, "push", "what was written before the failure stays; run push again "
@@ -203,7 +207,7 @@ def push(source: str | os.PathLike[str], url: str | None = None, *, overwrite: b
             else:
                 tmp = Path(tempfile.mkdtemp(prefix="compilewatch-push-"))
                 try:
-                    archive_mod.load(src, tmp / "cache")  # every check `cache load` makes, provenance included
+                    archive_load.load(src, tmp / "cache")  # every check `cache load` makes, provenance included
                     t = _push_dir(client, tmp / "cache", overwrite, max_value)
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
@@ -286,7 +290,7 @@ def pull(url: str | None = None, path: str | os.PathLike[str] | None = None, *, 
         finally:
             client.close()
         if pulled:
-            result = archive_mod.restore_dir(  # `cache load DIR`: swap + backup
+            result = archive_load.restore_dir(  # `cache load DIR`: swap + backup
                 staging, target, force=force or all_systems,
                 built_here="a staging dir cache remote pull built here (the local cache linked, each fetched pickle scanned)")
             backup = result.backup

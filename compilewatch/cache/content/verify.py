@@ -40,9 +40,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from compilewatch.cache import layout, picklescan, stamps
-from compilewatch.cache.lock import cache_lock
-from compilewatch.cache.relocate import rebase_triton_paths
+from compilewatch.cache.content import stamps
+from compilewatch.cache.local import layout
+from compilewatch.cache.local.lock import cache_lock
+from compilewatch.cache.local.relocate import rebase_triton_paths
+from compilewatch.cache.trust import picklescan
 from compilewatch.errors import BadInput
 from compilewatch.inputs import open_untrusted
 

@@ -1,0 +1,10 @@
+"""What may be believed about bytes that come from elsewhere (archives, restored dirs, Redis values).
+
+- `allowlist`: which pickle globals torch's caches use, and what each name resolves to (by identity);
+- `picklescan`: a pickle's stack followed opcode by opcode without unpickling it; `fxsource`: the one
+  source-executing call torch's pickles make, checked;
+- `keys`: this machine's Ed25519 signing key and the trust store; `provenance`: an archive's signed
+  statement and the own/trusted/foreign verdict; `backups`: the record of backup dirs made here.
+
+May import: compilewatch's top-level basics only (no other cache room).
+"""
