@@ -164,7 +164,7 @@ def _render_fingerprint(fp: fp_lib.Fingerprint) -> None:
 # --- verify ---------------------------------------------------------------------------------------
 @app.command("verify")
 def verify_cmd(
-    archive_path: Annotated[Optional[Path], typer.Argument(metavar="[ARCHIVE]", help="Verify this archive instead of a cache dir: who made it (made here, signed by a trusted key, or foreign), then every pickle in it scanned. Nothing is extracted.")] = None,
+    archive_path: Annotated[Optional[Path], typer.Argument(metavar="ARCHIVE", help="Verify this archive instead of a cache dir: who made it (made here, signed by a trusted key, or foreign), then every pickle in it scanned. Nothing is extracted.")] = None,
     dir: DirOpt = None,
     fix: Annotated[bool, typer.Option("--fix", help="Move bad and foreign entries to <cache>.quarantine-<time>/ (never deletes); rewrite relocated triton paths.")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="Read bytes only; do not parse pickle opcodes (nothing is ever unpickled, in either mode).")] = False,

@@ -26,7 +26,7 @@ app = make_app(
     "execution on every node that reads it: docs/security.md.",
 )
 
-UrlArg = Annotated[Optional[str], typer.Argument(metavar="[URL]", help="redis://:PASSWORD@HOST:PORT/DB, password and /DB optional (default: torch's).")]
+UrlArg = Annotated[Optional[str], typer.Argument(metavar="URL", help="redis://:PASSWORD@HOST:PORT/DB, password and /DB optional (default: torch's).")]
 UrlOpt = Annotated[Optional[str], typer.Option("--url", help="redis://:PASSWORD@HOST:PORT/DB, password and /DB optional (default: torch's).")]
 DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="The local inductor cache dir (default: the one torch uses).")]
 MaxValueOpt = Annotated[str, typer.Option("--max-value", help="Largest value read from the server, e.g. 256MB (bigger ones are reported, never read).")]

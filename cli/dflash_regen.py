@@ -20,7 +20,7 @@ def regen_cmd(
     target: Annotated[str, typer.Option("--target", help="Local HF target directory.")] = EMBEDDED_TARGET,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Longest answer.")] = 512,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Conversations generated together.")] = 32,
-    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy (default).")] = 0.0,
+    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature; 0 is greedy.")] = 0.0,
     device: DeviceOpt = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -8,7 +8,7 @@ import typer
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout (nothing else).")]
 DeviceListOpt = Annotated[str, typer.Option("--device", "-d", help="Where to run: cpu, 0, cuda:1, or a list 0,1,2.")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="torch.compile backend: inductor (default), aot_eager, eager.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="torch.compile backend: inductor, aot_eager or eager.")]
 
 # dflash: one device, or the engine's device lists (compilewatch.devices.spec.normalize_device reads every name)
 DeviceOpt = Annotated[Optional[str], typer.Option(

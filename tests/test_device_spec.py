@@ -30,7 +30,7 @@ def test_no_driver_names_every_device_asked_for(monkeypatch):
     e = _error("5,6,7")
     assert e.message == ("asked for cuda:5, cuda:6, cuda:7: none of them is visible to this process: "
                          "no CUDA driver or GPU is present (torch.cuda.is_available() is False)")
-    assert "CUDA_VISIBLE_DEVICES" not in e.hint and "--devices cpu" in e.hint
+    assert "CUDA_VISIBLE_DEVICES" not in e.hint and "(device cpu)" in e.hint and "--devices" not in e.hint
 
 
 def test_cpu_only_torch(monkeypatch):

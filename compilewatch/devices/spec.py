@@ -43,7 +43,7 @@ def parse_devices(specs: str | list[str]) -> list[str]:
     items = specs.split(",") if isinstance(specs, str) else list(specs)
     devices = [normalize_device(x) for x in items]
     if not devices:
-        raise BadInput("no devices given", hint="e.g. --devices 0,1 or --devices cpu")
+        raise BadInput("no devices given", hint="list devices like 0,1 or cuda:0, or cpu")
     visible = visible_devices()
     missing = [d for d in devices if d not in visible]
     if missing:
@@ -70,14 +70,14 @@ def not_visible(asked: list[str], missing: list[str], visible: list[str]) -> Bad
         which = ", ".join(missing) + (" is not" if len(missing) == 1 else " are not")
     if torch.version.cuda is None:
         why, hint = (f"this torch ({torch.__version__}) is a CPU-only build",
-                     "install a CUDA build of torch for GPUs, or use --devices cpu")
+                     "install a CUDA build of torch for GPUs, or run on the CPU (device cpu)")
     elif not gpus and cvd is not None and cvd.strip() in ("", "-1"):
         why, hint = (f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU",
-                     "unset CUDA_VISIBLE_DEVICES or list the GPUs in it, or use --devices cpu")
+                     "unset CUDA_VISIBLE_DEVICES or list the GPUs in it, or run on the CPU (device cpu)")
     elif not gpus:
         why, hint = ("no CUDA driver or GPU is present (torch.cuda.is_available() is False)",
                      "run on a machine with an NVIDIA GPU and its driver (`compilewatch gpus` says what the "
-                     "driver reports), or use --devices cpu")
+                     "driver reports), or run on the CPU (device cpu)")
     else:
         why = f"this process sees {len(gpus)} GPU(s): {', '.join(gpus)}"
         hint = ("indices count the visible GPUs from 0"

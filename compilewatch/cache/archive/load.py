@@ -238,7 +238,7 @@ def _check_target(target: Path, force: bool) -> None:
     if target.exists() and not target.is_dir():
         raise BadInput(f"{target} exists and is not a directory; nothing was changed")
     if target.is_dir() and not layout.looks_like_cache(target) and not force:
-        raise layout.not_a_cache(target)
+        raise layout.not_a_cache(target, can_force=True)
 
 
 class _SpaceBudget:

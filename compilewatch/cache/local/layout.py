@@ -495,9 +495,11 @@ def _safe_listdir(path: Path) -> list[str]:
         return []
 
 
-def resolve_existing(path: str | os.PathLike[str] | None, *, force: bool = False) -> CacheLocation:
+def resolve_existing(path: str | os.PathLike[str] | None, *, force: bool = False,
+                     can_force: bool = False) -> CacheLocation:
     """`locate(path)`, raising BadInput unless it is an existing dir that looks like an inductor cache
-    (`force` skips that last check, for caches this module does not recognise)."""
+    (`force` skips that last check, for caches this module does not recognise; `can_force`: the
+    command has a --force, so the hint may name it)."""
     loc = locate(path)
     if not loc.exists:
         if loc.path.exists():
@@ -507,19 +509,20 @@ def resolve_existing(path: str | os.PathLike[str] | None, *, force: bool = False
             hint="compile something first, or point --dir / TORCHINDUCTOR_CACHE_DIR at an existing cache",
         )
     if not loc.looks_like_cache and not force:
-        raise not_a_cache(loc.path)
+        raise not_a_cache(loc.path, can_force=can_force)
     return loc
 
 
-def not_a_cache(path: Path) -> BadInput:
-    """The BadInput for a dir without inductor's structure, naming what is there."""
+def not_a_cache(path: Path, *, can_force: bool = False) -> BadInput:
+    """The BadInput for a dir without inductor's structure, naming what is there; the hint names
+    --force only for a command that has it (`can_force`)."""
     unknown = unknown_entries(path)
     shown = ", ".join(unknown[:6]) + (f" and {len(unknown) - 6} more" if len(unknown) > 6 else "")
     what = (f"it holds {shown}, which torch does not write" if unknown and cache_evidence(path)
             else "no fxgraph/<2>/f<key>/, aotautograd/a<key>/, triton kernels or generated c<hash> files")
     return BadInput(f"{path} does not look like an inductor cache ({what})",
-                    hint="pass the inductor cache dir (see `compilewatch cache where`), or --force if it really "
-                         "is one; nothing was changed")
+                    hint="pass the inductor cache dir (see `compilewatch cache where`)"
+                         + (", or --force if it really is one" if can_force else "") + "; nothing was changed")
 
 
 def timestamped_sibling(path: Path, label: str) -> Path:

@@ -178,7 +178,7 @@ def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, ye
     if not backup and not yes:
         raise BadInput("--no-backup deletes the cache for good and needs --yes to confirm; nothing was changed",
                        hint="drop --no-backup to keep a backup you can restore")
-    loc = layout.resolve_existing(path, force=force)
+    loc = layout.resolve_existing(path, force=force, can_force=True)
     root = loc.path
     with cache_lock(root):
         w = layout.walk(root)
@@ -220,7 +220,7 @@ def prune(max_size: int | str, path: str | os.PathLike[str] | None = None, *, dr
         raise BadInput(f"--max-size must be >= 0, got {max_size}")
     if delete and not yes and not dry_run:
         raise BadInput("--delete removes entries for good and needs --yes to confirm; nothing was changed")
-    loc = layout.resolve_existing(path, force=force)
+    loc = layout.resolve_existing(path, force=force, can_force=True)
     root = loc.path
     # Plan without the lock (a walk of a large cache takes a while; readers and torch keep going),
     # then hold the exclusive lock only for the renames. An entry that vanished meanwhile is skipped.

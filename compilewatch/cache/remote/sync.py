@@ -272,7 +272,7 @@ def pull(url: str | None = None, path: str | os.PathLike[str] | None = None, *, 
     if target.exists() and not target.is_dir():
         raise BadInput(f"{target} exists and is not a directory; nothing was changed")
     if target.is_dir() and not layout.looks_like_cache(target) and not force:
-        raise layout.not_a_cache(target)
+        raise layout.not_a_cache(target, can_force=True)
     client = remote.connect(url)
     sk, th, _ = remote.here()
     target.parent.mkdir(parents=True, exist_ok=True)
