@@ -57,13 +57,20 @@ def option_type(param: Any, ctx: Any = None) -> str | None:
 
 
 class TidyWriter:
-    """A text stream that drops trailing spaces, leading blank lines and a second blank line in a row."""
+    """A text stream that drops trailing spaces and, with `blank_lines`, leading blank lines and a
+    second blank line in a row. `target` is a stream, or a function returning one (read at each
+    write: sys.stdout as it is then, which a test runner may have swapped)."""
 
-    def __init__(self, target: Any) -> None:
+    def __init__(self, target: Any, *, blank_lines: bool = True) -> None:
         self._target = target
+        self._blank_lines = blank_lines
         self._partial = ""
         self._started = False
         self._blanks = 0
+
+    @property
+    def target(self) -> Any:
+        return self._target() if callable(self._target) else self._target
 
     def write(self, text: str) -> int:
         data = self._partial + text
@@ -71,7 +78,7 @@ class TidyWriter:
         out = []
         for line in lines:
             line = _TRAILING.sub(r"\1", line)
-            if not _ANSI.sub("", line).strip():
+            if self._blank_lines and not _ANSI.sub("", line).strip():
                 if not self._started or self._blanks:
                     continue
                 self._blanks = 1
@@ -79,17 +86,18 @@ class TidyWriter:
                 self._started, self._blanks = True, 0
             out.append(line + "\n")
         if out:
-            self._target.write("".join(out))
+            self.target.write("".join(out))
         return len(text)
 
     def flush(self) -> None:
-        if self._partial:
-            self._target.write(_TRAILING.sub(r"\1", self._partial))
+        if self._partial:  # a line still being written (`print(..., end="")`): as it is, spaces kept
+            self.target.write(self._partial)
             self._partial = ""
-        self._target.flush()
+            self._started, self._blanks = True, 0
+        self.target.flush()
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: the real stream's
-        return getattr(self._target, name)
+        return getattr(self.target, name)
 
 
 def install() -> None:

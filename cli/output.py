@@ -5,7 +5,8 @@ stderr. Rich drops colour by itself when stdout is not a terminal or NO_COLOR is
 
 Off a terminal (a pipe, a CI log, a torchrun/Slurm output file) rich would cut everything to 80
 columns: paths end in `…`, table cells wrap. There the consoles are made OFF_TTY_WIDTH wide instead,
-so lines come out whole (tables are not expanded: they stay as wide as their content).
+so lines come out whole (tables are not expanded: they stay as wide as their content), and without
+the trailing spaces rich pads a table's rows with.
 
 Nothing from a file reaches the terminal raw. Results are rendered from `cleaned(data)`: every string
 in them (archive member names, cache paths, lock package names, messages quoting files) has its
@@ -32,6 +33,7 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.markup import escape as escape_markup
 
+from cli.helpstyle import TidyWriter
 from compilewatch.serialize import to_jsonable
 
 OFF_TTY_WIDTH = 4096
@@ -50,6 +52,11 @@ def make_console(**kw: Any) -> Console:
     c = _Console(soft_wrap=True, highlight=False, **kw)
     if not c.is_terminal:
         c.width = OFF_TTY_WIDTH
+        # a table is padded to its widest row: without the trailing spaces a log shows each line as
+        # long as its content (the stream is looked up at each write, like rich's own default)
+        given = kw.get("file")
+        stream = (lambda: given) if given is not None else (lambda: sys.stderr) if kw.get("stderr") else (lambda: sys.stdout)
+        c.file = TidyWriter(stream, blank_lines=False)
     return c
 
 

@@ -85,6 +85,25 @@ def test_tidy_writer_keeps_content_and_drops_padding():
     w.write("\n\x1b[1mtext\x1b[0m   \x1b[0m\n\n\nend")
     w.flush()
     assert "".join(s.parts) == "  Usage: x\n\n\x1b[1mtext\x1b[0m\x1b[0m\n\nend"
+    s.parts.clear()
+    w = TidyWriter(lambda: s, blank_lines=False)  # the output consoles' form: a stream looked up per write
+    w.write("a  \n\n\nb ")
+    w.flush()
+    assert "".join(s.parts) == "a\n\n\nb "
+
+
+def test_output_off_a_terminal_has_no_padded_lines(tmp_path):
+    """doctor's facts table is padded to its widest row by rich; piped, each line ends at its content."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("compilewatch")
+    p = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "c")})
+    assert p.returncode in (0, 1), p.stderr
+    lines = p.stdout.splitlines()
+    assert lines and not [ln for ln in lines if ln != ln.rstrip()]
 
 
 def _ctx(app, *path):
