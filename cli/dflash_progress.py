@@ -39,7 +39,9 @@ class TrainProgress:
             if name in ("regenerate", "eval", "data"):
                 if self.sub is not None:
                     p.remove(self.sub)
-                self.sub = p.add("tokenize" if name == "data" else name)
+                total = data.get("prompts") if name == "eval" else data.get("conversations")
+                self.sub = p.add("tokenize" if name == "data" else name,
+                                 total=total if isinstance(total, int) and total > 0 else None)
             elif name == "data-cache" and self.sub is not None:
                 p.remove(self.sub)
                 self.sub = None

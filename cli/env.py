@@ -133,7 +133,7 @@ def _render_lock(lock: envlock.EnvLock) -> None:
         o.print(f"[bold]gpu {g.index}[/] {g.name}  sm {g.capability}  {output.fmt_bytes(g.memory_bytes)}  id {g.uuid_hash}")
     c = lock.cpu
     o.print(f"[bold]cpu[/] {c.model} x{c.count}  {' '.join(c.isa_flags) or '-'}")
-    o.print(f"[bold]env[/] {len(lock.env)} variables" + (f", left out (secret-looking): {', '.join(lock.env_left_out)}"
+    o.print(f"[bold]env[/] {output.count(len(lock.env), 'variable')}" + (f", left out (secret-looking): {', '.join(lock.env_left_out)}"
                                                         if lock.env_left_out else ""))
     for note in lock.notes:
         output.err.print(f"[dim]note:[/] {note}")

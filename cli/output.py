@@ -69,6 +69,11 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 variable`, `3 variables` (`plural` for nouns that do not take an s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def escape_controls(text: str) -> str:
     """`text` with every control character written as an escape (`\x1b`, `\n`, `\u202e`)."""
     return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256

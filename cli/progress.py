@@ -47,6 +47,9 @@ class _Task:
     fmt: Any = None  # how to show done/total (e.g. bytes); default: plain numbers
 
 
+BAR = 20  # the bar's width on a terminal
+
+
 class Progress:
     """`with Progress() as p: t = p.add("save", total=n); p.update(t, completed=i, info="...")`."""
 
@@ -61,8 +64,10 @@ class Progress:
             from rich.progress import (BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn,
                                        TimeRemainingColumn)
 
+            # on a narrow terminal the info text (a step's loss, τ, tokens/s) is cut to what is left:
+            # the bar, the count, the elapsed time and the ETA keep their width (`_fit`)
             self._rich = RichProgress(
-                TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), TextColumn("{task.fields[amount]}"),
+                TextColumn("[bold]{task.description}"), BarColumn(bar_width=BAR), TextColumn("{task.fields[amount]}"),
                 TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
                 console=self.console, transient=False)
 
@@ -101,7 +106,9 @@ class Progress:
         if info is not None:
             t.info = info
         if self._rich is not None:
-            self._rich.update(t.rich_id, completed=t.completed, total=t.total, info=t.info, amount=self._done_of(t))
+            amount = self._done_of(t)
+            self._rich.update(t.rich_id, completed=t.completed, total=t.total, info=self._fit(t, amount),
+                              amount=amount)
             return
         if not self.enabled:
             return
@@ -120,6 +127,14 @@ class Progress:
         """A line above the bars (or in the log)."""
         if self.enabled:
             self.console.print(message, **kw)
+
+    def _fit(self, t: _Task, amount: str) -> str:
+        """`t.info` cut (with …) to the columns the bar's row leaves on this console."""
+        used = max(len(x.description) for x in self.tasks) + 1 + BAR + 1 + len(amount) + 1 + 2 * (len("0:00:00") + 1) + 1
+        room = self.console.width - used
+        if len(t.info) <= room:
+            return t.info
+        return t.info[:max(room - 1, 0)] + "…" if room > 1 else ""
 
     # ------------------------------------------------------------------------------------------
     def _amount(self, t: _Task, v: float | None) -> str:

@@ -109,3 +109,34 @@ def test_train_summary_is_one_screen():
                  "resumed  devices and engine settings from runs/x/config.toml; from the command line: stall_after",
                  "6 epochs", "runs/x", "--print-config"):
         assert fact in text, fact
+
+
+def test_a_bar_at_80_columns_keeps_its_count_elapsed_and_eta():
+    """The step line's info gives way on a narrow terminal, not the count, elapsed time or ETA."""
+    buf = io.StringIO()
+    con = Console(file=buf, width=80, force_terminal=True, color_system=None)
+    with progress.Progress(console=con) as p:
+        t = p.add("train", total=1000)
+        p.update(t, completed=10, info="loss 3.123 acc₁ 0.12 τ≈1.23 12.3k tok/s 1.2 GB, eval τ 2.31 and more")
+        p._rich.refresh()
+    last = buf.getvalue().replace("\r", "\n").splitlines()[-2]
+    assert "10/1,000" in last and re.search(r"\d:\d\d:\d\d [-\d]:[-\d]{2}:[-\d]{2}", last) and last.rstrip().endswith("…")
+    assert len(last.replace("\x1b[2K", "")) <= 80
+
+
+def test_a_phase_with_a_known_size_starts_with_its_total():
+    from cli.dflash_progress import TrainProgress
+
+    buf = io.StringIO()
+    tp = TrainProgress()
+    tp.progress = progress.Progress(console=Console(file=buf, width=1000, no_color=True), interval_s=0)
+    with tp:
+        tp("phase", {"name": "eval", "prompts": 8})
+        tp("phase", {"name": "regenerate", "conversations": 13})
+    assert "[progress] eval started 0/8" in buf.getvalue()
+    assert "[progress] regenerate started 0/13" in buf.getvalue()
+
+
+def test_counts_agree_with_their_number():
+    assert (output.count(1, "variable"), output.count(0, "variable"), output.count(3, "entry", "entries")) == \
+        ("1 variable", "0 variables", "3 entries")
