@@ -47,7 +47,8 @@ def add_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Trust a signing key: its archives then load without --trust. Only add keys of machines and people
-    you would let run code as you.
+    you would let run code as you. A key is trusted under one name; this machine's own key is trusted
+    already (as made here) and is not added.
 
     Example: compilewatch cache trust add ci-runner.pub --name ci
     """

@@ -339,11 +339,11 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
     total = 0
     with _Reader(path) as r:
         for m in r.members():
+            if m.name in seen or (m.name == provenance.SIGNATURE and sig is not None):
+                raise r.corrupt(f"member {one_line(m.name, 200)} appears twice")  # which copy counts is ambiguous
             if m.name == provenance.SIGNATURE:
                 sig = r.read(m, MAX_SIGNATURE)
                 continue
-            if m.name in seen:
-                raise r.corrupt(f"member {one_line(m.name, 200)} appears twice")
             total += max(m.size, 0)
             if stop_after is not None and total > stop_after:
                 raise BadInput(f"{archive} holds more than {stop_after} bytes, more than the disk beside the cache "

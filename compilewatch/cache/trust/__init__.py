@@ -4,7 +4,9 @@
 - `picklescan`: a pickle's stack followed opcode by opcode without unpickling it; `fxsource`: the one
   source-executing call torch's pickles make, checked;
 - `keys`: this machine's Ed25519 signing key and the trust store; `provenance`: an archive's signed
-  statement and the own/trusted/foreign verdict; `backups`: the record of backup dirs made here.
+  statement and the own/trusted/foreign verdict; `backups`: the record of backup dirs made here;
+- `modes`: the one owner-and-mode check (like OpenSSH's StrictModes) on the config dir, the signing
+  key, the trust store and the backups record, and every directory above them.
 
 May import: compilewatch's top-level basics only (no other cache room).
 """

@@ -17,9 +17,14 @@ is written into the backup itself.
 - `foreign`: any other dir (an unrecorded dir, a copy, someone else's cache); restored only with
   `trust=True`, as code from a stranger.
 
+The record is believed only where nobody else can change it (`modes.check`: the record file, the
+config dir and every folder above them owned by the user or root and not writable by group or
+others; a root-owned sticky dir such as /tmp excepted). Otherwise a dir it names is `foreign`, the
+reason naming the path and the fix, and no new line is written there.
+
 Either way, `archive.load` scans every pickle in the dir before the rename (the second line), as it
-does for an archive. A record that cannot be written (a read-only config dir) does not fail the
-backup; restoring that backup then needs --trust, and the refusal says why.
+does for an archive. A record that cannot be written (a read-only config dir, or one others can
+change) does not fail the backup; restoring that backup then needs --trust, and the refusal says why.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import stat
 from datetime import datetime, timezone
 from pathlib import Path
 
-from compilewatch.cache.trust import keys
+from compilewatch.cache.trust import keys, modes
 from compilewatch.cache.trust.provenance import Provenance
 from compilewatch.errors import BadInput
 
@@ -44,6 +49,10 @@ def record_path() -> Path:
     return keys.config_dir() / RECORD
 
 
+def _record_problem() -> modes.Problem | None:
+    return modes.check(record_path(), "backups record", base=keys.config_dir())
+
+
 def record(backup: str | os.PathLike[str], source: str | os.PathLike[str]) -> bool:
     """Record `backup` (a dir compilewatch just moved `source` to) as made here. False when the
     record could not be written (the backup itself is fine; restoring it then needs --trust)."""
@@ -54,7 +63,9 @@ def record(backup: str | os.PathLike[str], source: str | os.PathLike[str]) -> bo
                            "uid": st.st_uid, "from": str(source),
                            "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n"
         path = record_path()
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        modes.ensure_dir(path.parent)  # BadInput for a config dir others can change: nothing written there
+        if _record_problem() is not None:
+            return False  # a record others can change is not believed: adding to it would say nothing
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
         try:
             os.write(fd, line.encode())  # one short append: whole even beside another process's
@@ -90,8 +101,6 @@ def _same_dir(e: dict, st: os.stat_result) -> bool:
 
 
 def _compact(path: Path) -> None:
-    from compilewatch.fsutil import atomic_write_text
-
     keep = []
     for e in _entries(path):
         try:
@@ -99,7 +108,7 @@ def _compact(path: Path) -> None:
                 keep.append(e)
         except OSError:
             continue
-    atomic_write_text(path, "".join(json.dumps(e) + "\n" for e in keep))
+    keys.write_private(path, "".join(json.dumps(e) + "\n" for e in keep).encode())
 
 
 def recorded(directory: str | os.PathLike[str]) -> dict | None:
@@ -152,10 +161,19 @@ def judge(directory: str | os.PathLike[str], *, trust: bool = False) -> Provenan
     def foreign(reason: str) -> Provenance:
         return Provenance(str(directory), "foreign", reason, False, None, None, {}, trust, kind="dir")
 
+    bad = _record_problem()
+    if bad is not None and bad.kind in ("type", "access"):
+        return foreign(f"the record of backups compilewatch made ({record_path()}) cannot be read: {bad.sentence}")
     try:
         rec = recorded(directory)
     except BadInput as e:
-        return foreign(f"the record of backups compilewatch made ({record_path()}) cannot be read: {e}")
+        return foreign(f"the record of backups compilewatch made ({record_path()}) cannot be read: {e.message}")
+    if rec is not None and bad is not None:
+        return foreign(f"the record of backups compilewatch made names it, but others can change that record: "
+                       f"{bad.sentence}")
+    if rec is None and bad is not None:
+        return foreign(f"it is not recorded as a backup compilewatch made on this machine, and nothing is recorded "
+                       f"while others can change the record: {bad.sentence}")
     if rec is None:
         return foreign("it is not a backup compilewatch made on this machine (none is recorded at this path "
                        f"with this inode and change time in {record_path()})")

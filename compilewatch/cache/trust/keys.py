@@ -12,6 +12,12 @@ library: OpenSSL's Ed25519 underneath, maintained, in most Python environments a
   whose archives load without `--trust` (`compilewatch cache trust add/list/remove`). Nothing is ever
   added to it implicitly.
 
+Each is believed only where nobody else can change it (`modes.check`, like ssh's StrictModes): the
+key file, the trust store, the config dir and every folder above them owned by the user or root and
+not writable by group or others (a root-owned sticky dir such as /tmp excepted); the key not
+readable by others either. Otherwise a key is not made there (`signing_key`: BadInput naming the
+path and the fix), and an archive it would vouch for is foreign with that reason (`who_signed`).
+
 The config dir is `COMPILEWATCH_CONFIG_DIR`, else `$XDG_CONFIG_HOME/compilewatch`, else
 `~/.config/compilewatch`. A public key travels as one line, `compilewatch-ed25519 <base64> <name>`
 (`cache trust key` prints this machine's); its id is `ed25519:` + the first 24 hex digits of the
@@ -22,17 +28,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
+from compilewatch.cache.trust import modes
 from compilewatch.errors import BadInput
-from compilewatch.fsutil import atomic_path
+from compilewatch.fsutil import write_failed
 from compilewatch.inputs import loads_json, one_line, read_bytes
 
 KEY_TYPE = "compilewatch-ed25519"
@@ -56,6 +64,21 @@ class TrustedKey:
     public_key: str
     name: str
     added_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class Signer:
+    """Who signed, as far as this user's keys tell: `kind` "own" / "trusted" with the key's `name` when
+    it is this machine's key or in the trust store; `problem`: why that cannot be believed now (the
+    file that says so is one others can change, or cannot be read). Trusted only when `trusted`."""
+
+    kind: Literal["own", "trusted"] | None
+    name: str | None
+    problem: str | None = None
+
+    @property
+    def trusted(self) -> bool:
+        return self.kind is not None and self.problem is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +123,18 @@ def _default_name() -> str:
     return re.sub(r"[^A-Za-z0-9@._:+-]", "_", name)[:64] or "unnamed"
 
 
-def _load_private(path: Path):
+def _dangling(path: Path, what: str) -> BadInput:
+    return BadInput(f"{what} {path} is a symbolic link to {one_line(os.readlink(path), 200)}, which does not exist",
+                    hint=f"remove the link ({path}) or make it point at the file")
+
+
+def _parse_private(path: Path):
+    """The Ed25519 key in `path`, read with the bounded reader; no ownership check (the caller's)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    st = os.stat(path)
-    if st.st_mode & 0o077:
-        raise BadInput(f"signing key {path} is readable by other users (mode {stat.S_IMODE(st.st_mode):o})",
-                       hint=f"chmod 600 {path}; whoever can read it can sign archives as you")
+    if not path.exists() and path.is_symlink():
+        raise _dangling(path, "signing key")
     data = read_bytes(path, limit=_MAX_KEY_FILE, what="signing key")
     try:
         key = serialization.load_pem_private_key(data, password=None)
@@ -120,6 +147,18 @@ def _load_private(path: Path):
     return key
 
 
+def _key_problem(path: Path) -> modes.Problem | None:
+    return modes.check(path, "signing key", private=True, base=config_dir())
+
+
+def _load_private(path: Path):
+    """The key in `path`, BadInput unless nobody else can read or change it (`modes.check`)."""
+    bad = _key_problem(path)
+    if bad is not None:
+        raise bad.error("it is not used (whoever can read or replace it can sign archives as you)")
+    return _parse_private(path)
+
+
 def _create_private(path: Path):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -127,7 +166,7 @@ def _create_private(path: Path):
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    modes.ensure_dir(path.parent, refused="no signing key was made there")  # never a key in a folder others can change
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -146,9 +185,11 @@ def _create_private(path: Path):
 
 def signing_key(*, create: bool = True):
     """This machine's (or COMPILEWATCH_SIGNING_KEY's) Ed25519 private key; made on first use when
-    `create` and the default path is used (a named key file must exist). None when absent and not made."""
+    `create` and the default path is used (a named key file must exist). None when absent and not made.
+    BadInput (naming the path and the fix) for a key, or a folder above it, that others can change or
+    read, and for a config dir others can change when a key would be made in it."""
     path = key_path()
-    if path.exists():
+    if os.path.lexists(path):
         return _load_private(path)
     if os.environ.get("COMPILEWATCH_SIGNING_KEY"):
         raise BadInput(f"COMPILEWATCH_SIGNING_KEY names {path}, which does not exist",
@@ -195,9 +236,20 @@ def trust_path() -> Path:
     return config_dir() / TRUST_FILE
 
 
-def _read_trusted() -> list[TrustedKey]:
+def _store_problem() -> modes.Problem | None:
+    return modes.check(trust_path(), "trust store", base=config_dir())
+
+
+def _read_trusted(*, checked: bool = True) -> list[TrustedKey]:
+    """The trust store's keys; `checked`: BadInput first when others can change it (`modes.check`)."""
     path = trust_path()
+    if checked:
+        bad = _store_problem()
+        if bad is not None:
+            raise bad.error("its keys are not trusted")
     if not path.exists():
+        if path.is_symlink():
+            raise _dangling(path, "trust store")
         return []
     data = loads_json(read_bytes(path, limit=_MAX_TRUST_FILE, what="trust store"), str(path))
     keys = data.get("keys") if isinstance(data, dict) else None
@@ -213,12 +265,29 @@ def _read_trusted() -> list[TrustedKey]:
     return out
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`, mode 0600 whatever the umask (a file `modes.check` accepts), atomically."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise write_failed(path, e) from None
+
+
 def _write_trusted(keys: list[TrustedKey]) -> None:
     path = trust_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps({"keys": [
-            {"id": k.id, "public_key": k.public_key, "name": k.name, "added_at": k.added_at} for k in keys]}, indent=2) + "\n")
+    modes.ensure_dir(path.parent, refused="the trust store was not changed")
+    write_private(path, (json.dumps({"keys": [
+        {"id": k.id, "public_key": k.public_key, "name": k.name, "added_at": k.added_at} for k in keys]}, indent=2) + "\n").encode())
 
 
 def trust_store() -> TrustStore:
@@ -227,19 +296,32 @@ def trust_store() -> TrustStore:
 
 
 def trust_add(key: str, *, name: str | None = None) -> TrustedKey:
-    """Trust a public key: its one-line form, or a file holding it. Adding a key already there
-    renames it; a name already used by another key is BadInput."""
+    """Trust a public key: its one-line form, or a file holding it. BadInput for this machine's own key
+    (already trusted, as made here), for a key already trusted under another name (one key, one
+    name), and for a name another key has; adding a key again under its own name changes nothing."""
     text = key
     if "\n" not in key and os.path.isfile(os.path.expanduser(key)):
         text = read_bytes(os.path.expanduser(key), limit=_MAX_KEY_FILE, what="public key file").decode("utf-8", "replace")
     pk = parse_public_key(text, name=name)
     keys = _read_trusted()
-    if any(k.name == pk.name and k.id != pk.id for k in keys):
+    own = own_public_key(create=False)
+    if own is not None and own.id == pk.id:
+        raise BadInput(f"key {pk.id} is this machine's own signing key ({key_path()}): its archives are already "
+                       "trusted, as made here; nothing was added",
+                       hint="add the keys of other machines and people; give this one to them "
+                            "(`compilewatch cache trust key`)")
+    held = next((k for k in keys if k.id == pk.id), None)
+    if held is not None:
+        if held.name == pk.name:
+            return held
+        raise BadInput(f"key {pk.id} is already trusted, as {held.name!r}; nothing was added",
+                       hint=f"one key has one name: to call it {pk.name!r}, `compilewatch cache trust remove "
+                            f"{held.name}`, then add it again with --name {pk.name}")
+    if any(k.name == pk.name for k in keys):
         raise BadInput(f"another trusted key is already named {pk.name!r}",
                        hint="choose another name with --name, or remove that key first")
     added = TrustedKey(pk.id, pk.public_key, pk.name, datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    keys = [k for k in keys if k.id != pk.id] + [added]
-    _write_trusted(keys)
+    _write_trusted([*keys, added])
     return added
 
 
@@ -255,13 +337,47 @@ def trust_remove(which: str) -> TrustedKey:
     return hits[0]
 
 
-def trusted_by_raw(raw: bytes) -> tuple[str, str] | None:
-    """("own" | "trusted", name) for a raw public key this user trusts, else None."""
+def _why(e: BadInput) -> str:
+    bad = getattr(e, "problem", None)
+    return bad.sentence if isinstance(bad, modes.Problem) else e.message
+
+
+def who_signed(raw: bytes) -> Signer:
+    """What this user's keys say about the raw public key `raw` (`Signer`). Never raises for a bad
+    setup: a key file or trust store that others can change still says whose key it is (read with
+    the bounded readers, as data), and `problem` says why that cannot be believed; one that cannot
+    be read (not a regular file, malformed) makes `problem` say the key could not be checked."""
     kid = key_id(raw)
-    own = own_public_key(create=False)
-    if own is not None and own.id == kid and base64.b64decode(own.public_key) == raw:
-        return "own", "this machine"
-    for k in _read_trusted():
-        if k.id == kid and base64.b64decode(k.public_key) == raw:
-            return "trusted", k.name
-    return None
+    unknown: list[str] = []
+    path = key_path()
+    if os.path.lexists(path):
+        bad = _key_problem(path)
+        if bad is not None and bad.kind in ("type", "access"):
+            unknown.append(bad.sentence)
+        else:
+            try:
+                own_raw = _raw_public(_parse_private(path))
+            except BadInput as e:
+                unknown.append(f"this machine's key cannot be read: {_why(e)}")
+            else:
+                if own_raw == raw:
+                    return Signer("own", "this machine", bad.sentence if bad is not None else None)
+    bad = _store_problem()
+    if bad is not None and bad.kind in ("type", "access"):
+        unknown.append(bad.sentence)
+    else:
+        try:
+            listed = _read_trusted(checked=False)
+        except BadInput as e:
+            unknown.append(f"the trust store cannot be read: {_why(e)}")
+        else:
+            for k in listed:
+                if k.id == kid and base64.b64decode(k.public_key) == raw:
+                    return Signer("trusted", k.name, bad.sentence if bad is not None else None)
+    return Signer(None, None, "; ".join(unknown) or None)
+
+
+def trusted_by_raw(raw: bytes) -> tuple[str, str] | None:
+    """("own" | "trusted", name) for a raw public key this user trusts, else None (`who_signed`)."""
+    who = who_signed(raw)
+    return (who.kind, who.name) if who.trusted else None

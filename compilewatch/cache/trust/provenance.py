@@ -6,7 +6,9 @@ about an archive is its provenance, answered as one of three verdicts:
 - `own`: signed by this machine's signing key (`keys.signing_key`): it was made here.
 - `trusted`: signed by a key in the user's trust store (`compilewatch cache trust add`).
 - `foreign`: anything else: no signature, a key nobody here trusts, a signature that does not verify,
-  or content that differs from what was signed. A foreign archive is loaded only with an explicit
+  or content that differs from what was signed; also an archive signed by this machine's key or a
+  trusted one when the key file or the trust store is one others can change (`keys.who_signed`,
+  `modes.check`): the reason names the path and the fix. A foreign archive is loaded only with an explicit
   `--trust` (`trust=True`), and then as code from a stranger.
 
 What is signed. `cache save` hashes every member with SHA-256 as it writes it (xxh3, the fingerprint's
@@ -223,10 +225,20 @@ def judge(archive: Path, seen: dict[str, tuple[int, str]], sig: bytes | None, tr
     if st is None:
         return foreign(problem, True)
     made = _made_by(st)
-    who = keys.trusted_by_raw(raw)
-    if who is None:
+    signer = keys.who_signed(raw)
+    if not signer.trusted:
         host = f" ({made['user']}@{made['host']}, unverified)" if {"user", "host"} <= set(made) else ""
-        return foreign(f"signed by key {keys.key_id(raw)}{host}, which is not in your trust store", True, made)
+        kid = keys.key_id(raw)
+        if signer.kind == "own":
+            why = f"signed by this machine's key {kid}, but that key cannot be trusted: {signer.problem}"
+        elif signer.kind == "trusted":
+            why = f"signed by key {kid}, named {signer.name!r} in your trust store, but that store cannot be trusted: {signer.problem}"
+        elif signer.problem:
+            why = f"signed by key {kid}{host}, which could not be checked against your keys: {signer.problem}"
+        else:
+            why = f"signed by key {kid}{host}, which is not in your trust store"
+        return foreign(why, True, made)
+    who = (signer.kind, signer.name)
     signed = {n: (v[0], v[1]) for n, v in st["members"].items()}
     missing = sorted(set(signed) - set(seen))
     extra = sorted(set(seen) - set(signed))
