@@ -153,3 +153,22 @@ def test_the_record_stays_small(tmp_path, monkeypatch):
         shutil.rmtree(gone)
     lines = backups.record_path().read_text().splitlines()
     assert len(lines) < 12 and backups.recorded(kept) is not None
+
+
+def test_a_refused_load_leaves_a_backup_as_it_was_and_still_restorable(tmp_path, monkeypatch):
+    """A refusal (here: a record others can change, so the backup is foreign for now) must not touch the
+    dir: the fingerprint's stat index would add .compilewatch/ and change its ctime, and the recorded
+    backup would be a stranger for good once the record is safe again."""
+    old, t = _backup(tmp_path)
+    cur = make_cache(tmp_path / "cache", n_fx=1, triton=False)
+    before_ctime = os.stat(old).st_ctime_ns
+    record = backups.record_path()
+    mode = record.stat().st_mode & 0o777
+    os.chmod(record, 0o666)
+    try:
+        with pytest.raises(BadInput, match="others can change"):
+            archive_load.load(old, cur)
+    finally:
+        os.chmod(record, mode)
+    assert tree(old) == t and os.stat(old).st_ctime_ns == before_ctime and not (old / ".compilewatch").exists()
+    assert archive_load.load(old, cur).provenance.verdict == "own"

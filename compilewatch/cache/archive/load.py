@@ -381,7 +381,9 @@ def restore_dir(source: Path, path: str | os.PathLike[str] | None = None, *, for
                                         kind="dir")
     else:  # judged before the fingerprint, whose stat index may add .compilewatch/ (the dir's ctime)
         verdict = backups.judge(source, trust=trust)
-    fp = fp_mod.fingerprint(source)
+    # a dir that will be refused is read without the stat index, which would add .compilewatch/ to it:
+    # its ctime (and with it a recorded backup's identity) stays as it was
+    fp = fp_mod.fingerprint(source, use_index=verdict.allowed)
     problems = compatibility(fp.system_key, fp.torch_version, fp.entry_system_keys, fp.entry_torch_hashes)
     if problems and not force:
         raise BadInput(f"{source} holds entries for another system: " + "; ".join(problems),
