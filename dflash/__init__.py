@@ -52,7 +52,7 @@ _LAZY = {
     # outcomes
     "TrainResult": ("dflash.training.result", "TrainResult"),
     "StepMetrics": ("dflash.training.metrics", "StepMetrics"),
-    "EngineReport": ("dflash.engine.engine", "EngineReport"),
+    "EngineReport": ("dflash.engine.report", "EngineReport"),
     "DistributedResult": ("dflash.distributed.train_rank", "DistributedResult"),
     "RankReport": ("dflash.distributed.rank_report", "RankReport"),
     "PeerFailed": ("dflash.distributed.train_rank", "PeerFailed"),

@@ -27,7 +27,7 @@ from dflash.config import Config, TopologyConfig
 if TYPE_CHECKING:
     from dflash.distributed.group import RankInfo
     from dflash.distributed.train_rank import DistributedResult
-    from dflash.engine.engine import EngineReport
+    from dflash.engine.report import EngineReport
     from dflash.training.result import TrainResult
 
 Mode = Literal["single", "engine", "distributed"]

@@ -147,7 +147,7 @@ def test_low_outliers_is_the_one_imbalance_rule(values, flagged):
 
 
 def test_low_outliers_ratio_and_dflash_engine_verdict_use_it():
-    from dflash.engine.engine import _imbalance
+    from dflash.engine.report import _imbalance
 
     assert gpus.low_outliers({"a": 50.0, "b": 100.0}, ratio=0.4) == {}
     dev = lambda d, util, alloc: SimpleNamespace(device=d, utilization_pct=util, allocated_bytes=alloc)  # noqa: E731

@@ -1,6 +1,6 @@
 """What each rank of a distributed run saw: its inductor cache, its prewarm's cache hits, its weights.
 
-Every rank fingerprints its inductor cache (compilewatch.cache.fingerprint) before it compiles
+Every rank fingerprints its inductor cache (compilewatch.cache.content.fingerprint) before it compiles
 anything, so a rank that starts cold (no cache dir, an empty one) or with a cache built for another
 machine type (foreign system key) is named in rank 0's report instead of being "the slow node".
 After training, every rank's parameter digest shows whether the replicas on every rank ended bit-for-bit
@@ -39,7 +39,7 @@ def cache_state(path: str | None = None) -> CacheState:
     """Fingerprint the inductor cache this process will use (or `path`). Never raises: a missing or
     unreadable cache is a status, not an error. Call it before anything compiles (and before
     torch._dynamo is imported, which creates the default dir)."""
-    from compilewatch import fingerprint, inductor_cache_dir, system_key, BadInput
+    from compilewatch import BadInput, fingerprint, inductor_cache_dir, system_key
 
     where = str(path or inductor_cache_dir())
     t0 = time.perf_counter()

@@ -24,8 +24,9 @@ barrier's averaging: the replicas' summed gradients, loss and weight are summed 
 before the one division, so every replica of every process stays identical (docs/distributed.md).
 
 The engine never prints; `on_step` (called from a worker thread at every committed step) is how a
-caller shows progress. The model side is a `Program` (dflash.engine.program for DFlash, dflash.engine.toy for
-tests and benchmarks).
+caller shows progress. What a run reports (its step records, the threads' states, the failure, the
+rates and the verdicts) is built by dflash.engine.report. The model side is a `Program`
+(dflash.engine.program for DFlash, dflash.engine.toy for tests and benchmarks).
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ from typing import Any, Callable, Literal, Protocol
 
 from compilewatch import Frame, all_thread_stacks
 from dflash.config import DEFAULT_QUEUE_DEPTH, DEFAULT_STALL_AFTER_S, TopologyConfig, check_engine_settings
-from dflash.engine import compile_safety, replicas as _replicas
+from dflash.engine import compile_safety
+from dflash.engine import replicas as _replicas
+from dflash.engine.report import EngineReport, Failure, Outcome, StepRecord, ThreadState, build_report
 from dflash.engine.routing import BatchRouter, Stopped, first_item, item_index
 
-Outcome = Literal["ok", "failed", "stalled", "interrupted", "prewarm_failed"]
 _POLL_S = 0.05
 
 
@@ -175,69 +177,6 @@ class EngineConfig:
         return cls(target_devices=topo.target_devices, drafter_devices=topo.drafter_devices,
                    queue_depth=topo.queue_depth, stall_after=topo.stall_after, prewarm=topo.prewarm,
                    guard=topo.guard, **run)
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    step: int
-    loss: float  # over the global batch (weighted by each micro-batch's weight)
-    wall_s: float  # since the previous step was committed (or since the workers started)
-    wait_s: tuple[float, ...]  # per replica: waiting for target batches
-    compute_s: tuple[float, ...]  # per replica: forward + backward
-    barrier_s: tuple[float, ...]  # per replica: waiting for the slowest replica (previous step's barrier wait)
-    reduce_s: float  # averaging gradients
-    tokens: int | None
-    samples: Any = None  # compile_safety.Samples every `sample_every` steps (memory, utilization)
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadState:
-    name: str
-    role: Literal["target", "drafter"]
-    device: str
-    phase: str  # starting | producing | queue-full | waiting-for-batch | computing | at-barrier | stepping | done | stopped | failed
-    step: int | None  # drafter: the step it is in; target: None
-    item: int | None  # the batch index it is producing or waiting for
-    since_s: float  # seconds in this phase when the report was made
-    alive: bool
-    busy_s: float  # target: producing; drafter: forward + backward
-    waiting_s: float  # target: blocked on a full queue; drafter: waiting for batches
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    thread: str
-    device: str
-    error: str  # "Type: message"
-    traceback: str
-
-
-@dataclass(frozen=True, slots=True)
-class EngineReport:
-    outcome: Outcome
-    target_devices: tuple[str, ...]
-    drafter_devices: tuple[str, ...]
-    start_step: int
-    steps_done: int  # committed steps, counting start_step (the next run resumes here)
-    wall_s: float  # the worker phase
-    setup_s: float  # building producers and replicas
-    prewarm: compile_safety.PrewarmResult | None
-    guard: str  # what enforced "no compiles" during the worker phase ("off" when disabled)
-    steps: tuple[StepRecord, ...]
-    tokens_per_s: float | None
-    steps_per_s: float | None
-    wait_fraction: float | None  # drafter time waiting for targets / (waiting + computing)
-    failure: Failure | None
-    threads: tuple[ThreadState, ...]
-    stacks: dict[str, tuple[Frame, ...]]  # every thread's stack on a stall, or when threads did not stop
-    max_param_diff: float | None  # between replicas at the end (0.0: identical; None: a thread never stopped)
-    watch: Any  # compilewatch WatchSummary, or None when the watcher did not run
-    saved: tuple[Any, ...]  # what the save hook returned, in order (periodic, final or Ctrl-C)
-    verdicts: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == "ok"
 
 
 @dataclass
@@ -537,19 +476,10 @@ class Engine:
     def _report(self, outcome: Outcome, *, producers: int, wall: float, setup_s: float,
                 pre: compile_safety.PrewarmResult | None, guard: str, watch: Any,
                 dumped: dict[str, tuple[Frame, ...]]) -> EngineReport:
+        """Compare the replicas (unless a thread is still inside torch), then the report
+        (dflash.engine.report.build_report: rates and verdicts)."""
         cfg = self.config
-        recs = tuple(self._records)
         now = [lv.freeze() for lv in self._live]
-        stalled = getattr(self, "_stall_states", None)
-        # on a stall, each thread's phase when the stall was seen; whether it is still alive: now
-        threads = tuple(dataclasses.replace(t, alive=n.alive) for t, n in zip(stalled, now)) if stalled else tuple(now)
-        done = self._committed - cfg.start_step
-        toks = [r.tokens for r in recs]
-        tokens_per_s = (sum(t for t in toks if t is not None) / wall) if recs and wall > 0 and None not in toks else None
-        steps_per_s = done / wall if wall > 0 and done else None
-        waited = sum(t.waiting_s for t in threads if t.role == "drafter")
-        busy = sum(t.busy_s for t in threads if t.role == "drafter")
-        wait_fraction = waited / (waited + busy) if waited + busy > 0 else None
         if any(t.alive for t in now):
             diff = None  # a thread is stuck inside torch: parameters may be mid-update, and the device may not answer
         else:
@@ -560,94 +490,10 @@ class Engine:
                     "engine", ",".join(cfg.drafter_devices),
                     f"RuntimeError: replicas diverged: max parameter difference {diff:g} after {self._committed} steps",
                     "(found by comparing the replicas' parameters after the run; set verify_every=1 to find the step)")
-        report = EngineReport(
-            outcome=outcome, target_devices=cfg.target_devices, drafter_devices=cfg.drafter_devices,
-            start_step=cfg.start_step, steps_done=self._committed, wall_s=wall, setup_s=setup_s, prewarm=pre,
-            guard=guard, steps=recs, tokens_per_s=tokens_per_s, steps_per_s=steps_per_s, wait_fraction=wait_fraction,
-            failure=self._failure, threads=threads, stacks=dumped, max_param_diff=diff, watch=watch,
-            saved=tuple(self._saved),
-            verdicts=(),
-        )
-        return dataclasses.replace(report, verdicts=tuple(_verdicts(report, cfg)))
-
-
-_RACE = "symbolically trace a dynamo-optimized function"
-_PATCHED_CALL = "module is not installed as a submodule"
-
-
-def _verdicts(r: EngineReport, cfg: EngineConfig) -> list[str]:
-    out: list[str] = []
-    R, W = len(r.drafter_devices), len(r.target_devices)
-    if r.outcome == "prewarm_failed":
-        out += list(r.prewarm.verdicts) if r.prewarm is not None else ["prewarm failed (no prewarm report)."]
-        out.append("no worker thread was started: fix the step on the failing device first.")
-        return out
-    if r.prewarm is not None:
-        pre = r.prewarm
-        frames = sum(w.frames_compiled for w in pre.per_replica)
-        split = (f" ({pre.compiled} warmed, {frames} dynamo frame(s) compiled; {pre.replicas - pre.compiled} reused "
-                 "that code: " + ", ".join(f"{s:.2f} s" for s in pre.replica_s) + ")") if pre.replicas > 1 and pre.per_replica else ""
-        out.append(f"prewarm: {pre.replicas} replica(s){split} on {len(pre.devices)} device(s), one after another "
-                   f"in the main thread, {pre.wall_s:.2f} s ({pre.via}); verify pass compiled nothing.")
-    else:
-        out.append("prewarm was off: the first step compiled inside the worker threads, concurrently.")
-    done = r.steps_done - r.start_step
-    rate = f", {r.steps_per_s:.2f} steps/s" if r.steps_per_s else ""
-    rate += f", {r.tokens_per_s:,.0f} tokens/s" if r.tokens_per_s else ""
-    out.append(f"{done} step(s) on {R} drafter replica(s) fed by {W} target worker(s) in {r.wall_s:.2f} s{rate}.")
-    if r.wait_fraction is not None and done:
-        pct = 100 * r.wait_fraction
-        if pct >= 50:
-            out.append(f"drafters spent {pct:.0f}% of their time waiting for target batches: the targets are the "
-                       "bottleneck (more target workers, or a cheaper target step).")
-        else:
-            out.append(f"drafters spent {pct:.0f}% of their time waiting for target batches.")
-    if r.failure is not None:
-        f = r.failure
-        out.append(f"{f.thread} ({f.device}) failed: {f.error.splitlines()[0]} (traceback in the report).")
-        if _RACE in f.error:
-            out.append("that is the cross-thread FX-flag race: another thread was tracing while this one called a "
-                       "compiled function. Run with prewarm and the guard on.")
-        elif _PATCHED_CALL in f.error or "module_call_wrapper" in f.traceback:
-            out.append("that is the cross-thread trace race: another thread's FX trace had patched nn.Module.__call__ "
-                       "for every thread, and this thread's module call went through it. Run with prewarm and the "
-                       "guard on.")
-        if compile_safety.is_blocked_compile(f.error):
-            out.append("something compiled after prewarm (a shape or dtype the warm step did not cover): the guard "
-                       "stopped it instead of letting it race. Warm every shape training uses (bucket lengths).")
-    if r.outcome == "stalled":
-        states = ", ".join(f"{t.name} {t.phase}" + (f" item {t.item}" if t.item is not None else "") for t in r.threads)
-        out.append(f"stall: no step completed for {cfg.stall_after:g} s; every thread's stack is in the report. "
-                   f"Threads: {states}.")
-    if r.outcome == "interrupted":
-        out.append(f"interrupted after {r.steps_done} step(s); " + ("saved." if r.saved else
-                                                                   "nothing saved (no save hook, or replica 0 did not stop)."))
-    alive = [t.name for t in r.threads if t.alive]
-    if alive:
-        out.append(f"still running after the stop (blocked inside torch, cannot be killed): {', '.join(alive)}.")
-    if r.max_param_diff is not None and R > 1:
-        out.append("replicas identical (max parameter difference 0)." if r.max_param_diff == 0.0 else
-                   f"replicas differ: max parameter difference {r.max_param_diff:g}.")
-    out += _imbalance(r)
-    if r.watch is not None:
-        out += [f"watch: {v}" for v in getattr(r.watch, "verdicts", ())]
-    return out
-
-
-def _imbalance(r: EngineReport) -> list[str]:
-    """A drafter device far below the others in utilization or memory: idle, starved, or dead
-    (compilewatch.low_outliers: below 60% of the other drafter devices' median)."""
-    from compilewatch import low_outliers
-
-    last = next((s.samples for s in reversed(r.steps) if s.samples is not None), None)
-    rows = [d for d in getattr(last, "devices", ()) if d.device in r.drafter_devices]
-    out = []
-    for field_name, what in (("utilization_pct", "utilization"), ("allocated_bytes", "memory")):
-        vals = {d.device: getattr(d, field_name) for d in rows if getattr(d, field_name) is not None}
-        for d, med in low_outliers(vals).items():
-            out.append(f"drafter device {d} is at {vals[d]:,.0f} {what} vs a median of {med:,.0f} on the other "
-                       "drafter devices: idle, starved or dead (see the threads' phases).")
-    return out
+        return build_report(cfg, outcome, records=tuple(self._records), steps_done=self._committed, threads_now=now,
+                            threads_at_stall=getattr(self, "_stall_states", None), wall=wall, setup_s=setup_s,
+                            pre=pre, guard=guard, failure=self._failure, dumped=dumped, max_param_diff=diff,
+                            watch=watch, saved=tuple(self._saved))
 
 
 def _loss_weight(out: float | tuple[float, float]) -> tuple[float, float]:

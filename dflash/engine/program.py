@@ -33,7 +33,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from dflash.config import TopologyConfig
-from dflash.engine.engine import Engine, EngineConfig, EngineReport, Program, Replica, StepRecord
+from dflash.engine.engine import Engine, EngineConfig, Program, Replica
+from dflash.engine.report import EngineReport, StepRecord
 from dflash.model import DFlashDrafter, build_drafter, drafter_loss
 from dflash.training.result import TrainResult
 from dflash.training.schedule import lr_at

@@ -1,5 +1,5 @@
 """τ of a drafter while it trains: speculative decoding on a trainer's held-out prompts, at the end
-of a run (`eval.at_end`) and every `eval.every` steps (dflash.training.result.RunLog)."""
+of a run (`eval.at_end`) and every `eval.every` steps (dflash.training.trainer.RunLog)."""
 
 from __future__ import annotations
 

@@ -3,10 +3,12 @@
 `Trainer.from_config(cfg)` builds every component (target, data, drafter, optimizer; dflash.training.build)
 and validates all input before the run directory is created, so bad input leaves nothing behind.
 `begin` starts writing the run (config.toml, metrics, the start event, the disk preflight): this loop
-and the engine's (dflash.engine.program.train_multi) both start there. `train()` runs to the
-end; `train_step(batches)` is one optimizer step over a global batch of micro-batches;
-`forward_backward(batch, denominator)` is the per-micro-batch piece a multi-device engine runs on each
-replica (it accumulates gradients; the engine sums them across replicas, then calls `optimizer_step`).
+and the engine's (dflash.engine.program.train_multi) both start there, and both add their steps to the
+`RunLog` it returns (metrics rows, progress, the periodic eval; the TrainResult, dflash.training.result,
+is built from what it kept). `train()` runs to the end; `train_step(batches)` is one optimizer step
+over a global batch of micro-batches; `forward_backward(batch, denominator)` is the per-micro-batch
+piece a multi-device engine runs on each replica (it accumulates gradients; the engine sums them
+across replicas, then calls `optimizer_step`).
 
 Numerics: fp32 master weights and AdamW state; on GPU the forward runs under bf16 autocast with the
 target in bf16. The loss denominator Σw is computed from the data of the whole global batch first, so
@@ -16,6 +18,7 @@ depend only on the seed, so a resumed run repeats an uninterrupted one step for 
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -26,11 +29,21 @@ from dflash.checkpoint.state_check import restore_training_state
 from dflash.checkpoint.writer import Saver
 from dflash.config import Config, to_toml
 from dflash.data.dataset import Batch, ChatDataset
-from dflash.model import (DFlashDrafter, LossOutput, Target, detect_backend, drafter_loss, estimated_tau, loss_weights,
-                          make_blocks, resolve_dtype, weight_sum)
+from dflash.model import (
+    DFlashDrafter,
+    LossOutput,
+    Target,
+    detect_backend,
+    drafter_loss,
+    estimated_tau,
+    loss_weights,
+    make_blocks,
+    resolve_dtype,
+    weight_sum,
+)
 from dflash.training.build import build_trainer
 from dflash.training.metrics import MetricsWriter, StepMetrics, memory_bytes
-from dflash.training.result import RunLog, TrainResult
+from dflash.training.result import TrainResult
 from dflash.training.schedule import lr_at
 
 Event = Callable[[str, dict[str, Any]], None]  # progress callback: (kind, data)
@@ -297,3 +310,72 @@ class Trainer:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+
+def _mean(xs) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+class RunLog:
+    """What a run keeps of its steps for its result: the first and last step, and the first and the
+    latest epoch's worth of metrics (for the epoch means). Shared by `Trainer.train` and the engine's
+    `dflash.engine.program.train_multi`, so both log, report progress and build results the same way."""
+
+    def __init__(self, trainer: Trainer, total: int, window: int, *, primary: bool = True) -> None:
+        """`primary`: this process writes the run (rank 0): it runs the periodic eval (eval.every)."""
+        self.trainer, self.total, self.window, self.primary = trainer, total, window, primary
+        self.first: StepMetrics | None = None
+        self.last: StepMetrics | None = None
+        self.history: list[StepMetrics] = []
+
+    def add(self, m: StepMetrics) -> None:
+        """Keep `m`, write it to the metrics log when due, and tell the progress listener; report the
+        saves that ended, the first step's time (a start phase) and run the periodic eval when due."""
+        if self.first is None:
+            if self.trainer.phases is not None:
+                self.trainer.phases.mark("first step", m.seconds)
+            if self.primary:  # the process that saves: pin its snapshot buffers beside the next steps
+                self.trainer.saver.reserve(self.trainer.drafter, self.trainer.optimizer)
+        self.first = self.first or m
+        self.last = m
+        self.history.append(m)
+        if len(self.history) > 2 * self.window:
+            del self.history[self.window:-self.window]  # keep the first and the latest epoch's worth
+        if m.step % self.trainer.cfg.metrics.log_every == 0 or m.step == 1 or m.step == self.total:
+            self.trainer.write_metrics(m)
+        self.trainer.on_event("step", {"metrics": m, "total_steps": self.total})
+        self.trainer.saver.poll()  # saves written in the background since the last step: reported now
+        ev = self.trainer.cfg.eval
+        if self.primary and ev.every and m.step % ev.every == 0 and self.trainer.eval_convs:
+            self.periodic_eval(m.step)
+
+    def periodic_eval(self, step: int) -> None:
+        """τ by real speculative decoding on a few held-out prompts (eval.every): a metrics.jsonl
+        "periodic_eval" event with its cost (seconds), and the same event for the progress line. On the engine
+        it runs inside the step barrier (every replica waits: the weights are the step's)."""
+        t = self.trainer
+        t0 = time.perf_counter()
+        r = t.evaluate(limit=t.cfg.eval.every_prompts)
+        data = {"step": step, "tau": r.tau, "max_tau": r.max_tau, "speedup": r.speedup, "prompts": r.prompts,
+                "outputs_match": r.outputs_match, "seconds": round(time.perf_counter() - t0, 3)}
+        t.write_event("periodic_eval", data)
+        t.on_event("periodic_eval", data)
+
+    def result(self, t0: float, *, run_eval: bool) -> TrainResult:
+        """Run the end-of-run eval (if configured, `run_eval` and the run reached its last step) and
+        build the TrainResult."""
+        t, h, w = self.trainer, self.history, self.window
+        result_eval = None
+        if run_eval and t.cfg.eval.at_end and t.eval_convs and t.step == self.total:
+            result_eval = t.evaluate()
+            t.write_event("eval", {"result": result_eval})
+        first, last = self.first, self.last
+        return TrainResult(run_dir=str(t.run_dir), steps=t.step, total_steps=self.total,
+                           first_loss=first.loss if first else math.nan, last_loss=last.loss if last else math.nan,
+                           first_epoch_loss=_mean(m.loss for m in h[:w]),
+                           last_epoch_loss=_mean(m.loss for m in h[-w:]),
+                           last_epoch_tau_estimate=_mean(m.tau_estimate for m in h[-w:]),
+                           last_epoch_accuracy=tuple(_mean(slot) for slot in zip(*(m.accuracy for m in h[-w:]))),
+                           last=last, checkpoints=t.checkpoints, seconds=time.perf_counter() - t0,
+                           eval=result_eval, notes=t.notes)
