@@ -60,6 +60,11 @@ def train_cmd(
         if report.notes:
             raise CheckFailed("dry run: " + "; ".join(report.notes))
         return
+    if resume:
+        complete = dflash.run_complete(cfg, overrides)  # checkpoint names and metrics' tail: nothing loaded
+        if complete is not None:
+            output.emit(complete, as_json, _render_complete)
+            return
     view = TrainView(cfg, sorted(k for k in overrides if k.startswith("topology.")) if resume else None)
     try:
         with view:
@@ -181,6 +186,13 @@ def _render(r: dict) -> None:
         o.print(f"export: {r['checkpoints'][-1]} (config.json + model.safetensors)")
     o.print(f"run dir: {r['run_dir']} (metrics.jsonl, config.toml)")
     print_next_steps(r)
+
+
+def _render_complete(c) -> None:
+    output.out.print(f"run complete at step {c.step} ({c.total_steps} steps scheduled): nothing to resume in "
+                     f"{c.run_dir}", markup=False)
+    output.err.print(f"[dim]hint:[/] to train further, pass a larger --max-steps: `dflash train --out {c.run_dir} "
+                     f"--resume --max-steps {c.step * 2}`", highlight=False)
 
 
 def _render_dry(r) -> None:

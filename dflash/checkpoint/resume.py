@@ -1,18 +1,106 @@
-"""The config of a resumed run: the run's own saved config, plus explicit overrides."""
+"""The config of a resumed run: the run's own saved config, plus explicit overrides.
+
+What `--resume` can meet, each with its own answer (exit 2 unless it can go on):
+- no directory, or a file there: not a run directory, start one with `dflash train --out DIR`;
+- a directory without config.toml: a run killed before it wrote anything (its lock or an empty
+  checkpoints/ is there) never started, so there is nothing to resume; anything else is not a run;
+- a config.toml that is not a regular file (a link to /dev/zero, a FIFO, a directory): named as what
+  it is (compilewatch.open_untrusted), never "not found";
+- a run that already finished its schedule (`run_complete`): nothing to do, said at once (exit 0),
+  with how to extend it.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compilewatch import BadInput
+from compilewatch import BadInput, open_untrusted
 from dflash.config import Config, apply_overrides, load_toml
+
+CONFIG = "config.toml"
+_RUN_FILES = (".lock", "checkpoints", "metrics.jsonl", "tensorboard", "latest")  # what a run writes in its dir
 
 
 def build_config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
     """A resumed run uses its own saved config (plus explicit overrides, e.g. a longer max_steps)."""
-    path = Path(run_dir) / "config.toml"
-    if not path.is_file():
-        raise BadInput(f"--resume: {str(path)!r} not found", hint="point --out at the run directory to continue")
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG
+    if not run_dir.is_dir():
+        what = "does not exist" if not run_dir.exists() else "is not a directory"
+        raise BadInput(f"--resume: run directory {str(run_dir)!r} {what}",
+                       hint=f"start a run there with `dflash train --out {run_dir}` (without --resume)")
+    if not os.path.lexists(path):
+        if any(os.path.lexists(run_dir / f) for f in _RUN_FILES):
+            raise BadInput(f"--resume: the run in {str(run_dir)!r} never started: it has no {CONFIG} (it was "
+                           "stopped before writing anything), so there is nothing to resume",
+                           hint=f"start it again with `dflash train --out {run_dir}` and the flags you meant, "
+                                "without --resume")
+        raise BadInput(f"--resume: {str(run_dir)!r} is not a dflash run directory (no {CONFIG} in it)",
+                       hint="pass --out the directory a `dflash train --out DIR` run wrote")
+    fd, _ = open_untrusted(path, "run config")  # a link to /dev/zero, a FIFO or a dir: named as such
+    os.close(fd)
     cfg = load_toml(path, overrides)
     return apply_overrides(cfg, {"checkpoint.out_dir": str(run_dir)})
+
+
+@dataclass(frozen=True, slots=True)
+class RunComplete:
+    """A run whose latest checkpoint already ends its schedule: `--resume` has nothing left to do."""
+    run_dir: str
+    step: int  # the latest checkpoint's step
+    total_steps: int  # the schedule it trained to (the run's last "start" event in metrics.jsonl)
+
+
+_TAIL = 1 << 20  # the last start event sits near the end of metrics.jsonl: read at most this much of it
+
+
+def _last_total_steps(metrics: Path) -> int | None:
+    """total_steps of the last "start" event in a run's metrics.jsonl (read from its tail, bounded)."""
+    try:
+        with open(metrics, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - _TAIL))
+            tail = fh.read(_TAIL)
+    except OSError:
+        return None
+    for line in reversed(tail.split(b"\n")):
+        if not line.startswith(b'{"event": "start"'):
+            continue
+        try:
+            total = json.loads(line).get("total_steps")
+        except (ValueError, AttributeError):
+            return None
+        return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None
+    return None
+
+
+def run_complete(cfg: Config, overrides: dict[str, Any]) -> RunComplete | None:
+    """The run `cfg` resumes (`build_config_for_resume`'s), when it already finished its schedule and
+    `overrides` do not extend it (a `train.max_steps` past its step, or a `train.epochs` given, do);
+    None when there is training left, or when that cannot be told cheaply (the run then starts as
+    usual and finds out). Reads the checkpoint names and the tail of metrics.jsonl only: nothing is
+    loaded, so `--resume` on a finished run answers at once."""
+    from dflash.checkpoint.store import latest_checkpoint
+
+    run_dir = Path(cfg.checkpoint.out_dir)
+    try:
+        latest = latest_checkpoint(run_dir)
+    except BadInput:
+        return None  # a damaged checkpoint: the resume proper says what is wrong
+    if latest is None:
+        return None
+    step = int(latest.name.split("_")[-1])
+    if "train.epochs" in overrides:
+        return None  # a longer schedule whose length depends on the data
+    if "train.max_steps" in overrides and cfg.train.max_steps:
+        total = int(cfg.train.max_steps)
+    else:
+        total = _last_total_steps(run_dir / "metrics.jsonl")
+    if total is None or step < total:
+        return None
+    return RunComplete(str(run_dir), step, total)

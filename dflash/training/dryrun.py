@@ -58,10 +58,16 @@ class _MetaTarget:
 def _target_config(cfg: Config):
     from transformers import AutoConfig, Qwen3Config
 
+    from dflash.config import EMBEDDED_TARGET
+
+    if cfg.target.path == EMBEDDED_TARGET:  # the tiny recipe's own target, shape for shape
+        from dflash.model.target import build_tiny_tokenizer, tiny_target_config
+
+        return tiny_target_config(len(build_tiny_tokenizer())), "embedded:tiny (built in)"
     path = Path(cfg.target.path).expanduser()
     if (path / "config.json").is_file():
         return AutoConfig.from_pretrained(str(path), local_files_only=True), str(path / "config.json")
-    return Qwen3Config(**QWEN3_8B), "Qwen3-8B shape (built in)"
+    return Qwen3Config(**QWEN3_8B), "Qwen3-8B shape (built in)"  # a recipe's target not on this machine
 
 
 def dry_run(cfg: Config) -> DryRunReport:
