@@ -65,6 +65,10 @@ def _render(r: dict[str, Any]) -> None:
         o.print(f"  {n:,} × {reason}", markup=False, highlight=False)
         for ex in r["examples"].get(reason, []):
             o.print(f"      e.g. {ex}", markup=False, highlight=False, style="dim")
-    o.print(f"cache: {r['cache_dir']} ({output.fmt_bytes(r['bytes'])}; block size {r['block_size']}, "
-            f"{r['eval_held_out']} eval prompts held out)", highlight=False)
+    n, held = r["eval_prompts"], r["eval_held_out"]
+    evals = ("no eval prompts" if not n else f"{n} eval prompts held out of training" if held == n
+             else f"{n} eval prompts, not held out (too few records)" if held == 0
+             else f"{n} eval prompts, held out or not: not recorded in this cache")
+    o.print(f"cache: {r['cache_dir']} ({output.fmt_bytes(r['bytes'])}; block size {r['block_size']}, {evals})",
+            highlight=False)
     o.print(f"train with the same config: {r['train_with']}", markup=False, highlight=False)

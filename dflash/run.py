@@ -89,7 +89,10 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
     environment). Raises BadInput for bad input."""
     from dflash.training.trainer import Trainer
 
+    from dflash.data.dataset import check_data_path
+
     on_event = on_event or (lambda kind, data: None)
+    check_data_path(cfg.data)  # inputs before anything heavy (Trainer.from_config checks it again)
     if cfg.cache.remote:  # before anything compiles, in every mode (each torchrun rank runs this)
         from compilewatch import enable_remote_cache
 

@@ -17,12 +17,13 @@ TRAIN_KEYS = {"run_dir", "steps", "total_steps", "first_loss", "last_loss", "fir
 STEP_KEYS = {"step", "epoch", "loss", "lr", "grad_norm", "accuracy", "tau_estimate", "tokens", "blocks", "seconds",
              "tokens_per_s", "time_split", "memory_bytes"}
 EVAL_KEYS = {"prompts", "rounds", "tau", "max_tau", "acceptance_histogram", "generated_tokens", "plain_seconds",
-             "spec_seconds", "speedup", "plain_tokens_per_s", "spec_tokens_per_s", "outputs_match", "mismatched_prompts"}
+             "spec_seconds", "speedup", "plain_tokens_per_s", "spec_tokens_per_s", "outputs_match", "mismatched_prompts",
+             "acceptance_by_position"}
 
 
 def test_command_list_is_frozen():
     names = {c.name or c.callback.__name__ for c in app.registered_commands}
-    assert names == {"train", "eval", "regen", "prepare"}
+    assert names == {"train", "eval", "regen", "prepare", "check"}
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +147,7 @@ def test_qwen3_8b_dry_run_on_the_meta_device(tmp_path):
 
 PREPARE_KEYS = {"cache_dir", "key", "hit", "seconds", "workers", "shards", "bytes", "records", "kept", "truncated",
                 "skipped", "skipped_by_reason", "examples", "tokens", "loss_tokens", "max_length", "block_size",
-                "eval_held_out", "notes", "train_with"}
+                "eval_prompts", "eval_held_out", "notes", "train_with"}
 
 
 def test_prepare_then_train_starts_from_the_cache(tmp_path, local_target_dir):

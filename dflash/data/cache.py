@@ -52,7 +52,8 @@ import numpy as np
 import torch
 
 from dflash.config import EMBEDDED_DATA, DataConfig
-from dflash.data.dataset import (DataStats, Sample, check_usable, hold_out_eval, load_conversations, stats_with_warnings,
+from dflash.data.dataset import (DataStats, Sample, check_usable, held_out_note, hold_out_eval, load_conversations,
+                                 stats_with_warnings,
                          tokenize_record)
 
 DATA_VERSION = 2  # 2: oversized and assistant-first records skipped; bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
@@ -316,8 +317,9 @@ BUILDS = {"count": 0}  # cache builds in this process (tests: a second call must
 
 def build_cache(root: Path, key: str, parts: dict[str, Any], convs: list, warnings: list[str], eval_convs: list,
                 tokenizer, cfg: DataConfig, block_size: int, *, workers: int | None = None,
-                on_event: Event | None = None) -> tuple[dict[str, Any], MappedSamples]:
-    """Tokenize `convs` into `<root>/<key>` (atomically; see the module docstring) and open it."""
+                on_event: Event | None = None, eval_held_out: int = 0) -> tuple[dict[str, Any], MappedSamples]:
+    """Tokenize `convs` into `<root>/<key>` (atomically; see the module docstring) and open it.
+    `eval_held_out`: how many of `eval_convs` were held out of `convs` (recorded in the manifest)."""
     on_event = on_event or (lambda kind, data: None)
     BUILDS["count"] += 1
     t0 = time.perf_counter()
@@ -354,7 +356,8 @@ def build_cache(root: Path, key: str, parts: dict[str, Any], convs: list, warnin
         manifest = {"format": FORMAT, "data_version": DATA_VERSION, "key": key, "parts": parts,
                     "source": cfg.path, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "build_seconds": round(time.perf_counter() - t0, 3), "workers": n_workers,
-                    "samples": int(len(idx)), "shards": shards, "stats": asdict(stats), "eval_prompts": eval_convs}
+                    "samples": int(len(idx)), "shards": shards, "stats": asdict(stats), "eval_prompts": eval_convs,
+                    "eval_held_out": int(eval_held_out)}
         _write_synced(tmp / MANIFEST, json.dumps(manifest, ensure_ascii=False).encode("utf-8"))  # last
         _fsync_dir(tmp)
         final = root / key
@@ -435,6 +438,7 @@ class Prepared:
     bytes: int
     seconds: float
     notes: list[str] = field(default_factory=list)
+    eval_held_out: int | None = 0  # eval prompts held out of training (None: a cache that did not record it)
 
 
 def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
@@ -456,7 +460,7 @@ def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
             key, parts = cache_key("file:" + file_digest(path), tokenizer, cfg, block_size, n_eval)
     if key is None:
         convs, warnings = load_conversations(cfg)
-        convs, eval_convs = hold_out_eval(cfg, convs, n_eval)
+        convs, eval_convs, held = hold_out_eval(cfg, convs, n_eval)
         if regenerate is not None and convs:
             convs = regenerate(convs)
         if base is None:  # caching off: the in-memory path
@@ -466,7 +470,9 @@ def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
             stats = stats_with_warnings(warnings)
             samples = tokenize_all(tokenizer, convs, cfg, block_size, stats)
             check_usable(stats, cfg)
-            return Prepared(samples, stats, eval_convs, None, None, False, 1, 0, 0, time.perf_counter() - t0)
+            note = held_out_note(len(eval_convs), held, len(convs))
+            return Prepared(samples, stats, eval_convs, None, None, False, 1, 0, 0, time.perf_counter() - t0,
+                            [note] if note else [], eval_held_out=held)
         key, parts = cache_key("conversations:" + convs_digest(convs, warnings), tokenizer, cfg, block_size, n_eval)
     with _build_lock(base, key):
         found = lookup(base, key, notes)
@@ -474,14 +480,19 @@ def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
         if found is None:
             if convs is None:
                 convs, warnings = load_conversations(cfg)
-                convs, eval_convs = hold_out_eval(cfg, convs, n_eval)
+                convs, eval_convs, held = hold_out_eval(cfg, convs, n_eval)
             on_event("phase", {"name": "data", "conversations": len(convs)})
             found = build_cache(base, key, parts, convs, warnings, eval_convs, tokenizer, cfg, block_size,
-                                workers=workers, on_event=on_event)
+                                workers=workers, on_event=on_event, eval_held_out=held)
     man, samples = found
     stats = stats_from(man)
     check_usable(stats, cfg)
     size = sum((base / key / n).stat().st_size for n in os.listdir(base / key))
     on_event("phase", {"name": "data-cache", "hit": hit, "dir": str(base / key)})
-    return Prepared(samples, stats, list(man.get("eval_prompts") or []), str(base / key), key, hit,
-                    int(man.get("workers", 1)), len(man["shards"]), size, time.perf_counter() - t0, notes)
+    held = man.get("eval_held_out")  # absent in a cache built before it was recorded: not known
+    held = held if isinstance(held, int) and not isinstance(held, bool) and held >= 0 else None
+    eval_convs = list(man.get("eval_prompts") or [])
+    note = held_out_note(len(eval_convs), held, stats.records + len(stats.warnings))
+    return Prepared(samples, stats, eval_convs, str(base / key), key, hit,
+                    int(man.get("workers", 1)), len(man["shards"]), size, time.perf_counter() - t0,
+                    notes + ([note] if note else []), eval_held_out=held)

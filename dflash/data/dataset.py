@@ -26,6 +26,7 @@ next bucket length (few shapes = few recompiles), incomplete last batch dropped.
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,13 +223,40 @@ EMBEDDED_TRAIN = 384  # conversations in the embedded training set
 EMBEDDED_EVAL_SEED = 99991  # held-out embedded prompts come from another seed
 
 
-def hold_out_eval(cfg: DataConfig, convs: list, n_eval: int) -> tuple[list, list]:
-    """(training conversations, eval prompts): the eval prompts come from the last records, which are
-    held out of training when the dataset has more than twice as many."""
+def hold_out_eval(cfg: DataConfig, convs: list, n_eval: int) -> tuple[list, list, int]:
+    """(training conversations, eval prompts, how many of them were held out of training): the eval
+    prompts come from the last records, which are held out of training when the dataset has more than
+    twice as many (else they are training prompts too: `held_out_note` says so). The embedded
+    dataset's eval prompts come from another seed: never trained on."""
     eval_convs = eval_prompts(cfg, n_eval) if n_eval else []
-    if eval_convs and cfg.path != EMBEDDED_DATA and len(convs) > 2 * len(eval_convs):
-        convs = convs[: -len(eval_convs)]
-    return convs, eval_convs
+    if cfg.path == EMBEDDED_DATA:
+        return convs, eval_convs, len(eval_convs)
+    if eval_convs and len(convs) > 2 * len(eval_convs):
+        return convs[: -len(eval_convs)], eval_convs, len(eval_convs)
+    return convs, eval_convs, 0
+
+
+def held_out_note(n_eval_prompts: int, held_out: int | None, conversations: int) -> str | None:
+    """A note when the eval prompts are also training prompts (τ measured on them is optimistic)."""
+    if not n_eval_prompts or held_out is None or held_out >= n_eval_prompts:
+        return None
+    return (f"the {n_eval_prompts} eval prompts are training prompts too: the data has {conversations} "
+            f"conversation(s), and prompts are held out of training only when it has more than "
+            f"{2 * n_eval_prompts}; τ measured on them is optimistic (pass --data with more records, or eval "
+            "prompts of your own to `dflash eval --data`)")
+
+
+def check_data_path(cfg: DataConfig) -> None:
+    """BadInput now when `cfg.path` is not a readable regular file (or an embedded dataset): checked
+    before anything expensive (loading an 8B target takes minutes)."""
+    if cfg.path.startswith("embedded:"):
+        if cfg.path != EMBEDDED_DATA:
+            raise BadInput(f"unknown embedded dataset {cfg.path!r}", hint=f"the embedded dataset is {EMBEDDED_DATA}")
+        return
+    from compilewatch import open_untrusted
+
+    fd, _ = open_untrusted(Path(cfg.path).expanduser(), "training data")
+    os.close(fd)
 
 
 def load_conversations(cfg: DataConfig) -> tuple[list[list[dict[str, str]]], list[str]]:

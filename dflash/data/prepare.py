@@ -63,7 +63,8 @@ class PrepareReport:
     loss_tokens: int
     max_length: int
     block_size: int
-    eval_held_out: int
+    eval_prompts: int  # the prompts `dflash train`'s eval will decode
+    eval_held_out: int | None  # how many of them were held out of training (None: the cache did not record it)
     notes: list[str]
 
 
@@ -86,4 +87,4 @@ def prepare_data(cfg: Config, *, workers: int | None = None, on_event: Event | N
         bytes=p.bytes, records=s.records + len(s.warnings), kept=s.kept, truncated=s.truncated, skipped=s.skipped,
         skipped_by_reason=dict(s.dropped), examples={k: list(v) for k, v in s.examples.items()}, tokens=s.tokens,
         loss_tokens=s.loss_tokens, max_length=cfg.data.max_length, block_size=cfg.drafter.block_size,
-        eval_held_out=n_eval, notes=p.notes)
+        eval_prompts=len(p.eval_convs), eval_held_out=p.eval_held_out, notes=p.notes)

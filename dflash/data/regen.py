@@ -99,17 +99,24 @@ def write_jsonl(convs: list[list[dict[str, str]]], path: str | Path) -> None:
     atomic_write_text(path, "".join(json.dumps({"messages": c}, ensure_ascii=False) + "\n" for c in convs))
 
 
-def regen_file(input_path: str, output_path: str, target, *, max_new_tokens: int, batch_size: int,
-               temperature: float, seed: int = 0, progress=None) -> RegenResult:
-    """Read chat JSONL, regenerate the assistant turns with `target`, write chat JSONL atomically."""
-    import time
-
+def read_input(input_path: str) -> list[list[dict[str, str]]]:
+    """The conversations of a chat JSONL to regenerate (bounded, untrusted); BadInput when it holds none."""
     from compilewatch import BadInput
     from dflash.data.dataset import read_jsonl
 
     convs, warnings = read_jsonl(input_path)
     if not convs:
         raise BadInput(f"{input_path!r} holds no conversation", hint="; ".join(warnings[:3]) or None)
+    return convs
+
+
+def regen_file(input_path: str, output_path: str, target, *, max_new_tokens: int, batch_size: int,
+               temperature: float, seed: int = 0, progress=None, convs=None) -> RegenResult:
+    """Read chat JSONL (or take `convs`, already read from it), regenerate the assistant turns with
+    `target`, write chat JSONL atomically."""
+    import time
+
+    convs = read_input(input_path) if convs is None else convs
     t0 = time.perf_counter()
     out, n_tokens = regenerate(convs, target, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                temperature=temperature, seed=seed, progress=progress)
@@ -128,7 +135,10 @@ def regen(input_path: str, output_path: str, *, target: str, device: str | None 
     from dflash.model.target import load_target, resolve_device
 
     on_event = on_event or (lambda kind, data: None)
-    tgt = load_target(TargetConfig(path=target), 1, resolve_device(device or "auto"))
-    on_event("phase", {"name": "regenerate", "conversations": "all"})
+    convs = read_input(input_path)  # the input first: a missing file is said before the target loads
+    dev = resolve_device(device or "auto")
+    tgt = load_target(TargetConfig(path=target), 1, dev)
+    on_event("phase", {"name": "regenerate", "conversations": len(convs)})
     return regen_file(input_path, output_path, tgt, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                      temperature=temperature, progress=lambda d, n: on_event("regen", {"done": d, "total": n}))
+                      temperature=temperature, progress=lambda d, n: on_event("regen", {"done": d, "total": n}),
+                      convs=convs)
