@@ -175,7 +175,7 @@ def compile_times() -> dict:
 def run_mode(mode: str, s: Shape, device: torch.device, iters: int, warmup: int, peak_tflops: float,
              profile: bool = False) -> ModeResult:
     if mode in ("flex-compiled", "flex-eager", "drafter-compiled") and device.type != "cuda":
-        return ModeResult(mode, "skipped", "flex_attention has no backward on CPU (FACTS §2)")
+        return ModeResult(mode, "skipped", "flex_attention has no backward on CPU (torch raises NotImplementedError)")
     if mode == "sdpa-compiled" and device.type != "cuda":
         return ModeResult(mode, "skipped", "the trainer compiles layers on CUDA only")
     torch.compiler.reset()

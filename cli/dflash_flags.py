@@ -50,7 +50,7 @@ TRAIN_FLAGS = (
          "replica's step is compiled in the main thread first, one device after another; then compiling is frozen.",
          implies={"topology.device": "auto"}),
     Flag(("--no-prewarm",), "topology.prewarm",
-         "Engine: skip the sequential prewarm (the seeds' race: for experiments only).", value=False),
+         "Engine: skip the sequential prewarm (brings back the cross-thread compile race: for experiments only).", value=False),
     Flag(("--no-guard",), "topology.guard", "Engine: do not freeze compiles during training.", value=False),
     Flag(("--stall-after",), "topology.stall_after",
          "Engine: no step for this many seconds = stall: dump every thread's stack and stop."),

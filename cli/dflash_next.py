@@ -2,7 +2,7 @@
 
 Rendered from the run's result (the dict `dflash train --json` prints: `run_dir`, `checkpoints`,
 `config`), on stderr: stdout carries the result. The export is the last checkpoint directory
-(config.json + model.safetensors, FACTS.md §6): SGLang loads it with `--speculative-algorithm DFLASH`,
+(config.json + model.safetensors, z-lab/dflash's format): SGLang loads it with `--speculative-algorithm DFLASH`,
 vLLM with a speculative config `{"method": "dflash", ...}`, each next to the target it was trained for.
 """
 

@@ -250,7 +250,7 @@ class TopologyConfig:
     Prewarm runs before the watchdog; a step and, under torchrun, rank 0's checkpoint save must fit."""
     prewarm: bool = True
     """Engine: compile every replica's step in the main thread, one device after another, before the
-    worker threads start (false = the seeds' race: for experiments only)."""
+    worker threads start (false = the cross-thread compile race: for experiments only)."""
     guard: bool = True
     """Engine: forbid compiles while the worker threads run (a late compile raises instead of racing)."""
     queue_depth: int = DEFAULT_QUEUE_DEPTH

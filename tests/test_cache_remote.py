@@ -30,7 +30,7 @@ from tests.redis_helpers import RedisServer, free_port
 
 PROG = Path(__file__).with_name("remote_compile_prog.py")
 REPO = PROG.parent.parent
-# torch 2.15 precompiles C++ headers into the cache dir (600+ MB per fresh cache, FACTS.md §3): off in
+# torch 2.15 precompiles C++ headers into the cache dir (600+ MB per fresh cache, docs/cache.md): off in
 # every process here, producer and consumer alike (the setting is part of the FX-graph key)
 NO_PCH = "0"
 _REMOTE_ENV = [k.env for k in remote_keys.KINDS.values()] + ["TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_REDIS_HOST",

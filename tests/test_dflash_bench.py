@@ -32,7 +32,7 @@ def test_small_benchmark_writes_results(tmp_path):
 
 
 def test_flops_at_qwen3_8b_shapes_match_facts():
-    """≈73 TFLOP per fwd+bwd step at the FACTS §6 shapes (5 layers, B=16, 512 anchors, 3072, 151936 vocab)."""
+    """≈73 TFLOP per fwd+bwd step at the paper's shapes (5 layers, B=16, 512 anchors, 3072, 151936 vocab)."""
     bench = load()
     s = bench.Shape()
     g = torch.Generator().manual_seed(0)

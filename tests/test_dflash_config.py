@@ -14,7 +14,7 @@ def test_recipes_build_and_differ():
     assert set(RECIPES) == {"tiny", "qwen3_8b"}
     t, q = tiny(), qwen3_8b()
     assert t.recipe == "tiny" and q.recipe == "qwen3_8b"
-    # the paper's setup (FACTS §6): 5 layers, B=16, 512 anchors, max length 3072, lr 6e-4, warmup 4%, clip 1
+    # the DFlash paper's setup (and z-lab/dflash's defaults): 5 layers, B=16, 512 anchors, max length 3072, lr 6e-4, warmup 4%, clip 1
     assert (q.drafter.num_layers, q.drafter.block_size, q.data.num_anchors, q.data.max_length) == (5, 16, 512, 3072)
     assert (q.optim.lr, q.optim.warmup_ratio, q.optim.clip, q.train.epochs) == (6e-4, 0.04, 1.0, 6)
     assert q.data.batch_size * q.train.grad_accum == 4  # batch 4 per GPU, as exact accumulation

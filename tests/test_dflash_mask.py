@@ -14,7 +14,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without to
 
 
 def reference_mask(anchors, ctx_len, bs, window=None):
-    """Plain loops over FACTS §6: block j sees context kv < anchor_j and its own block, nothing else."""
+    """Plain loops over the DFlash paper's mask: block j sees context kv < anchor_j and its own block, nothing else."""
     b, n = anchors.shape
     q_len, kv_len = n * bs, ctx_len + n * bs
     rows = []
@@ -94,7 +94,7 @@ def test_flex_and_sdpa_drafter_forward_agree_on_cpu():
     ctx, blocks = torch.randn(2, seq, 64), torch.randn(2, 16, 32)
     pos = (anchors[:, :, None] + torch.arange(bs)).view(2, 16)
     ctx_pos = torch.arange(seq).expand(2, seq)
-    with torch.no_grad():  # flex has no backward on CPU (FACTS §2): compare forwards
+    with torch.no_grad():  # flex has no backward on CPU (torch/nn/attention/flex_attention.py): compare forwards
         out_flex = d(blocks, ctx, pos, ctx_pos, masks=build_masks(anchors, seq, bs, "flex"))
         out_sdpa = d(blocks, ctx, pos, ctx_pos, masks=build_masks(anchors, seq, bs, "sdpa"))
     torch.testing.assert_close(out_flex, out_sdpa, atol=1e-5, rtol=1e-4)

@@ -23,7 +23,7 @@ def make_drafter(seed=0, **kw) -> DFlashDrafter:
 
 
 @pytest.mark.parametrize("layers, draft, expected", [
-    (36, 5, (1, 9, 17, 25, 33)),  # Qwen3-8B (FACTS §6)
+    (36, 5, (1, 9, 17, 25, 33)),  # Qwen3-8B (z-lab/dflash: 5 layers tapped evenly from 1 to L-3)
     (36, 1, (18,)),  # one draft layer: L // 2
     (6, 2, (1, 3)),  # the embedded tiny target
     (28, 3, (1, 13, 25)),

@@ -63,7 +63,7 @@ def test_config_per_thread_is_measured():
     per_thread = doctor.dynamo_limits().config_per_thread
     major, minor = (int(x) for x in torch.__version__.split(".")[:2])
     if (major, minor) >= (2, 12):
-        assert per_thread is True  # FACTS.md §1: ContextVar config since 2.12
+        assert per_thread is True  # torch/_dynamo/config: ContextVar-backed (per thread) since 2.12
 
 
 def test_stuck_fx_flag_is_a_problem():

@@ -3,7 +3,8 @@ enriched by psutil, and an imbalance verdict for GPUs that run the same job.
 
 No driver is a normal state (STYLE.md §3): `sample()` returns `()` and `status()` an empty report
 whose `reason` says "no NVIDIA GPU/driver found". NVML indices follow PCI bus order; CUDA's follow it
-only with CUDA_DEVICE_ORDER=PCI_BUS_ID (FACTS.md §5), so `nvidia-smi` and NVML agree, torch may not.
+only with CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA orders devices fastest first by default: the CUDA
+programming guide's `CUDA_DEVICE_ORDER`), so `nvidia-smi` and NVML agree, torch may not.
 
 `sample()` is the cheap call for per-step metrics (memory and utilization only, no process scan);
 `status()` is the full view the `gpus` command shows.
@@ -191,7 +192,8 @@ def low_outliers(values: Mapping[K, float], ratio: float = IMBALANCE_RATIO) -> d
 
 def find_imbalances(gpus: list[Gpu] | tuple[Gpu, ...], ratio: float = IMBALANCE_RATIO) -> tuple[Imbalance, ...]:
     """GPUs of one job (same set of processes) whose memory is below `ratio` x the median of the
-    job's other GPUs: the seeds' symptom (one drafter GPU at 40 GB next to two at 72-77 GB)."""
+    job's other GPUs: the symptom of the 8-GPU trainer in docs/gpus.md (one drafter GPU at 40 GB next to
+    two at 72-77 GB)."""
     groups: dict[str, list[Gpu]] = {}
     for g in gpus:
         key = _job_key(g)

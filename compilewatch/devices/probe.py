@@ -4,7 +4,7 @@ Two modes:
 - `probe(target)`: one run in the calling thread with Tracer.trace entries, dynamo compile windows,
   counter deltas (compiles, recompiles with guard reasons, graph breaks, FX-graph/AOTAutograd cache
   hits and misses) and wall time.
-- `probe_threads(target, n)`: the seeds' race on demand: N threads start the target together from a
+- `probe_threads(target, n)`: the cross-thread race on demand: N threads start the target together from a
   cold state, a watchdog marks threads that never finish as hung and dumps every stack, and the FX
   flag is checked afterwards. `run_threads` is the reusable part (any list of callables).
 """
@@ -325,7 +325,7 @@ def run_threads(fns: list[Callable[[], Any]], *, timeout: float, names: list[str
 
 def probe_threads(target: str | Target, n: int, *, devices: str | list[str] = "cpu", backend: str = "inductor",
                   timeout: float = 300.0, fresh_cache: bool = True) -> ThreadsReport:
-    """The seeds' race on demand: reset dynamo, point inductor at a fresh cache dir (unless
+    """The cross-thread race on demand: reset dynamo, point inductor at a fresh cache dir (unless
     `fresh_cache=False`), start `n` threads on the target together, watch them with a watchdog."""
     if n < 1:
         from compilewatch.errors import BadInput

@@ -1,6 +1,8 @@
 """The FX tracing flag's readers and the class-level `nn.Module` patch: one patch point for both.
 
-`torch.fx._symbolic_trace` keeps tracing state that other threads see (FACTS.md §1; how each torch
+`torch.fx._symbolic_trace` keeps tracing state that other threads see (`_is_fx_tracing_flag`,
+`_Patcher`, `CURRENT_PATCHER` in torch 2.13's `torch/fx/_symbolic_trace.py`; 2.15 keeps the flag in
+`_is_fx_tracing_tls`; how each torch
 keeps it is probed in compilewatch.tracing.torchcompat, the only module that knows the layouts):
 - the FX tracing flag, read through `is_fx_symbolic_tracing()` / `is_fx_tracing()`: a module global
   up to torch 2.13, per thread from 2.14 (dynamo's `compile_wrapper` binds `is_fx_symbolic_tracing`

@@ -46,7 +46,7 @@ PATTERNS: tuple[Pattern, ...] = (
               "it fails the same way with one thread",
         fix="torch.compile(..., dynamic=False), or TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES=0 in the environment, or "
             "compile each code object once (do not recompile the same lambda/function with new shapes)",
-        torch_versions="2.11 and 2.13 CPU (aot_eager, fwd+bwd; FACTS.md §1); the same program passes on 2.14.1 and 2.15.0",
+        torch_versions="2.11 and 2.13 CPU (aot_eager, fwd+bwd; tests/race_programs/recompile_assert_beside_hot_thread.py); the same program passes on 2.14.1 and 2.15.0",
     ),
     Pattern(
         name="nested_fx_trace",
@@ -91,7 +91,7 @@ PATTERNS: tuple[Pattern, ...] = (
         cause="several threads compiling at once (cold cache): one inside a make_fx joint trace, one in "
               "compile_fx_backward, one waiting in convert_frame; seen as a hang on GPU",
         fix=WARM_FREEZE_FIX + "; keep the inductor cache warm (`compilewatch cache save/load`)",
-        torch_versions="2.11+cu130 H200, 3 threads flex_attention fwd+bwd (FACTS.md §1); not seen on CPU",
+        torch_versions="2.11+cu130 H200, 3 threads flex_attention fwd+bwd (docs/benchmarks.md, probe and warm on H200); not seen on CPU",
     ),
 )
 

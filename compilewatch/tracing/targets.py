@@ -1,7 +1,8 @@
 """What `probe` and `warm` can run: built-in targets, warm workloads, plugins and user callables.
 
 A target is a function `fn(device: str) -> object`. Built-ins (`create_block_mask`,
-`flex_attention`, `compile`) reproduce the seeds' experiments; a user target is given as
+`flex_attention`, `compile`) reproduce the experiments of the case this project comes from
+(docs/index.md); a user target is given as
 `package.module:callable` or `path/to/file.py:callable`; if the callable takes no parameter it is
 called without the device.
 
@@ -38,7 +39,8 @@ def _causal(b, h, q_idx, kv_idx):
 
 
 def run_create_block_mask(device: str) -> Any:
-    """The seeds' experiment: causal mask_mod, B=None, H=None, Q_LEN=1024, KV_LEN=2048 (uncompiled)."""
+    """The experiment that showed create_block_mask does not trace (docs/probe.md): causal mask_mod,
+    B=None, H=None, Q_LEN=1024, KV_LEN=2048 (uncompiled)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     return create_block_mask(_causal, B=None, H=None, Q_LEN=1024, KV_LEN=2048, device=device)
@@ -52,7 +54,7 @@ DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float1
 class FlexShape:
     """Attention shapes for warm workloads (`compilewatch warm --seq --blocks --block-size --heads
     --head-dim --batch --dtype`). Defaults: Qwen3-8B attention (32 heads x 128) over a 3072-token
-    context (FACTS.md §6).
+    context (Qwen3-8B's attention config; 3072 is the max length of SpecForge's DFlash reference run).
 
     The built-in `flex_attention` workload is causal with Q = KV = `context`; `blocks` and
     `block_size` are for block-structured workloads from plugins (dflash's: `blocks` query blocks of
@@ -98,8 +100,8 @@ class _CompiledWorkload:
     """The compile-once logic shared by the built-in workloads.
 
     compile_once=True (warm): the compiled callable is built once in `build()` and shared by every
-    device. compile_once=False (probe's race): every `run` compiles its own wrapper, as each of the
-    seeds' drafter threads did. Subclasses define `_compile()` and `run()`.
+    device. compile_once=False (probe's race): every `run` compiles its own wrapper, as each drafter
+    thread of the 8-GPU DFlash trainer in docs/index.md did. Subclasses define `_compile()` and `run()`.
     """
 
     def __init__(self, backend: Backend, *, compile_once: bool, name: str) -> None:
@@ -125,7 +127,8 @@ class _CompiledWorkload:
 
 class FlexAttentionWorkload(_CompiledWorkload):
     """`torch.compile(flex_attention)` with a block mask, forward and backward where the device
-    supports it (flex has no backward on CPU, FACTS.md §2). Causal, Q = KV = `shape.context`.
+    supports it (flex has no backward on CPU: torch 2.13's `torch/nn/attention/flex_attention.py` raises
+    "FlexAttention does not support backward on CPU"). Causal, Q = KV = `shape.context`.
 
     A subclass changes the mask (`block_mask`) or the call (`attend`): q, k and v take their
     lengths from the mask's `seq_lengths`. compile_once: see `_CompiledWorkload`.
@@ -179,8 +182,10 @@ def make_flex_attention(backend: Backend = "inductor", *, seq: int = 256, heads:
                         backward: bool | None = None) -> Callable[[str], Any]:
     """A fresh `torch.compile(flex_attention)` per call with a causal block mask, fwd (+bwd where supported).
 
-    Each call of the returned function compiles its own wrapper, as each seeds' drafter thread did.
-    Flex attention has no backward on CPU (FACTS.md §2), so backward runs only on CUDA by default.
+    Each call of the returned function compiles its own wrapper, as each drafter
+    thread of the 8-GPU DFlash trainer in docs/index.md did.
+    Flex attention has no backward on CPU (torch 2.13 raises "FlexAttention does not support backward on
+    CPU"), so backward runs only on CUDA by default.
     """
     shape = FlexShape(context=seq, heads=heads, head_dim=head_dim)
     return FlexAttentionWorkload(backend, shape, backward=backward, compile_once=False).run
@@ -222,7 +227,7 @@ def builtin_targets(backend: Backend = "inductor") -> dict[str, Target]:
     return {
         "create_block_mask": Target(
             "create_block_mask",
-            "create_block_mask(causal, B=None, H=None, Q_LEN=1024, KV_LEN=2048) uncompiled: the seeds' experiment",
+            "create_block_mask(causal, B=None, H=None, Q_LEN=1024, KV_LEN=2048) uncompiled: the experiment that showed it does not trace",
             run_create_block_mask,
         ),
         "flex_attention": Target(

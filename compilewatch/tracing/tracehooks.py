@@ -2,7 +2,8 @@
 
 `Tracer.trace` is where the FX tracing flag is set and restored (a module global up to torch 2.13, per
 thread from 2.14: compilewatch.tracing.torchcompat reads it), and where `nn.Module.__call__` is patched on the
-class for the duration of a trace (FACTS.md §1). make_fx's
+class for the duration of a trace (`_Patcher` and `module_call_wrapper` in `torch/fx/_symbolic_trace.py`,
+torch 2.11 to 2.15). make_fx's
 `PythonKeyTracer`, AOTAutograd and Inductor all trace through it: subclasses that override `trace`
 call `super().trace`, so patching the base class sees every trace window, with `type(self)` naming
 the subclass. Nested entries of one tracer object (a subclass's override calling the base) are

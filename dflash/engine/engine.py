@@ -2,7 +2,7 @@
 
     report = Engine(program, EngineConfig(target_devices=("cuda:0",) * 5, drafter_devices=(...), steps=1000)).run()
 
-Layout (the seeds' trainer, made safe by construction):
+Layout (the 8-GPU trainer of docs/index.md, made safe by construction):
 - **Target workers**, one thread per target device, run `produce(index)` (a target forward that
   returns the drafter's inputs) and put the batch into their own bounded queue (dflash.engine.routing).
 - **Drafter replicas**, one thread per drafter device, each with its own copy of the model and its

@@ -6,11 +6,11 @@ Not DFlash: a stand-in with the same moving parts, cheap enough for a 2-core CPU
   `{"x": inputs, "y": tanh(inputs @ W)}`.
 - Drafter, `variant="mlp"`: Linear-Tanh-Linear regressing y from x (MSE).
   `variant="attention"`: one causal self-attention layer over (batch, seq, dim) sequences, the
-  seeds' shape of the problem: on CUDA it calls `flex_attention` with a causal block mask, forward
+  the 8-GPU trainer's shape of the problem: on CUDA it calls `flex_attention` with a causal block mask, forward
   and backward (compiled with `attention_backend="inductor"`, that is what hung three drafter
   threads); on CPU, where flex has no backward, dense causal attention (compiled likewise).
 - `compile_backend`: compile each replica's forward with torch.compile (each replica its own
-  compiled wrapper, as the seeds' trainer did); None = eager.
+  compiled wrapper, as that trainer did); None = eager.
 - `weighted`: return `(mean loss, rows)` after backpropagating the batch's sum, so the engine
   weights uneven micro-batches exactly (the way DFlash's Σ w·CE / Σ w loss needs).
 - `trace_first_step`: replica 0 runs a plain `torch.fx.symbolic_trace` on its first step, as code

@@ -1,6 +1,6 @@
 """The DFlash drafter: a few Qwen3 decoder layers that denoise a block of masked tokens in one pass.
 
-Design choices (FACTS.md §6, z-lab/dflash `dflash/model/drafter.py`):
+Design choices (the DFlash paper and its reference code, z-lab/dflash `dflash/model.py`):
 - **KV injection.** The target's hidden states at the tapped layers are concatenated and fused,
   `fc: Linear(k·H → H, bias=False)` then `hidden_norm` (RMSNorm), into one context shared by every
   draft layer. Each layer projects that context with its *own* k_proj/v_proj and prepends it to the

@@ -1,10 +1,12 @@
-"""A probe target that reproduces the seeds' race on CPU in seconds.
+"""A probe target that reproduces the cross-thread FX-flag race (docs/race.md) on CPU, every time.
 
     compilewatch probe docs/examples/race_target.py:run --threads 3
 
-worker-0 runs torch.fx.symbolic_trace in a loop (it holds the FX flag while it traces: module-global
-up to torch 2.13, so the others fail there; per thread from 2.14, so they pass); the other threads call
-an already-compiled function in a loop until worker-0 is done.
+The other threads first compile and call a function (so no compile is in flight later); then
+worker-0 runs torch.fx.symbolic_trace on a function that holds the trace open until each of them
+has called the compiled function once more. While worker-0 traces it holds the FX tracing flag:
+module-global up to torch 2.13, so those calls fail there; per thread from 2.14, so they pass.
+Events decide the order, not timing. One run per process (the events are not reset).
 """
 
 import threading
@@ -12,17 +14,44 @@ import threading
 import torch
 
 compiled = torch.compile(lambda x: x + 1, backend="eager")
-done = threading.Event()
+WAIT = 60.0  # bound for every wait; a correct run never comes close
+tracing = threading.Event()
+progress = threading.Condition()
+count = {"warm": 0, "called": 0}
+
+
+def _others() -> int:
+    return sum(t.name.startswith("worker-") and t.name != "worker-0" for t in threading.enumerate())
+
+
+def _bump(key: str) -> None:
+    with progress:
+        count[key] += 1
+        progress.notify_all()
+
+
+def _wait_for(key: str) -> None:
+    with progress:
+        progress.wait_for(lambda: count[key] >= _others(), timeout=WAIT)
+
+
+def _hold(x):
+    tracing.set()  # inside symbolic_trace: the FX tracing flag is set
+    _wait_for("called")
+    return x + 1
 
 
 def run():
     if threading.current_thread().name == "worker-0":
-        done.clear()
+        _wait_for("warm")
+        torch.fx.symbolic_trace(_hold)
+        return
+    try:
         try:
-            for _ in range(20):
-                torch.fx.symbolic_trace(torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(50)]))
+            compiled(torch.ones(2))  # compile (this thread's first call) and run: no trace is open yet
         finally:
-            done.set()
-    else:
-        while not done.is_set():
-            compiled(torch.ones(2))
+            _bump("warm")
+        tracing.wait(WAIT)
+        compiled(torch.ones(2))  # while worker-0 traces: raises on torch <= 2.13
+    finally:
+        _bump("called")

@@ -11,11 +11,10 @@ import torch
 import torch.fx
 
 import compilewatch
-from compilewatch.devices.warm import prewarm
 
 step = torch.compile(lambda x: x.sin() + 1, backend="eager")
 guard = compilewatch.CompileGuard()  # installed now: thread-local FX state where this torch allows it
-report = prewarm(["cpu"], {"step": lambda dev: step(torch.randn(4, device=dev))})  # the one warm (docs/warm.md)
+report = compilewatch.prewarm(["cpu"], {"step": lambda dev: step(torch.randn(4, device=dev))})  # the one warm (docs/warm.md)
 print("warm:", [(r.device, r.compile_windows) for r in report.warm], "verify pass compiles:",
       sum(r.compile_windows for r in report.verify))
 guard.freeze()

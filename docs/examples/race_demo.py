@@ -1,13 +1,27 @@
-"""The seeds' race in miniature, recorded as a timeline (docs/timeline.md)."""
+"""The cross-thread FX-flag race in miniature, recorded as a watcher report and a timeline
+(docs/timeline.md): a data-worker thread holds a make_fx trace open while two gpu-worker threads
+call a warm compiled step, and gpu-worker-2 then changes the batch shape (a recompile after warm).
+
+    python docs/examples/race_demo.py [OUT_DIR]    # writes OUT_DIR/race.jsonl and OUT_DIR/race.json
+
+OUT_DIR defaults to a new temporary directory; the paths are printed at the end.
+"""
+import os
+import sys
+import tempfile
 import threading
 import torch
 import compilewatch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+out = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="race-demo-")
+os.makedirs(out, exist_ok=True)
+report, timeline = os.path.join(out, "race.jsonl"), os.path.join(out, "race.json")
+
 step = torch.compile(lambda x, p: (x @ p).relu().sum(), backend="aot_eager")
 x, p = torch.randn(64, 64), torch.randn(64, 64, requires_grad=True)
 step(x, p).backward()                   # warm before watching, so the picture is about the race
-w = compilewatch.watch(report="seeds.jsonl", timeline="seeds_race.json", stall_after=0.4)
+w = compilewatch.watch(report=report, timeline=timeline, stall_after=0.4)
 w.mark_warm()
 
 tracing, release = threading.Event(), threading.Event()
@@ -47,3 +61,4 @@ release.set()
 for t in threads:
     t.join()
 print(w.close().verdicts)
+print(f"report: {report}\ntimeline: {timeline} (open it in https://ui.perfetto.dev)")
