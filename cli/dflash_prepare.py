@@ -15,7 +15,7 @@ from dflash import EMBEDDED_TARGET
 def prepare_cmd(
     data: Annotated[str, typer.Argument(help="Chat JSONL (messages or ShareGPT conversations), already regenerated.")],
     target: Annotated[str, typer.Option("--target", help="Local HF target directory (its tokenizer and chat template).")] = EMBEDDED_TARGET,
-    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Cache root (= data.cache_dir; default $DFLASH_DATA_CACHE or ~/.cache/dflash/data).")] = None,
+    out: Annotated[Optional[str], typer.Option("--cache-dir", help="Cache root (= data.cache_dir; default $DFLASH_DATA_CACHE or ~/.cache/dflash/data).")] = None,
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1, help="Tokenizing processes (default: one per CPU core).")] = None,
     recipe: Annotated[str, typer.Option("--recipe", help="The recipe you will train with (max length, block size).")] = "tiny",
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="The TOML config you will train with.")] = None,
@@ -30,7 +30,7 @@ def prepare_cmd(
     Examples:
       dflash prepare data/regen.jsonl --target /models/Qwen3-8B --recipe qwen3_8b
       dflash prepare data/regen.jsonl --target /models/Qwen3-8B \\
-        --recipe qwen3_8b --out /shared/dflash-data --workers 16
+        --recipe qwen3_8b --cache-dir /shared/dflash-data --workers 16
     """
     import dflash
     from cli.dflash_progress import TrainProgress

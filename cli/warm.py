@@ -22,7 +22,7 @@ from compilewatch.tracing.targets import FlexShape, resolve_workload
 def warm_cmd(
     devices: Annotated[str, typer.Option("--devices", "-d", help="Devices to warm, in order: 5,6,7 / cuda:0 / cpu.")],
     cmd: Annotated[Optional[list[str]], typer.Argument(help="After --: the program to hand over to.")] = None,
-    workload: Annotated[str, typer.Option("--workload", "-w", help="flex_attention (default: causal), compile, "
+    workload: Annotated[str, typer.Option("--workload", help="flex_attention (default: causal), compile, "
                                           "a workload an installed package registers (dflash: its training mask; "
                                           "an unknown name lists them), or module:obj / file.py:obj "
                                           "(a Workload or a callable taking the device).")] = "flex_attention",

@@ -144,3 +144,25 @@ def test_a_dir_that_is_no_cache_names_force_where_it_works(tmp_path):
     (tmp_path / "notes.txt").write_text("not a cache")
     r = CliRunner().invoke(compilewatch_app, ["cache", "clear", "--dir", str(tmp_path), "--yes"])
     assert r.exit_code == 2 and "--force" in r.output, r.output
+
+
+# each short flag means one thing across both CLIs (its long names say the same thing)
+SHORT_FLAGS = {
+    "-n": {"--limit", "--top", "--prompts"},  # how many (entries shown, largest shown, prompts decoded)
+    "-o": {"--output", "--out"},  # where the command writes its result (a file; train: the run dir)
+    "-c": {"--config"}, "-d": {"--device", "--devices"}, "-j": {"--workers"}, "-s": {"--subcache"},
+    "-w": {"--watch"}, "-y": {"--yes"}, "-r": {"--report"}, "-a": {"--all"}, "-h": {"--help"},
+}
+
+
+def test_each_short_flag_has_one_meaning():
+    seen: dict[str, set[str]] = {}
+    for app in (compilewatch_app, dflash_app):
+        for _, cmd in _commands(app):
+            for p in cmd.params:
+                opts = [*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ())]
+                for short in (o for o in opts if re.fullmatch(r"-[A-Za-z]", o)):
+                    seen.setdefault(short, set()).update(o for o in opts if o.startswith("--"))
+    seen.setdefault("-h", set()).add("--help")
+    unknown = {s: longs for s, longs in seen.items() if not longs <= SHORT_FLAGS.get(s, set())}
+    assert unknown == {}, "a short flag with a new meaning: give it its own letter, or none"

@@ -156,11 +156,11 @@ def test_prepare_then_train_starts_from_the_cache(tmp_path, local_target_dir):
         fh.write('{"messages": [{"role": "user", "content": "ba"}]}\n')
     cache = tmp_path / "cache"
     args = ["--target", str(local_target_dir), "--set", "data.max_length=40", "--set", "eval.at_end=false"]
-    p = invoke_json(app, ["prepare", str(data), "--out", str(cache), *args])
+    p = invoke_json(app, ["prepare", str(data), "--cache-dir", str(cache), *args])
     assert set(p) == PREPARE_KEYS and not p["hit"] and p["kept"] == 30 and p["records"] == 31
     assert p["skipped_by_reason"] == {"no assistant turn": 1} and p["examples"]["no assistant turn"] == ["record 31 ('ba')"]
     assert p["truncated"] > 0 and p["cache_dir"].startswith(str(cache))
-    again = invoke_json(app, ["prepare", str(data), "--out", str(cache), *args])
+    again = invoke_json(app, ["prepare", str(data), "--cache-dir", str(cache), *args])
     assert again["hit"] and {k: v for k, v in again.items() if k not in ("hit", "seconds", "workers")} == \
         {k: v for k, v in p.items() if k not in ("hit", "seconds", "workers")}
     run = invoke_json(app, ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--max-steps", "1", *args,
@@ -168,12 +168,12 @@ def test_prepare_then_train_starts_from_the_cache(tmp_path, local_target_dir):
     assert f"data cache hit: {p['cache_dir']}" in run["notes"]
     with open(f"{p['cache_dir']}/shard-00000.tokens", "r+b") as fh:  # a damaged cache: rebuilt, with a note
         fh.truncate(4)
-    fixed = invoke_json(app, ["prepare", str(data), "--out", str(cache), *args])
+    fixed = invoke_json(app, ["prepare", str(data), "--cache-dir", str(cache), *args])
     assert not fixed["hit"] and "moved to" in fixed["notes"][0] and fixed["tokens"] == p["tokens"]
 
 
 def test_prepare_bad_input_exits_2(tmp_path):
-    r = invoke(app, ["prepare", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "c")])
+    r = invoke(app, ["prepare", str(tmp_path / "missing.jsonl"), "--cache-dir", str(tmp_path / "c")])
     assert r.exit_code == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
     r = invoke(app, ["prepare", str(tmp_path / "x.jsonl"), "--target", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "does not exist" in r.stderr

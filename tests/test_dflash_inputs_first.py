@@ -49,13 +49,13 @@ def test_regen_with_a_missing_input_fails_before_the_target_loads(tmp_path, monk
 
 def test_prepare_says_when_eval_prompts_are_training_prompts(tmp_path):
     data = write_word_chats(tmp_path / "few.jsonl", n=13)
-    r = invoke(app, ["prepare", str(data), "--out", str(tmp_path / "cache"), "--json"])
+    r = invoke(app, ["prepare", str(data), "--cache-dir", str(tmp_path / "cache"), "--json"])
     assert r.exit_code == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["eval_prompts"] == 8 and d["eval_held_out"] == 0
     assert any("eval prompts are training prompts too" in n for n in d["notes"])
-    text = invoke(app, ["prepare", str(data), "--out", str(tmp_path / "cache")])  # a cache hit: the same answer
+    text = invoke(app, ["prepare", str(data), "--cache-dir", str(tmp_path / "cache")])  # a cache hit: the same answer
     assert "8 eval prompts, not held out (too few records)" in text.stdout
     many = write_word_chats(tmp_path / "many.jsonl", n=40)
-    d = json.loads(invoke(app, ["prepare", str(many), "--out", str(tmp_path / "cache"), "--json"]).stdout)
+    d = json.loads(invoke(app, ["prepare", str(many), "--cache-dir", str(tmp_path / "cache"), "--json"]).stdout)
     assert d["eval_held_out"] == 8 and not any("training prompts too" in n for n in d["notes"])
