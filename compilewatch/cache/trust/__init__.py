@@ -1,8 +1,9 @@
 """What may be believed about bytes that come from elsewhere (archives, restored dirs, Redis values).
 
 - `allowlist`: which pickle globals torch's caches use, and what each name resolves to (by identity);
-- `picklescan`: a pickle's stack followed opcode by opcode without unpickling it; `fxsource`: the one
-  source-executing call torch's pickles make, checked;
+- `picklescan`: a pickle's opcodes followed without unpickling it, with `stackmodel`: what each value
+  on its stack is and who made it (only what the pickle made itself may be mutated); `fxsource`: the
+  one source-executing call torch's pickles make, checked;
 - `keys`: this machine's Ed25519 signing key and the trust store; `provenance`: an archive's signed
   statement and the own/trusted/foreign verdict; `backups`: the record of backup dirs made here;
 - `modes`: the one owner-and-mode check (like OpenSSH's StrictModes) on the config dir, the signing

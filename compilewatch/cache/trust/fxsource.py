@@ -11,7 +11,10 @@ exactly that shape: imports of those modules only, function definitions, assignm
 bound there or of attributes of them, constants and arithmetic. Refused: any other import or
 statement kind (loops, `with`, classes, lambdas, comprehensions), a dunder anywhere, builtins that
 evaluate, import, open or reach attributes by computed name, and attributes that load code or
-libraries (`load_library`, `load_inline`, `load`, `system`, ...).
+libraries (`load_library`, `load_inline`, `load`, `system`, ...), and torch's own loaders reachable as
+attributes of `torch` (`torch.storage._load_from_bytes` is `torch.load`; `torch._inductor`,
+`torch._dynamo`, `torch.utils`, `torch.serialization` are refused whole, and any attribute whose name
+says it loads, executes, imports, writes or runs a command).
 
 This stops a pickle from executing arbitrary source while it is unpickled. It does not make an entry
 safe to use: an FX-graph entry also carries the generated module torch imports on a cache hit
@@ -30,7 +33,14 @@ _BUILTINS = {"getattr", "len", "int", "float", "bool", "tuple", "list", "dict", 
 _DENY_ATTRS = {"load_library", "load_inline", "load", "loads", "import_module", "system", "popen", "spawn",
                "exec", "eval", "compile", "cpp_extension", "jit", "hub", "package", "CDLL", "cdll", "LoadLibrary",
                "_load_library", "open", "remove", "rmtree", "unlink", "write_text", "write_bytes", "setattr",
-               "save", "subprocess", "os", "sys", "ctypes", "builtins", "importlib"}
+               "save", "subprocess", "os", "sys", "ctypes", "builtins", "importlib",
+               # torch's own loaders, compilers and unpicklers, reachable as attributes of `torch`:
+               # `torch.storage._load_from_bytes` is torch.load, `torch._inductor.cpp_builder` runs commands
+               "storage", "serialization", "_utils", "utils", "_inductor", "_dynamo", "_export", "export",
+               "classes", "_classes", "multiprocessing", "from_file", "fromfile", "tofile", "environ"}
+# ... and any attribute whose name says it loads, executes, imports, writes or runs a command
+_DENY_PARTS = ("load", "exec", "eval", "compile", "import", "system", "spawn", "popen", "library", "pickle",
+               "marshal", "cmd", "subprocess", "write", "remove", "unlink", "rmtree", "rename", "chmod", "symlink")
 _EXPR_NODES = (ast.Name, ast.Constant, ast.Attribute, ast.Subscript, ast.Slice, ast.Tuple, ast.List, ast.Dict,
                ast.Set, ast.Call, ast.keyword, ast.Starred, ast.UnaryOp, ast.BinOp, ast.Compare, ast.BoolOp,
                ast.IfExp, ast.Load, ast.Store, ast.Del, ast.unaryop, ast.operator, ast.cmpop, ast.boolop,
@@ -100,7 +110,7 @@ def _check(source: str) -> str | None:
             if node.id.startswith("__") or node.id not in bound:
                 return f"FX source that uses the name {node.id!r}"
         elif isinstance(node, ast.Attribute):
-            if node.attr.startswith("__") or node.attr in _DENY_ATTRS:
+            if _denied(node.attr):
                 return f"FX source that reaches .{node.attr}"
         elif isinstance(node, ast.Call):
             f = node.func
@@ -111,8 +121,13 @@ def _check(source: str) -> str | None:
             if isinstance(node.func, ast.Name) and node.func.id == "getattr":
                 name = node.args[1] if len(node.args) >= 2 else None
                 if not (isinstance(name, ast.Constant) and isinstance(name.value, str)
-                        and not name.value.startswith("__") and name.value not in _DENY_ATTRS):
+                        and not _denied(name.value)):
                     return "FX source with getattr of a computed or special name"
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("__"):
             return "FX source with a dunder string"
     return None
+
+
+def _denied(attr: str) -> bool:
+    low = attr.lower()
+    return attr.startswith("__") or attr in _DENY_ATTRS or any(p in low for p in _DENY_PARTS)

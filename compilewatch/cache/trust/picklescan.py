@@ -20,7 +20,28 @@ module that names it:
   sympify, and sympify evaluates strings); `reduce_graph_module` only on FX-shaped source
   (`fxsource`), `_load_from_bytes` only on bytes that scan as torch.save's pickles,
   `_rebuild_from_type_v2` only with torch's tensor rebuilders, `copyreg._reconstructor` only with
-  base `object`; `getattr` only in the two forms `CHECKED_CALLS` describes.
+  base `object`; `getattr` only in the two forms `CHECKED_CALLS` describes;
+- what each opcode does to whatever object it lands on (`stackmodel`, issue 37: a slot-state BUILD
+  on an allowed class set `__setstate__ = reduce_graph_module` and `get = str` on it, and the next
+  BUILD executed a string): BUILD, SETITEM(S), APPEND(S) and ADDITEMS only on an instance or
+  container this pickle made (never a class, function, module attribute, enum member, sympy object
+  or call result), BUILD once per instance, its state a dict of plain string keys (no dunder, no
+  `append`/`extend`/`add`) that stores no function and no class whose construction runs code; a
+  call's result is what the callee declares (an instance, a tensor, a member...) or opaque, which
+  nothing may call, build, fill or hand to code that uses it. `reduce_graph_module`'s body may hold
+  nothing FX's re-trace could call, and a SerializedGraphModule's stored call is checked at STOP.
+
+Audit of what the allowed names reach (torch 2.13, issue 37): the protocol methods of the 630
+classes of CLASS_MODULES (`__repr__`, `__hash__`, `__eq__`, `__iter__`, `__index__`, ...) call no
+instance attribute and evaluate, import, open or load nothing; nine `__call__`s call an instance
+attribute (`CompiledFxGraph.current_callable`, `SerializableCompiledFunction.compiled_fn`, ...), and
+some classes have their own `__del__` (static triton launchers), `__getattr__`/`__getattribute__`
+(`FakeIndentedBuffer`, `FakeTensorTLS`) or metaclass `__call__`: such instances are live (never a
+constructor's argument, a dict key or in a graph body), BUILD refuses the attribute hooks. Real FX
+source reaches `torch.storage._load_from_bytes` (torch.load) or `torch._inductor.cpp_builder`
+(commands) as attributes of `torch`: `fxsource` refuses them. `functools.partial` stays refused
+(its BUILD re-aims it). Still trusted, as before: torch's own code run after loading on the values
+an entry holds (a bound method kept as a value, `CompiledFxGraph.source_code`) -- a cache is code.
 
 The lists are what torch's caches really use: collected from CPU caches of torch 2.11, 2.13 and 2.15
 and a CUDA cache of 2.11 (H200); the call rules were checked here against a CPU cache of torch 2.13
@@ -39,29 +60,54 @@ guards it evaluates, and `.so` files it loads. A cache archive is code: trust it
 from __future__ import annotations
 
 import _compat_pickle
+import enum
 import gc
 import io
 import json
 import pickletools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from compilewatch.cache.trust import fxsource
 from compilewatch.cache.trust.allowlist import (
     _ATTR_NAME,
     _MEMBER_NAME,
     _MISSING,
     CALLABLE_GLOBALS,
     CHECKED_CALLS,
+    _builtin_owner,
     _import_attr,
     _init_is_data,
     _is_callable_class,
     _is_sympy,
     _new_is_data,
+    _owner,
     _setstate_is_data,
     _why_refused,
     is_allowed,
+)
+from compilewatch.cache.trust.stackmodel import (
+    _NUM,
+    _Bytes,
+    _Dict,
+    _FSet,
+    _Global,
+    _List,
+    _Obj,
+    _Seq,
+    _Set,
+    _Str,
+    _Value,
+    _generated,
+    build,
+    describe,
+    fill,
+    fresh_class,
+    graph_args,
+    key_refused,
+    live_of,
+    stores_only,
 )
 
 MAX_OPS = 50_000_000  # opcodes scanned in one pickle; a real FX-graph entry has tens of thousands
@@ -91,7 +137,7 @@ class ScanResult:
         return not self.refused and self.problem is None
 
 
-# --- the stack model ------------------------------------------------------------------------------
+# --- the stack model (the values: stackmodel) -------------------------------------------------------
 _STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING",
                "STRING"}
 
@@ -100,75 +146,6 @@ _STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHOR
 _TORCH_SAVE_GLOBALS = frozenset({f"torch.{t}Storage" for t in (
     "Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool", "ComplexFloat",
     "ComplexDouble", "Untyped")} | {"torch.storage.UntypedStorage", "torch.storage.TypedStorage"})
-
-
-class _Global(str):
-    """A global's "module.name" on the scan's model of the pickle stack."""
-
-
-class _Str(str):
-    """A string constant."""
-
-
-class _Bytes(bytes):
-    """A bytes constant."""
-
-
-class _Num:
-    """An int, float, bool or None constant."""
-
-
-_NUM = _Num()
-
-
-class _Seq:
-    """A tuple the pickle built, with what its items are, computed once when it is built (so
-    consuming a tuple fetched from the memo a million times costs nothing per fetch)."""
-
-    __slots__ = ("items", "checked", "sympy_ok", "sympy_tail_ok", "literal")
-
-    def __init__(self, items: list[object]) -> None:
-        self.items = items
-        self.checked = any((isinstance(x, _Global) and x in CHECKED_CALLS) or (isinstance(x, _Seq) and x.checked)
-                           for x in items)
-        self.sympy_tail_ok = all(_sympy_arg_ok(x) for x in items[1:])
-        self.sympy_ok = self.sympy_tail_ok and (not items or _sympy_arg_ok(items[0]))
-        self.literal = all(x is _NUM or isinstance(x, _Str) for x in items)  # numbers and strings only
-
-
-class _Dict:
-    """A dict the pickle built; only what `reduce_graph_module` reads of it is kept (its source)."""
-
-    __slots__ = ("code",)
-
-    def __init__(self) -> None:
-        self.code: object = None
-
-    def set(self, key: object, value: object) -> None:
-        if isinstance(key, _Str) and key in ("_code", "code") and (key == "_code" or self.code is None):
-            self.code = value
-
-
-class _Obj:
-    """An instance the pickle constructed, and its class."""
-
-    __slots__ = ("cls",)
-
-    def __init__(self, cls: type) -> None:
-        self.cls = cls
-
-
-class _Computed:
-    """A value a checked call made (its origin, for the message); None on the stack is any other value."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-
-def _sympy_arg_ok(x: object) -> bool:
-    """What a sympy constructor may get: numbers, sympy objects and tuples of them. Never a string,
-    bytes or any other container: sympify parses strings (with eval) and iterates containers."""
-    return x is _NUM or (isinstance(x, _Obj) and _is_sympy(x.cls)) or (isinstance(x, _Seq) and x.sympy_ok)
 
 
 _MARK = object()
@@ -190,6 +167,9 @@ _MEMO_PUT = {"PUT", "BINPUT", "LONG_BINPUT"}
 _MEMO_GET = {"GET", "BINGET", "LONG_BINGET"}
 
 
+_FILLS = frozenset({"SETITEM", "SETITEMS", "APPEND", "APPENDS", "ADDITEMS"})
+
+
 # opcodes that reach the copyreg extension registry: a way to name a global without saying it
 _REFUSED_OPS = {"EXT1", "EXT2", "EXT4"}
 
@@ -197,22 +177,187 @@ _REFUSED_OPS = {"EXT1", "EXT2", "EXT4"}
 _TORCH_SAVE_PICKLES = 5  # torch.save's legacy format: magic, protocol, sys info, the object, storage keys
 
 
-class _Scan:
+_CODECS = frozenset({"latin1", "latin-1", "utf-8", "utf8", "ascii"})  # how protocols 0-2 pickle bytes
+
+
+_TENSOR_RESULTS = frozenset({"torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
+                             "torch._utils._rebuild_parameter", "torch._tensor._rebuild_from_type_v2"})
+
+
+def _opaque(what: str) -> _Value:
+    return _Value("opaque", what)
+
+
+class _Calls:
+    """What each call (REDUCE / NEWOBJ / NEWOBJ_EX / OBJ / INST, and getattr) may do, and what it
+    returns, by the callee's declared result (stackmodel)."""
+
+    refuse: Callable[[str], None]
+    nested_torch_save: Callable[[bytes], None]
+
+    def checked_call(self, fn: _Global, args: object) -> object:
+        """getattr's two allowed forms (see CHECKED_CALLS); what it pushes."""
+        items = args.items if isinstance(args, _Seq) else None
+        if items is not None and len(items) == 2 and isinstance(items[1], _Str):
+            obj, name = items
+            target = _import_attr(obj) if isinstance(obj, _Global) else _MISSING
+            if isinstance(obj, _Global) and is_allowed(*obj.rsplit(".", 1)) and _MEMBER_NAME.match(name):
+                if isinstance(target, enum.EnumMeta):
+                    return _Value("member", f"{obj}.{name}", target)  # an enum member
+                return _opaque(f"getattr({obj}, {str(name)!r})")  # a class attribute: anything
+            if _ATTR_NAME.match(name) and not (isinstance(obj, _Global) and obj in CHECKED_CALLS):
+                return _opaque(f"getattr(..., {str(name)!r})")  # a bound method or attribute: never callable here
+        shown = (f"getattr({items[0] if isinstance(items[0], str) else '<object>'}, {items[1]!r})"
+                 if items is not None and len(items) == 2 else "getattr(<computed arguments>)")
+        self.refuse(f"{fn} call {shown}: only getattr(<class>, 'MEMBER') and getattr(<object>, 'name') are allowed")
+        return _opaque("a refused getattr")
+
+    def call(self, opname: str, fn: object, args: object, kwargs: object = None) -> object:
+        """Check one call of `fn` with `args`; what it pushes."""
+        if not isinstance(fn, _Global):
+            what = fn.what if isinstance(fn, _Value) else describe(fn)
+            self.refuse(f"<a call of {what}: only named, allowed globals may be called>")
+            return _opaque("the result of a refused call")
+        if fn in CHECKED_CALLS or _why_refused(*fn.rsplit(".", 1)) is not None:
+            return _opaque(f"{fn}(...)")  # refused when it was named
+        obj = _import_attr(fn)
+        if obj is _MISSING:
+            return _opaque(f"{fn}(...)")  # not importable here: pickle.loads would fail on it too
+        items = args.items if isinstance(args, _Seq) else None
+        if isinstance(obj, type):
+            return self.construct(opname, fn, obj, items, args, kwargs)
+        if opname != "REDUCE" or fn not in CALLABLE_GLOBALS:
+            self.refuse(f"{fn} called: it may be a value in a cache pickle, never called by one")
+            return _opaque(f"{fn}(...)")
+        return self.call_function(fn, items)
+
+    def call_function(self, fn: _Global, items: list[object] | None) -> object:
+        if fn == "copyreg._reconstructor":  # (cls, base, state): base.__new__(cls, state) [+ base.__init__]
+            base = _import_attr(items[1]) if items and len(items) == 3 and isinstance(items[1], _Global) else _MISSING
+            cls = _import_attr(items[0]) if items and isinstance(items[0], _Global) else _MISSING
+            if base is not object or not isinstance(cls, type):
+                self.refuse("copyreg._reconstructor with a base other than object, or of something not a named "
+                            "class: it runs that base's constructor")
+                return _opaque(f"{fn}(...)")
+            if not fresh_class(cls):
+                self.refuse(f"copyreg._reconstructor of {items[0]}: an instance made without its constructor")
+            return _Obj(cls, fresh=fresh_class(cls))
+        if fn in _TENSOR_RESULTS:
+            self.tensor_call(fn, items)
+            return _Value("tensor", f"{fn}(...)")
+        if fn == "_codecs.encode":  # (str, encoding): how protocols 0-2 pickle bytes
+            if not (items and len(items) == 2 and isinstance(items[0], _Str) and isinstance(items[1], _Str)
+                    and items[1] in _CODECS):
+                self.refuse(f"{fn} of something other than a string constant and a plain text codec")
+                return _Value("bytes", f"{fn}(...)")
+            try:
+                return _Bytes(str(items[0]).encode(str(items[1])))
+            except UnicodeError:
+                return _Value("bytes", f"{fn}(...)")  # pickle.loads would fail on it too
+        if fn == "torch.fx.graph_module.reduce_graph_module":  # exec(import_block + body["_code"])
+            why = graph_args(_Seq(list(items)) if items is not None else None)
+            if why:
+                self.refuse(f"{fn} of {why}")
+            return _Value("graph module", f"{fn}(...)")
+        if fn == "torch.storage._load_from_bytes":  # torch.load(bytes, weights_only=False): scan what it loads
+            blob = items[0] if items and len(items) == 1 else None
+            if not isinstance(blob, _Bytes):
+                self.refuse(f"{fn} of something computed: it unpickles it")
+            else:
+                self.nested_torch_save(bytes(blob))
+            return _Value("storage", f"{fn}(...)")
+        return _opaque(f"{fn}(...)")  # select_decomp_table(): a table of functions
+
+    def tensor_call(self, fn: _Global, items: list[object] | None) -> None:
+        if fn != "torch._tensor._rebuild_from_type_v2":  # (storage, offset, size, stride, grad, hooks, ...)
+            why = next((live_of(x) for x in items or () if live_of(x)), None)
+            if why:
+                self.refuse(f"{fn} with an argument holding {why} (backward hooks are called)")
+            return
+        # (func, type, args, state): ret = func(*args).as_subclass(type), then its state set by setattr
+        inner, new_type, inner_args, state = items if items and len(items) == 4 else (None,) * 4
+        if not (isinstance(inner, _Global) and inner.startswith("torch._utils._rebuild_") and inner in CALLABLE_GLOBALS):
+            self.refuse(f"{fn} with a function other than torch's tensor rebuilders: it calls that function")
+        cls = _import_attr(new_type) if isinstance(new_type, _Global) else _MISSING
+        torch = sys.modules.get("torch")
+        if not (isinstance(cls, type) and torch is not None and issubclass(cls, torch.Tensor)):
+            self.refuse(f"{fn} with a type that is not a named tensor class: it makes one of it")
+        elif not _setstate_is_data(cls):
+            self.refuse(f"{fn} of {new_type}: its __setstate__ runs its own code")
+        if not isinstance(inner_args, _Seq) or inner_args.live:
+            self.refuse(f"{fn} with rebuild arguments the scan cannot see")
+        parts = state.items if isinstance(state, _Seq) and len(state.items) == 2 else [state]
+        for d in parts:
+            if d is None or d is _NUM:
+                continue
+            if not (isinstance(d, _Dict) and d.str_keys and not d.bad_attr and not d.graph_fn and not d.live):
+                why = (d.bad_attr or d.live) if isinstance(d, _Dict) else describe(d)
+                self.refuse(f"{fn} with a state that is not plain data ({why}): it is set on the tensor")
+
+    def construct(self, opname: str, fn: str, cls: type, items: list[object] | None, args: object,
+                  kwargs: object) -> object:
+        if _is_sympy(cls):
+            self.construct_sympy(opname, fn, cls, items, args)
+            return _Obj(cls, fresh=False)  # sympy caches its objects (and has singletons)
+        new_only = opname in ("NEWOBJ", "NEWOBJ_EX")
+        if not new_only and not _builtin_owner(_owner(type(cls), "__call__")):
+            self.refuse(f"{fn} called: its metaclass's __call__ runs its own code")
+        if _is_callable_class(cls):
+            pass
+        elif not _new_is_data(cls):
+            self.refuse(f"{fn}.__new__ runs its own code: not a data class")
+        elif not new_only and not _init_is_data(cls):
+            self.refuse(f"{fn} called: its __init__ runs its own code (only data classes may be called)")
+        new = _owner(cls, "__new__")
+        ignores = new is None or new is object or _generated(vars(new)["__new__"])  # stores, or ignores, its args
+        if not (ignores and (new_only or stores_only(cls))):
+            for a in (args, kwargs):
+                if live_of(a):
+                    self.refuse(f"{fn} constructed from {live_of(a)}: its constructor uses what it is given")
+        if kwargs is not None and not isinstance(kwargs, _Dict):
+            self.refuse(f"{fn} constructed with keyword arguments the scan cannot see")
+        obj = _Obj(cls, fresh=fresh_class(cls))
+        obj.hold(args)
+        if kwargs is not None:
+            obj.hold(kwargs)
+        return obj
+
+    def construct_sympy(self, opname: str, fn: str, cls: type, items: list[object] | None, args: object) -> None:
+        # sympy constructors sympify their arguments, and sympify evaluates strings: only numbers,
+        # sympy objects and tuples of them (a Symbol's first argument, its name, may be a string)
+        sympy = sys.modules["sympy"]
+        named = issubclass(cls, sympy.Symbol) and bool(items) and isinstance(items[0], _Str)
+        if not isinstance(args, _Seq):
+            ok = False
+        elif issubclass(cls, sympy.Float):  # Float(<numeral str>) or Float((sign, <hex str>, exp, bc)): parsed, never sympified
+            ok = all(x is _NUM or isinstance(x, _Str) or (isinstance(x, _Seq) and x.literal) for x in args.items)
+        elif issubclass(cls, sympy.Rational):  # Rational/Integer(<numeral str>): fractions/int parse; a container is sympified
+            ok = args.literal
+        else:
+            ok = args.sympy_tail_ok if named else args.sympy_ok
+        if not ok:
+            self.refuse(f"{fn} constructed from a string or a container: sympy evaluates strings (sympify)")
+        elif opname == "NEWOBJ_EX" and not issubclass(cls, (sympy.Symbol, sympy.Float)):  # assumptions / precision
+            self.refuse(f"{fn} constructed with keyword arguments")
+
+
+class _Scan(_Calls):
     def __init__(self, max_ops: int, nested: int = 0) -> None:
         self.names: dict[str, None] = {}
         self.refused: dict[str, None] = {}
         self.max_ops = max_ops
         self.nested = nested
+        self.graphs: list[tuple[object, object]] = []  # SerializedGraphModules' (args, class): checked at STOP
 
-    def refuse(self, why: str) -> None:
-        if len(self.refused) < 1000:
+    def refuse(self, why: str | None) -> None:
+        if why and len(self.refused) < 1000:
             self.refused[why] = None
 
     # globals -----------------------------------------------------------------------------------
     def note(self, module: object, name: object) -> object:
         if not isinstance(module, str) or not isinstance(name, str):
             self.refuse("<a global whose name is computed>")
-            return None
+            return _opaque("a global whose name is computed")
         if (module, name) in _compat_pickle.NAME_MAPPING:  # what pickle's fix_imports does for protocols < 3
             module, name = _compat_pickle.NAME_MAPPING[(module, name)]
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
@@ -233,101 +378,6 @@ class _Scan:
                 if (isinstance(x, _Global) and x in CHECKED_CALLS) or (isinstance(x, _Seq) and x.checked):
                     self.refuse("builtins.getattr used other than as getattr(<class>, 'MEMBER') or getattr(<object>, 'name')")
 
-    # calls -------------------------------------------------------------------------------------
-    def checked_call(self, fn: _Global, args: object) -> object:
-        """getattr's two allowed forms (see CHECKED_CALLS); what it pushes."""
-        items = args.items if isinstance(args, _Seq) else None
-        if items is not None and len(items) == 2 and isinstance(items[1], _Str):
-            obj, name = items
-            if isinstance(obj, _Global) and is_allowed(*obj.rsplit(".", 1)) and _MEMBER_NAME.match(name):
-                return None  # an enum member
-            if _ATTR_NAME.match(name) and not (isinstance(obj, _Global) and obj in CHECKED_CALLS):
-                return _Computed(f"getattr(..., {str(name)!r})")  # a bound method or attribute: never callable here
-        shown = (f"getattr({items[0] if isinstance(items[0], str) else '<object>'}, {items[1]!r})"
-                 if items is not None and len(items) == 2 else "getattr(<computed arguments>)")
-        self.refuse(f"{fn} call {shown}: only getattr(<class>, 'MEMBER') and getattr(<object>, 'name') are allowed")
-        return None
-
-    def call(self, opname: str, fn: object, args: object) -> object:
-        """Check one call (REDUCE / NEWOBJ / NEWOBJ_EX / OBJ / INST) of `fn` with `args`; what it pushes."""
-        if not isinstance(fn, _Global):
-            what = fn.what if isinstance(fn, _Computed) else "a computed object"
-            self.refuse(f"<a call of {what}: only named, allowed globals may be called>")
-            return None
-        if fn in CHECKED_CALLS or _why_refused(*fn.rsplit(".", 1)) is not None:
-            return None  # refused when it was named
-        obj = _import_attr(fn)
-        if obj is _MISSING:
-            return None  # not importable here: pickle.loads would fail on it too
-        items = args.items if isinstance(args, _Seq) else None
-        if isinstance(obj, type):
-            return self.construct(opname, fn, obj, items, args)
-        if opname != "REDUCE" or fn not in CALLABLE_GLOBALS:
-            self.refuse(f"{fn} called: it may be a value in a cache pickle, never called by one")
-            return None
-        if fn == "copyreg._reconstructor":  # (cls, base, state): base.__new__(cls, state) [+ base.__init__]
-            base = _import_attr(items[1]) if items and len(items) == 3 and isinstance(items[1], _Global) else _MISSING
-            cls = _import_attr(items[0]) if items and isinstance(items[0], _Global) else _MISSING
-            if base is not object or not isinstance(cls, type):
-                self.refuse("copyreg._reconstructor with a base other than object: it runs that base's constructor")
-                return None
-            return _Obj(cls)
-        if fn == "torch._tensor._rebuild_from_type_v2":  # (func, type, args, state): calls func(*args)
-            inner = items[0] if items and len(items) == 4 else None
-            if not (isinstance(inner, _Global) and inner.startswith("torch._utils._rebuild_") and inner in CALLABLE_GLOBALS):
-                self.refuse(f"{fn} with a function other than torch's tensor rebuilders: it calls that function")
-            return None
-        if fn == "torch.fx.graph_module.reduce_graph_module":  # exec(import_block + body["_code"])
-            body, block = (items if items and len(items) == 2 else (None, None))
-            code = body.code if isinstance(body, _Dict) else None
-            if not (isinstance(code, _Str) and isinstance(block, _Str)):
-                self.refuse(f"{fn} of a source the scan cannot see: it executes that source")
-                return None
-            why = fxsource.check(str(block) + str(code))
-            if why:
-                self.refuse(f"{fn} of source that is not an FX graph's ({why}): it executes that source")
-            return None
-        if fn == "torch.storage._load_from_bytes":  # torch.load(bytes, weights_only=False): scan what it loads
-            blob = items[0] if items and len(items) == 1 else None
-            if not isinstance(blob, _Bytes):
-                self.refuse(f"{fn} of something computed: it unpickles it")
-            else:
-                self.nested_torch_save(bytes(blob))
-            return None
-        return None
-
-    def construct(self, opname: str, fn: str, cls: type, items: list[object] | None, args: object) -> object:
-        if _is_sympy(cls):
-            # sympy constructors sympify their arguments, and sympify evaluates strings: only numbers,
-            # sympy objects and tuples of them (a Symbol's first argument, its name, may be a string)
-            sympy = sys.modules["sympy"]
-            named = issubclass(cls, sympy.Symbol) and bool(items) and isinstance(items[0], _Str)
-            if not isinstance(args, _Seq):
-                ok = False
-            elif issubclass(cls, sympy.Float):  # Float(<numeral str>) or Float((sign, <hex str>, exp, bc)): parsed, never sympified
-                ok = all(x is _NUM or isinstance(x, _Str) or (isinstance(x, _Seq) and x.literal) for x in args.items)
-            elif issubclass(cls, sympy.Rational):  # Rational/Integer(<numeral str>): fractions/int parse; a container is sympified
-                ok = args.literal
-            else:
-                ok = args.sympy_tail_ok if named else args.sympy_ok
-            if not ok:
-                self.refuse(f"{fn} constructed from a string or a container: sympy evaluates strings (sympify)")
-            elif opname == "NEWOBJ_EX" and not issubclass(cls, (sympy.Symbol, sympy.Float)):  # assumptions / precision
-                self.refuse(f"{fn} constructed with keyword arguments")
-            return _Obj(cls)
-        new_only = opname in ("NEWOBJ", "NEWOBJ_EX")
-        if _is_callable_class(cls):
-            pass
-        elif not _new_is_data(cls):
-            self.refuse(f"{fn}.__new__ runs its own code: not a data class")
-        elif not new_only and not _init_is_data(cls):
-            self.refuse(f"{fn} called: its __init__ runs its own code (only data classes may be called)")
-        return _Obj(cls)
-
-    def build(self, obj: object) -> None:
-        if isinstance(obj, _Obj) and not _setstate_is_data(obj.cls):
-            self.refuse(f"{obj.cls.__module__}.{obj.cls.__qualname__}.__setstate__ runs its own code (BUILD)")
-
     def nested_torch_save(self, blob: bytes) -> None:
         """The legacy `torch.save` bytes `_load_from_bytes` hands to `torch.load`: a few pickles back to
         back (the object's may name storage types and use persistent ids), then raw storage bytes."""
@@ -345,6 +395,12 @@ class _Scan:
                 self.names.setdefault(n, None)
             for r in inner.refused:
                 self.refuse(r)
+
+    def stop(self) -> None:
+        for args, cls in self.graphs:  # torch calls reduce_graph_module(*args) when it deserializes
+            why = graph_args(args)
+            if why:
+                self.refuse(f"{cls} holding torch.fx.graph_module.reduce_graph_module of {why}")
 
     # the loop ----------------------------------------------------------------------------------
     def run(self, stream) -> str | None:  # io.BytesIO, or _Capped over a file
@@ -367,7 +423,7 @@ class _Scan:
             n = len(before)
             taken = stack[len(stack) - n:] if n else []
             del stack[len(stack) - n:]
-            return taken
+            return [*([None] * (n - len(taken))), *taken]
 
         try:
             for n, (op, arg, _pos) in enumerate(pickletools.genops(stream)):
@@ -377,6 +433,7 @@ class _Scan:
                 if opname in ("FRAME", "PROTO"):
                     continue
                 if opname == "STOP":
+                    self.stop()
                     return None
                 if opname in _REFUSED_OPS:
                     self.refuse(f"<copyreg extension code {arg}>")
@@ -387,74 +444,87 @@ class _Scan:
                     memo[int(arg)] = stack[-1] if stack else None
                     continue
                 if opname in _MEMO_GET:
-                    stack.append(memo.get(int(arg)))
+                    stack.append(memo.get(int(arg), _opaque("a memo entry never stored")))
                     continue
                 if opname == "MARK":
                     stack.append(_MARK)
                     continue
                 args = pop_args(op)
-                if opname in _STRING_OPS:
-                    stack.append(_Str(arg if isinstance(arg, str) else arg.decode("latin-1")))
-                elif opname in _BYTES_OPS:
-                    stack.append(_Bytes(arg))
-                elif opname in _NUM_OPS:
-                    stack.append(_NUM)
-                elif opname == "GLOBAL":
-                    module, _, name = str(arg).partition(" ")
-                    stack.append(self.note(module, name))
-                elif opname == "STACK_GLOBAL":
-                    module, name = args if len(args) == 2 else (None, None)
-                    stack.append(self.note(module, name))
-                elif opname in ("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "EMPTY_TUPLE"):
-                    items = args[-1] if opname == "TUPLE" else args
-                    stack.append(_Seq(list(items)))
-                elif opname == "INST":  # MARK args... INST module name: calls the class with the mark's slice
-                    module, _, name = str(arg).partition(" ")
-                    self.consumed(args)
-                    stack.append(self.call("OBJ", self.note(module, name), _Seq(list(args[-1]))))
-                elif opname in _CALLS:
-                    if opname == "OBJ":  # MARK cls args... OBJ: the class is the first of the mark's slice
-                        sliced = args[-1] if args else []
-                        fn, fargs = (sliced[0] if sliced else None), _Seq(list(sliced[1:]))
-                    else:
-                        fn, fargs = (args[0] if args else None), (args[1] if len(args) >= 2 else None)
-                    if opname == "REDUCE" and isinstance(fn, _Global) and fn in CHECKED_CALLS:
-                        result = self.checked_call(fn, fargs)
-                        stack.append(result)
-                        continue
-                    self.consumed(args)
-                    stack.append(self.call(opname, fn, fargs))
-                elif opname == "BUILD":
-                    self.consumed(args[1:])
-                    self.build(args[0] if args else None)
-                    stack.append(args[0] if args else None)
-                elif opname in ("EMPTY_DICT", "DICT"):
-                    self.consumed(args)
-                    d = _Dict()
-                    if opname == "DICT" and args:
-                        pairs = args[-1]
-                        for i in range(0, len(pairs) - 1, 2):
-                            d.set(pairs[i], pairs[i + 1])
-                    stack.append(d)
-                elif opname in ("SETITEM", "SETITEMS", "APPEND", "APPENDS", "ADDITEMS"):
-                    self.consumed(args[1:])
-                    container = args[0] if args else None
-                    if isinstance(container, _Dict):
-                        pairs = args[1:] if opname == "SETITEM" else (args[-1] if opname == "SETITEMS" else [])
-                        for i in range(0, len(pairs) - 1, 2):
-                            container.set(pairs[i], pairs[i + 1])
-                    stack.append(container)
-                elif opname == "DUP":
-                    stack.extend(args * 2)
-                elif opname in ("PERSID", "BINPERSID") and self.nested:
-                    self.consumed(args)
-                    stack.append(None)  # torch.load's persistent_load: a storage
-                else:
-                    self.consumed(args)
-                    stack.extend(None for _ in op.stack_after)
+                stack.extend(self.step(opname, arg, args))
         except Exception as e:  # noqa: BLE001 - genops raises ValueError and friends on malformed input
             return f"not a valid pickle ({type(e).__name__}: {str(e)[:120]})"
         return "not a valid pickle (no STOP opcode)"
+
+    def step(self, opname: str, arg: object, args: list[object]) -> tuple[object, ...]:
+        """One opcode's effect: what it pushes (its arguments already taken off the stack)."""
+        if opname in _STRING_OPS:
+            return (_Str(arg if isinstance(arg, str) else arg.decode("latin-1")),)
+        if opname in _BYTES_OPS:
+            return (_Bytes(arg),)
+        if opname in _NUM_OPS:
+            return (_NUM,)
+        if opname == "GLOBAL":
+            module, _, name = str(arg).partition(" ")
+            return (self.note(module, name),)
+        if opname == "STACK_GLOBAL":
+            return (self.note(*args),)
+        if opname in ("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "EMPTY_TUPLE"):
+            return (_Seq(list(args[-1] if opname == "TUPLE" else args)),)
+        if opname == "INST":  # MARK args... INST module name: calls the class with the mark's slice
+            module, _, name = str(arg).partition(" ")
+            self.consumed(args)
+            return (self.call("OBJ", self.note(module, name), _Seq(list(args[-1]))),)
+        if opname in _CALLS:
+            kwargs = None
+            if opname == "OBJ":  # MARK cls args... OBJ: the class is the first of the mark's slice
+                sliced = args[-1] if args else []
+                fn, fargs = (sliced[0] if sliced else None), _Seq(list(sliced[1:]))
+            else:
+                fn, fargs = args[0], args[1]
+                kwargs = args[2] if opname == "NEWOBJ_EX" else None
+            if opname == "REDUCE" and isinstance(fn, _Global) and fn in CHECKED_CALLS:
+                return (self.checked_call(fn, fargs),)
+            self.consumed(args)
+            return (self.call(opname, fn, fargs, kwargs),)
+        if opname == "BUILD":
+            self.consumed(args[1:])
+            self.refuse(build(args[0], args[1], self.graphs))
+            return (args[0],)
+        if opname in ("EMPTY_DICT", "DICT"):
+            self.consumed(args)
+            d = _Dict()
+            if opname == "DICT":
+                self.refuse(fill("SETITEMS", d, args[-1]))
+            return (d,)
+        if opname in ("EMPTY_LIST", "LIST"):
+            self.consumed(args)
+            lst = _List()
+            for x in args[-1] if opname == "LIST" else ():
+                lst.hold(x)
+            return (lst,)
+        if opname in ("EMPTY_SET", "FROZENSET"):
+            self.consumed(args)
+            s = _Set() if opname == "EMPTY_SET" else _FSet()
+            for x in args[-1] if opname == "FROZENSET" else ():
+                self.refuse(key_refused(x) and f"FROZENSET of an item whose hashing runs code: {key_refused(x)}")
+                s.hold(x)
+            return (s,)
+        if opname in _FILLS:
+            self.consumed(args[1:])
+            items = args[1:] if opname in ("SETITEM", "APPEND") else args[-1]
+            self.refuse(fill(opname, args[0], items))
+            return (args[0],)
+        if opname == "DUP":
+            return (*args, *args)
+        if opname in ("POP", "POP_MARK"):
+            return ()
+        self.consumed(args)
+        if opname in ("PERSID", "BINPERSID"):  # torch.load's persistent_load: a storage (pickle.loads: an error)
+            return (_Value("storage", "a persistent id") if self.nested else _opaque("a persistent id"),)
+        return tuple(_opaque(opname) for _ in range(len(_OPS[opname].stack_after)))
+
+
+_OPS = {op.name: op for op in pickletools.opcodes}
 
 
 def scan(data: bytes, *, max_ops: int = MAX_OPS) -> ScanResult:

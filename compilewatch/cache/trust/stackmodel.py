@@ -1,0 +1,466 @@
+"""The values on `picklescan`'s model of a pickle's stack, and what the pickle may do to each.
+
+pickle's BUILD, SETITEM(S), APPEND(S) and ADDITEMS act on whatever object is on the stack: BUILD
+does `setattr` (its slot state) or a `__dict__` update, or calls the object's `__setstate__`;
+APPENDS calls the object's `extend` / `append`, ADDITEMS its `add`. So each value here says what it
+is and who made it, and a mutation is admitted only on an instance or container *this pickle made*
+through an allowed construct (`fresh`): never on a class, a function, a module attribute, an enum
+member, a sympy object (cached, shared) or the result of a call (`_Value`). A value is one of:
+
+- `_Global` (a named global), `_Str` / `_Bytes` / `_NUM` (constants): never mutated;
+- `_Seq` (a tuple), `_FSet` (a frozenset): immutable; `_List`, `_Dict`, `_Set`: containers the
+  pickle made, mutable; `_Obj`: an instance a constructor made (`fresh` when it is new and unshared);
+- `_Value`: what a call returned, by the callee's declared result (a tensor, a storage, a graph
+  module, an enum member, bytes) or else `opaque`, which nothing may call, build, mutate or hand to
+  something that calls it.
+
+Every aggregate is a node with `live`: the first reason it (transitively) holds something that runs
+code when called, iterated, hashed or printed (a function, a class whose construction runs its own
+code, an opaque value, an instance whose class has its own protocol methods). The flag propagates to
+every container holding the node, also when the node changes after it was put there (each node
+flips once, so this stays linear). It decides where a value may go: the arguments of a constructor
+that runs code on them, a dict key (hashed), the body of a graph module FX re-traces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+
+from compilewatch.cache.trust import fxsource
+from compilewatch.cache.trust.allowlist import (
+    _MISSING,
+    _builtin_owner,
+    _import_attr,
+    _init_is_data,
+    _is_callable_class,
+    _is_sympy,
+    _new_is_data,
+    _owner,
+    _setstate_is_data,
+)
+
+
+class _Global(str):
+    """A global's "module.name": an object the pickle did not make."""
+
+
+class _Str(str):
+    """A string constant."""
+
+
+class _Bytes(bytes):
+    """A bytes constant."""
+
+
+class _Num:
+    """An int, float, bool or None constant."""
+
+
+_NUM = _Num()
+
+
+class _Node:
+    """A value the pickle assembled: `live` (why it may run code, or None) and who holds it."""
+
+    __slots__ = ("live", "parents")
+
+    def __init__(self) -> None:
+        self.live: str | None = None
+        self.parents: list[_Node] | None = None
+
+    def hold(self, v: object) -> None:
+        why = live_of(v)
+        if why:
+            self.mark(why)
+        elif isinstance(v, _Node) and self.live is None:  # v may turn live later: tell self then
+            if v.parents is None:
+                v.parents = []
+            v.parents.append(self)
+
+    def mark(self, why: str) -> None:
+        todo: list[_Node] = [self]
+        while todo:
+            n = todo.pop()
+            if n.live is None:
+                n.live = why
+                if n.parents:
+                    todo.extend(n.parents)
+                n.parents = None
+
+
+class _Seq(_Node):
+    """A tuple the pickle built, with what its items are, computed once when it is built (so
+    consuming a tuple fetched from the memo a million times costs nothing per fetch)."""
+
+    __slots__ = ("items", "checked", "sympy_ok", "sympy_tail_ok", "literal")
+
+    def __init__(self, items: list[object]) -> None:
+        super().__init__()
+        self.items = items
+        self.checked = any((isinstance(x, _Global) and x == _CHECKED) or (isinstance(x, _Seq) and x.checked) for x in items)
+        self.sympy_tail_ok = all(_sympy_arg_ok(x) for x in items[1:])
+        self.sympy_ok = self.sympy_tail_ok and (not items or _sympy_arg_ok(items[0]))
+        self.literal = all(x is _NUM or isinstance(x, _Str) for x in items)  # numbers and strings only
+        for x in items:
+            self.hold(x)
+
+
+class _FSet(_Node):
+    """A frozenset the pickle built (its items were hashed)."""
+
+    __slots__ = ()
+
+
+class _List(_Node):
+    __slots__ = ()
+
+
+class _Set(_Node):
+    __slots__ = ()
+
+
+# pickle looks these up on an instance (BUILD, APPENDS, ADDITEMS): an instance attribute of that name
+# is what it calls. Never a key of a BUILD state (with dunders).
+_PROTOCOL_ATTRS = frozenset({"append", "extend", "add"})
+
+
+class _Dict(_Node):
+    """A dict the pickle built: what `reduce_graph_module` reads of it (its source, tracer class and
+    extras), whether every key is a plain string, and the first value a BUILD may not store."""
+
+    __slots__ = ("code", "tracer", "extras", "str_keys", "bad_attr", "graph_fn", "args")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.code: object = None
+        self.tracer: object = None
+        self.extras: object = None
+        self.str_keys = True
+        self.bad_attr: str | None = None
+        self.graph_fn = False  # {"fn": reduce_graph_module, "args": ...}: a SerializedGraphModule's state
+        self.args: object = None
+
+    def set(self, key: object, value: object) -> None:
+        if isinstance(key, _Str):
+            if key in ("_code", "code") and (key == "_code" or self.code is None):
+                self.code = value
+            if key == "args":
+                self.args = value
+            if key.startswith("__") or key in _PROTOCOL_ATTRS:
+                self.bad_attr = self.bad_attr or f"a {key!r} key"
+            elif key == "fn" and value == _RGM and isinstance(value, _Global):
+                self.graph_fn = True  # checked as the graph it rebuilds (`build`)
+            elif self.bad_attr is None:
+                why = attr_value_refused(value)
+                if why:
+                    self.bad_attr = f"{why} as {key!r}"
+        else:
+            self.str_keys = False
+        self.hold(key)
+        if key == "_tracer_cls" and isinstance(key, _Str):  # reduce_graph_module checks it by name
+            self.tracer = value
+            return
+        if key == "_tracer_extras" and isinstance(key, _Str):
+            self.extras = value
+        self.hold(value)
+
+
+class _Obj(_Node):
+    """An instance a constructor made, and its class. `fresh`: a new object nothing else holds (built
+    by a data `__new__`), which the pickle may restore once (BUILD) and fill if it is a container."""
+
+    __slots__ = ("cls", "fresh", "built")
+
+    def __init__(self, cls: type, fresh: bool) -> None:
+        super().__init__()
+        self.cls, self.fresh, self.built = cls, fresh, False
+        why = instance_runs_code(cls)
+        if why:
+            self.mark(why)
+
+
+class _Value:
+    """What a call returned that the pickle did not assemble: `kind` is the callee's declared result
+    ("tensor", "storage", "graph module", "member", "opaque"); `what` names its origin."""
+
+    __slots__ = ("kind", "what", "cls")
+
+    def __init__(self, kind: str, what: str, cls: type | None = None) -> None:
+        self.kind, self.what, self.cls = kind, what, cls
+
+
+_CHECKED = _Global("builtins.getattr")
+_RGM = "torch.fx.graph_module.reduce_graph_module"
+_SGM = "torch._functorch._aot_autograd.aot_autograd_result.SerializedGraphModule"
+# the tracer classes a GraphModule body names (`_tracer_cls`): FX subclasses and instantiates it
+_TRACERS = frozenset({"torch.fx._symbolic_trace.Tracer", "torch.fx.experimental.proxy_tensor.PythonKeyTracer"})  # the one checked call (allowlist.CHECKED_CALLS)
+
+
+def _sympy_arg_ok(x: object) -> bool:
+    """What a sympy constructor may get: numbers, sympy objects and tuples of them. Never a string,
+    bytes or any other container: sympify parses strings (with eval) and iterates containers."""
+    return x is _NUM or (isinstance(x, _Obj) and _is_sympy(x.cls)) or (isinstance(x, _Seq) and x.sympy_ok)
+
+
+# --- what an object may do when used ----------------------------------------------------------------
+# methods of an instance that run when a builtin, pickle or torch merely uses it: calling it, deleting
+# it, looking up an attribute. (The other protocol methods of the classes in CLASS_MODULES -- __repr__,
+# __hash__, __eq__, __iter__, __index__, ... -- were audited: none calls an instance attribute,
+# evaluates, imports, opens or loads; module docstring of picklescan.) An instance that *holds*
+# something live is live too (`_Node.hold`): a dataclass's generated methods reach its fields.
+_PROTOCOL_DUNDERS = ("__call__", "__del__", "__getattr__", "__getattribute__", "__missing__")
+_class_facts: dict[int, tuple[type, str | None, str | None]] = {}
+
+
+def _generated(fn: object) -> bool:
+    """A dataclass's or namedtuple's generated method (it only compares, hashes or shows fields)."""
+    return getattr(getattr(fn, "__code__", None), "co_filename", "") == "<string>"
+
+
+def instance_runs_code(cls: type) -> str | None:
+    """Why an instance of `cls` runs its class's own code when a builtin uses it, or None."""
+    return _facts(cls)[1]
+
+
+def class_runs_code(cls: type) -> str | None:
+    """Why calling `cls` with arbitrary arguments may run its own code, or None."""
+    return _facts(cls)[2]
+
+
+def _facts(cls: type) -> tuple[type, str | None, str | None]:
+    f = _class_facts.get(id(cls))
+    if f is None or f[0] is not cls:
+        f = (cls, _instance_code(cls), _call_code(cls))
+        _class_facts[id(cls)] = f
+    return f
+
+
+def _instance_code(cls: type) -> str | None:
+    if _is_sympy(cls):
+        return None  # built only from numbers and sympy objects (picklescan's sympy rule)
+    for d in _PROTOCOL_DUNDERS:
+        k = _owner(cls, d)
+        if not _builtin_owner(k) and not _generated(vars(k)[d]):
+            return f"an instance of {cls.__module__}.{cls.__qualname__} (its own {d})"
+    return None
+
+
+def _call_code(cls: type) -> str | None:
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(cls, torch.Tensor):
+        return None  # a tensor type: a marker (`raw_type`), as_subclass' target
+    if isinstance(cls, enum.EnumMeta):
+        return None  # a lookup of an existing member
+    if _is_sympy(cls):
+        return f"the class {name} (sympy: its constructor sympifies, and sympify evaluates strings)"
+    if not _builtin_owner(_owner(type(cls), "__call__")):
+        return f"the class {name} (its metaclass's __call__ runs its own code)"
+    if not (_is_callable_class(cls) or (_new_is_data(cls) and _init_is_data(cls))):
+        return f"the class {name} (its constructor runs its own code)"
+    return None
+
+
+def fresh_class(cls: type) -> bool:
+    """Does constructing `cls` make a new object nothing else holds? Not an enum (a lookup), not
+    sympy (cached and singleton instances), not a class whose metaclass's __call__ decides, not an
+    immutable builtin."""
+    if cls.__module__ == "builtins" and cls not in (list, dict, set, bytearray, object):
+        return False  # str, int, tuple, frozenset, ...: immutable, and may hand back a shared object
+    return not (isinstance(cls, enum.EnumMeta) or _is_sympy(cls)) and _builtin_owner(_owner(type(cls), "__call__"))
+
+
+def stores_only(cls: type) -> bool:
+    """Construction only stores its arguments (a dataclass's generated `__init__` without
+    `__post_init__`, or object's): it calls nothing on them."""
+    k = _owner(cls, "__init__")
+    if _builtin_owner(k):
+        return k is None or k is object
+    return dataclasses.is_dataclass(k) and _generated(vars(k)["__init__"]) and _owner(cls, "__post_init__") is None
+
+
+_global_live: dict[str, str | None] = {}
+
+
+def live_of(v: object) -> str | None:
+    """Why using `v` (calling, iterating, hashing, printing it) may run code nobody checked, or None."""
+    if isinstance(v, _Node):
+        return v.live
+    if isinstance(v, _Global):
+        if v not in _global_live:
+            _global_live[v] = _live_global(v)
+        return _global_live[v]
+    if isinstance(v, _Value):
+        if v.kind == "opaque":
+            return f"{v.what} (a value the scan cannot see)"
+        return instance_runs_code(v.cls) if v.cls is not None else None
+    return None
+
+
+def _live_global(name: str) -> str | None:
+    if name == _CHECKED:
+        return "builtins.getattr"
+    obj = _import_attr(name)
+    if obj is _MISSING:
+        return f"{name} (not importable here)"
+    if isinstance(obj, type):
+        return class_runs_code(obj)
+    if callable(obj):
+        return f"the function {name}"
+    return None
+
+
+def attr_value_refused(v: object) -> str | None:
+    """Why `v` may not be stored as an instance attribute by BUILD (a function, or a class whose
+    construction runs code: whatever later calls the attribute would run it), or None. An opaque
+    value (a bound method a CUDA entry keeps) may be stored under a plain name, never called here."""
+    if isinstance(v, _Global):
+        return live_of(v)
+    return None
+
+
+# --- what the pickle does to a value ----------------------------------------------------------------
+def describe(v: object) -> str:
+    if isinstance(v, _Global):
+        return f"the global {v} (an object this pickle did not make)"
+    if isinstance(v, _Value):
+        return f"{v.what} (a {v.kind} this pickle did not make)"
+    if isinstance(v, _Obj):
+        what = f"an instance of {_name(v.cls)}"
+        return what if v.fresh else f"{what} that may be shared (cached, a singleton or a member)"
+    return {_Seq: "a tuple", _FSet: "a frozenset", _List: "a list", _Set: "a set", _Dict: "a dict"}.get(
+        type(v), "a constant" if isinstance(v, (_Str, _Bytes, _Num)) else "a value the scan cannot see")
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _setter_descriptor(cls: type) -> str | None:
+    """A class attribute with a `__set__` of its own code (a property's setter): `setattr` runs it."""
+    for k in cls.__mro__:
+        if _builtin_owner(k):
+            continue
+        for attr, v in vars(k).items():
+            if hasattr(type(v), "__set__") and type(v).__name__ not in ("member_descriptor", "getset_descriptor"):
+                return attr
+    return None
+
+
+def build(obj: object, state: object, graphs: list[tuple[object, object]]) -> str | None:
+    """Why BUILD(obj, state) is refused, or None (then `obj` holds `state`). A pending graph (a
+    SerializedGraphModule's fn and args, which torch calls later) goes to `graphs`, checked at STOP."""
+    if not isinstance(obj, _Obj) or not obj.fresh:
+        return f"BUILD on {describe(obj)}: only an instance this pickle made may be restored"
+    cls, name = obj.cls, _name(obj.cls)
+    if obj.built:
+        return f"BUILD twice on one instance of {name}"
+    obj.built = True
+    for d in ("__getattr__", "__getattribute__"):  # BUILD looks up __setstate__ on the instance
+        if not _builtin_owner(_owner(cls, d)):
+            return f"{name}.{d} runs its own code (BUILD looks the instance up)"
+    if not _setstate_is_data(cls):
+        return f"{name}.__setstate__ runs its own code (BUILD)"
+    if isinstance(state, (_Global, _Value)):
+        return f"BUILD of {name} with {describe(state)} as its state"
+    if not _builtin_owner(_owner(cls, "__setstate__")):  # an audited or torch's own restore of its data
+        if live_of(state):
+            return f"BUILD of {name} with a state holding {live_of(state)}"
+        obj.hold(state)
+        return None
+    parts = state.items if isinstance(state, _Seq) and len(state.items) == 2 else [state, None]
+    for d, slots in ((parts[0], False), (parts[1], True)):
+        if d is None or d is _NUM:
+            continue
+        if not isinstance(d, _Dict):
+            return f"BUILD of {name} with {describe(d)} as its {'slot ' if slots else ''}state: only a dict"
+        if not d.str_keys:
+            return f"BUILD of {name} with a state key that is not a string"
+        if d.bad_attr:
+            return f"BUILD of {name} storing {d.bad_attr}: an instance attribute is looked up and called"
+        if d.graph_fn:
+            if name != _SGM or slots:
+                return f"BUILD of {name} storing {_RGM}: only a SerializedGraphModule keeps it"
+            graphs.append((d.args, name))
+        if slots:  # setattr(obj, key, value) for each item
+            if not _builtin_owner(_owner(cls, "__setattr__")):
+                return f"{name}.__setattr__ runs its own code (BUILD's slot state)"
+            setter = _setter_descriptor(cls)
+            if setter:
+                return f"BUILD of {name} with a slot state: {name}.{setter} has a setter of its own code"
+    obj.hold(state)
+    return None
+
+
+def _container_ok(cls: type, opname: str) -> bool:
+    """May pickle fill an instance of `cls` this way (builtin methods only)?"""
+    if opname in ("SETITEM", "SETITEMS"):
+        return issubclass(cls, dict) and _builtin_owner(_owner(cls, "__setitem__"))
+    if opname in ("APPEND", "APPENDS"):  # pickle calls extend, else append
+        import collections
+
+        return issubclass(cls, (list, collections.deque)) and all(
+            _builtin_owner(_owner(cls, m)) for m in ("extend", "append"))
+    return issubclass(cls, set) and _builtin_owner(_owner(cls, "add"))  # ADDITEMS
+
+
+def key_refused(key: object) -> str | None:
+    """A dict key or set item is hashed (and compared): why that may run code, or None."""
+    return None if isinstance(key, _Global) else live_of(key)
+
+
+def fill(opname: str, target: object, items: list[object]) -> str | None:
+    """Why SETITEM(S) / APPEND(S) / ADDITEMS of `items` (keys and values alternating for SETITEMS)
+    into `target` is refused, or None (then `target` holds them)."""
+    kind = {"SETITEM": _Dict, "SETITEMS": _Dict, "APPEND": _List, "APPENDS": _List, "ADDITEMS": _Set}[opname]
+    ok = isinstance(target, kind) or (isinstance(target, _Obj) and target.fresh and _container_ok(target.cls, opname))
+    if not ok:
+        return f"{opname} on {describe(target)}: only a container this pickle made may be filled"
+    assert isinstance(target, _Node)
+    if kind is _Dict:
+        if len(items) % 2:
+            return f"{opname} with an odd number of items"
+        for i in range(0, len(items), 2):
+            why = key_refused(items[i])
+            if why:
+                return f"{opname} with a key whose hashing runs code: {why}"
+            if isinstance(target, _Dict):
+                target.set(items[i], items[i + 1])
+            else:
+                target.hold(items[i])
+                target.hold(items[i + 1])
+        return None
+    for x in items:
+        why = key_refused(x) if kind is _Set else None
+        if why:
+            return f"ADDITEMS of an item whose hashing runs code: {why}"
+        target.hold(x)
+    return None
+
+
+def graph_body(body: object, block: object) -> str | None:
+    """Why `reduce_graph_module(body, block)` may not run (it executes block + body["_code"] and then
+    re-traces it with FX, calling what the source calls on `self`, which is `body`), or None."""
+    if not isinstance(body, _Dict) or not isinstance(block, _Str) or not isinstance(body.code, _Str):
+        return "a source the scan cannot see: it executes that source"
+    if not body.str_keys:
+        return "a body with a key that is not a string: it executes that source"
+    if body.live:
+        return f"a body holding {body.live}: the re-traced source may call it"
+    tracer = body.tracer
+    if not (tracer is None or tracer is _NUM or (isinstance(tracer, _Global) and tracer in _TRACERS)):
+        return f"a tracer class other than FX's ({describe(tracer)}): FX subclasses and instantiates it"
+    if not (body.extras is None or isinstance(body.extras, _Dict)):
+        return "tracer extras that are not a dict"
+    why = fxsource.check(str(block) + str(body.code))
+    return f"source that is not an FX graph's ({why}): it executes that source" if why else None
+
+
+def graph_args(args: object) -> str | None:
+    """A SerializedGraphModule's `args`: what torch hands `reduce_graph_module` when it deserializes."""
+    items = args.items if isinstance(args, _Seq) else None
+    if items is None or len(items) != 2:
+        return "arguments the scan cannot see: torch executes the source they hold"
+    return graph_body(*items)
