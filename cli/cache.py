@@ -53,6 +53,10 @@ from cli.cache_remote import app as remote_app  # noqa: E402 - `cache remote ...
 
 app.add_typer(remote_app, name="remote")
 
+from cli.cache_explain import explain_cmd  # noqa: E402 - `cache explain` (issue 38)
+
+app.command("explain")(explain_cmd)
+
 DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="The inductor cache dir (default: the one torch uses).")]
 ForceDirOpt = Annotated[bool, typer.Option("--force", help="Act on --dir even though it does not look like an inductor cache (no fxgraph/, aotautograd/, triton kernels or generated code files).")]
 
@@ -326,7 +330,8 @@ def _render_load(r: archive_load.LoadResult) -> None:
         output.warn(f"loaded with --trust although the scanner refused {p}")
     o.print(f"loaded {r.source} → [bold]{r.path}[/]: {r.files} files, {output.fmt_bytes(r.bytes)} "
             f"in {output.fmt_seconds(r.duration_s)}")
-    o.print(f"content hash {r.content_hash}")
+    if r.content_hash:  # empty for pruned entries moved back: the cache holds more than they are
+        o.print(f"content hash {r.content_hash}")
     if r.backup:
         o.print(f"previous cache moved to {r.backup}")
     if r.paths_rewritten:
@@ -400,7 +405,7 @@ def _render_prune(r: manage.PruneResult) -> None:
     if len(r.removed) > 20:
         o.print(f"  ... and {len(r.removed) - 20} more")
     if r.moved_to:
-        o.print(f"moved to {r.moved_to} (delete it when you are sure)")
+        o.print(f"moved to {r.moved_to}; to put them back: {r.restore} (delete the dir when you are sure)")
 
 
 # --- ls / du --------------------------------------------------------------------------------------

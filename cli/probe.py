@@ -24,7 +24,7 @@ def probe_cmd(
     list_: Annotated[bool, typer.Option("--list", help="List the built-in targets and exit.")] = False,
     device: DeviceListOpt = "cpu",
     backend: BackendOpt = "inductor",
-    threads: Annotated[int, typer.Option("--threads", "-n", help="Run the target in N threads at once, cold (0: one run here).")] = 0,
+    threads: Annotated[int, typer.Option("--threads", help="Run the target in N threads at once, cold (0: one run here).")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="With --threads: seconds before a thread counts as hung.")] = 300.0,
     keep_cache: Annotated[bool, typer.Option("--keep-cache", help="With --threads: use the current inductor cache dir instead of a fresh one.")] = False,
     fresh_cache: Annotated[bool, typer.Option("--fresh-cache", help="Single run: compile into a fresh, temporary cache dir.")] = False,
@@ -72,11 +72,18 @@ def probe_cmd(
             sys.stderr.flush()
             os._exit(1)
         raise typer.Exit(1 if report.failed else 0)
-    report = probe_lib.probe(target, device=device.split(",")[0], backend=backend, reset=not no_reset,
-                             fresh_cache=fresh_cache)
+    from cli import cache_explain  # issue 38: the probe's cache misses explained
+
+    with cache_explain.recording() as explained:
+        report = probe_lib.probe(target, device=device.split(",")[0], backend=backend, reset=not no_reset,
+                                 fresh_cache=fresh_cache)
     if watcher is not None:
         watcher.close()
-    output.emit(report, as_json, _render_single)
+    if as_json:
+        output.print_json({**output.jsonable(report), "cache_explain": output.jsonable(explained)})
+    else:
+        output.emit(report, False, _render_single)
+        cache_explain.print_after(explained, output.out)
     raise typer.Exit(0 if report.ok else 1)
 
 

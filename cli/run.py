@@ -78,13 +78,18 @@ def run_cmd(
       compilewatch run --timeline race.json \\
         -- torchrun --nproc-per-node 2 train.py
     """
+    from cli.cache_explain import LookupEvents, print_after  # issue 38: every cache miss explained
+
+    lookups = LookupEvents(None if as_json else _Live())
     result = runner.run_watched(command or [], report=report, timeline=timeline, stall_after=stall_after,
-                                repair=repair, on_event=None if as_json else _Live(),
+                                repair=repair, on_event=lookups,
                                 stdout=_child_stdout_to_stderr() if as_json else None)
+    explained = lookups.explain()
     if as_json:
-        output.print_json(result)
+        output.print_json({**output.jsonable(result), "cache_explain": output.jsonable(explained)})
     else:
         _render(result)
+        print_after(explained, output.err)
     raise typer.Exit(exit_code(result, strict_risks=strict_risks))
 
 
@@ -110,7 +115,7 @@ def render_summary(s: WatchSummary, console) -> None:
     if s.risks:
         head += f", {s.risks} risk(s) (no harm observed)"
     console.print(f"[{style}][bold]{head}[/][/]  "
-                  + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items()) if k not in ("start", "end", "repeat")))
+                  + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items()) if k not in ("start", "end", "repeat", "cache_lookups")))
     if s.setter_threads:
         console.print(f"setter thread(s): {escape(', '.join(s.setter_threads))}")
     if s.victim_threads:

@@ -268,7 +268,7 @@ def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn
                            "pytorch#186537): values set in the main thread do not reach worker threads",
                            "set recompile_limit, error_on_nested_fx_trace and inductor options inside each worker "
                            "thread, or through environment variables"))
-    # --- known torch versions (FACTS.md §1) ---
+    # --- known torch versions (torch/compiler/__init__.py, docs/race.md, docs/benchmarks.md) ---
     if v == (2, 11):
         out.append(Verdict("warn", "torch", "torch 2.11: is_compiling() is False inside AOTAutograd's traces, and a "
                            "3-thread cold start of compiled flex_attention fwd+bwd hung 3/3 on an H200",
@@ -307,8 +307,8 @@ def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn
         out.append(Verdict("info", "cache", "the cache holds no system-keyed file, so whether its entries match this "
                            f"machine's system key ({cache.system_key[:12]}…) is not known from a file walk"))
     if cache.path.startswith("/tmp/"):
-        out.append(Verdict("info", "cache", f"the cache lives in {cache.path}: clean-ups and reboots delete it (the "
-                           "seeds lost a warm 353 MB cache that way)",
+        out.append(Verdict("info", "cache", f"the cache lives in {cache.path}: clean-ups and reboots delete it, and "
+                           "every process after that compiles from scratch",
                            "set TORCHINDUCTOR_CACHE_DIR to a persistent path"))
     for var in ("TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE"):
         if env.env.get(var) == "0":
@@ -341,6 +341,14 @@ def remote_verdicts(u: "RemoteUsage | None") -> list[Verdict]:
     return []
 
 
+def explain_verdicts(cache_path: str) -> list[Verdict]:
+    """Issue 38: the hit rate of the last watched run on this cache and its top miss cause (compilewatch.explain)."""
+    from compilewatch.explain.explain import last_run_line
+
+    line = last_run_line(cache_path)
+    return [] if line is None else [Verdict(line[0], "cache", line[1])]
+
+
 def doctor() -> DoctorReport:
     """Collect every fact and verdict. Never raises for what it finds."""
     from compilewatch import remote_usage
@@ -352,6 +360,6 @@ def doctor() -> DoctorReport:
     fx = fx_facts()
     dyn = dynamo_limits()
     remote = remote_usage.usage(counts={})  # os.environ: torch sets none of these; the URL is shown redacted
-    verdicts = tuple(_verdicts(env, cache, g, fx, dyn) + remote_verdicts(remote))
+    verdicts = tuple(_verdicts(env, cache, g, fx, dyn) + remote_verdicts(remote) + explain_verdicts(cache.path))
     return DoctorReport(env, cache, g, fx, dyn, verdicts, not any(v.level == "problem" for v in verdicts), remote)
 

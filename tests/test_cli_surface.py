@@ -9,7 +9,7 @@ from cli.main import app
 from tests.helpers import invoke
 
 COMMANDS = {"probe", "lock", "diff-env", "warm", "gpus", "doctor", "run", "timeline", "cache"}
-CACHE_COMMANDS = {"where", "fingerprint", "verify", "save", "load", "clear", "prune", "ls", "du", "diff", "trust",
+CACHE_COMMANDS = {"where", "fingerprint", "verify", "save", "load", "clear", "prune", "ls", "du", "diff", "explain", "trust",
                   "remote"}
 TRUST_COMMANDS = {"key", "add", "list", "remove"}
 REMOTE_COMMANDS = {"status", "push", "pull", "verify", "clear"}

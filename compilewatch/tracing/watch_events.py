@@ -30,8 +30,9 @@ PROBLEM_KINDS = ("compile_failed", "trace_failed", "thread_error", "flag_leak", 
 # kinds that describe what happened (`repeat`: how often a finding recurred after its first event)
 # (`instrument_error`: compilewatch's own listeners raised; the program went on, the watch may be incomplete)
 # (`remote_cache`: torch's remote caches were on or used: hits/misses per kind, compilewatch.cache.remote_usage)
+# (`cache_lookups`: this process's FX-graph / AOTAutograd cache lookups, their key store: compilewatch.explain.record)
 INFO_KINDS = ("start", "trace", "compile", "span", "warm", "leak_prevented", "repair", "repeat", "instrument_error",
-              "remote_cache", "end")
+              "remote_cache", "cache_lookups", "end")
 KINDS = PROBLEM_KINDS + INFO_KINDS
 FAILURE, RISK = "failure", "risk"
 _COMMON = ("schema_version", "seq", "kind", "time", "pid", "thread", "thread_id", "thread_start")

@@ -1,0 +1,179 @@
+"""`cache explain --against OTHER`: why the entries of another cache dir would not be hit here.
+
+Two sources, best first:
+- OTHER's key store (the lookups a watched run recorded there): each of its keys is looked for among the
+  keys recorded here; a key not recorded here is compared, part by part, with the closest entry recorded
+  here (same graph code, else same function), as a miss is (compilewatch.explain.explain);
+- the debug lines torch stamps into OTHER's FX-graph entries (`_fx_graph_cache_debug_lines`, see
+  compilewatch.cache.content.stamps), read as bytes, never unpickled: their settings and config parts are
+  compared with the newest entry recorded here, else only the system key and torch build with this machine's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from compilewatch.errors import BadInput
+from compilewatch.explain import parts as P
+from compilewatch.explain import store as S
+from compilewatch.explain.explain import Diff, diff_parts
+
+_STAMP_LINE = re.compile(rb"\[([a-z0-9]{40,64})\] ([A-Za-z_][\w.]*(?:\[[^\]\n]{0,200}\])?): ([\x20-\x7e]{0,400})")
+ENTRY_LIMIT = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class AgainstEntry:
+    key: str
+    name: str | None
+    would_hit: bool
+    cause: str
+    diffs: tuple[Diff, ...]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AgainstReport:
+    other: str
+    here: str
+    source: str  # "key store" | "entry stamps"
+    entries: int
+    would_hit: int
+    results: tuple[AgainstEntry, ...]
+    causes: dict[str, int]
+    warnings: tuple[str, ...] = ()
+
+
+def _without_graph(parts: dict[str, list]) -> dict[str, list]:
+    return {k: v for k, v in parts.items() if P.group_of(k) in ("settings", "config") and not k.startswith("env")
+            and k not in ("torch.__version__", "cache dir", P.ENV_MARK)}
+
+
+def stamped_parts(content: bytes) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for m in _STAMP_LINE.finditer(content):
+        name, value = m.group(2).decode(), m.group(3).decode()
+        out.setdefault(name, [m.group(1).decode()[:P.DIGEST_CHARS], P.short_value(name, value)])
+    return out
+
+
+def explain_against(other: str | os.PathLike[str], here: str | os.PathLike[str]) -> AgainstReport:
+    other_p, here_p = Path(os.path.abspath(other)), Path(os.path.abspath(here))
+    if other_p.is_file():
+        raise BadInput(f"{other_p} is a file: --against takes a cache dir (archives are not read yet)",
+                       hint=f"load it into an empty dir first: compilewatch cache load {other_p} --dir /tmp/other")
+    if not other_p.is_dir():
+        raise BadInput(f"no cache dir at {other_p}", hint="give the inductor cache dir whose entries you want explained")
+    mine = S.read(S.store_dir(here_p))
+    theirs = S.read(S.store_dir(other_p))
+    fx_mine = [r for r in mine.lookups if r.get("kind") == "fxgraph"]
+    if theirs.lookups:
+        return _from_store(other_p, here_p, theirs, mine, fx_mine)
+    return _from_stamps(other_p, here_p, mine, fx_mine)
+
+
+def _closest(parts: dict[str, list], rec: dict | None, mine: S.StoreData, fx_mine: list[dict]) -> tuple[list[Diff], dict | None]:
+    gm = (parts.get("gm") or [None])[0]
+    back = rec.get("backward") if rec else None
+    same_code = [r for r in fx_mine if (mine.parts_of(r) or {}).get("gm", [None])[0] == gm and gm]
+    same_name = [r for r in fx_mine if rec and rec.get("name") and r.get("name") == rec.get("name")
+                 and r.get("backward") == back]
+    best = None
+    for r in (same_code or same_name):
+        mp = mine.parts_of(r)
+        if mp is None:
+            continue
+        d = diff_parts({k: v for k, v in parts.items() if k != "cache dir"}, {k: v for k, v in mp.items() if k != "cache dir"})
+        if best is None or len(d) <= len(best[0]):
+            best = (d, r)
+    return best if best else ([], None)
+
+
+def _from_store(other: Path, here: Path, theirs: S.StoreData, mine: S.StoreData, fx_mine: list[dict]) -> AgainstReport:
+    keys_here = {r["key"] for r in mine.lookups}
+    latest: dict[str, dict] = {}
+    for r in theirs.lookups:
+        if r.get("kind") == "fxgraph":
+            latest[r["key"]] = r
+    results = []
+    for key, r in latest.items():
+        label = f"{r.get('name') or 'graph'}{' backward' if r.get('backward') else ' forward'}"
+        if key in keys_here:
+            results.append(AgainstEntry(key, r.get("name"), True, "same key recorded here", (),
+                                        f"{label} {key[:12]}: would hit (the same key was recorded here)"))
+            continue
+        parts = theirs.parts_of(r) or {}
+        diffs, _ = _closest(parts, r, mine, fx_mine)
+        if not fx_mine:
+            cause, text = "nothing recorded here", f"{label} {key[:12]}: no run recorded here yet to compare with"
+        elif not diffs:
+            cause, text = "new graph", f"{label} {key[:12]}: would miss: no entry of this code or name recorded here"
+        else:
+            cause = "input dtype/shape/stride/device" if diffs[0].part.startswith("example_inputs[") else diffs[0].words
+            text = f"{label} {key[:12]}: would miss: " + "; ".join(d.text for d in diffs[:3]) + \
+                (f"; {len(diffs) - 3} other parts differ" if len(diffs) > 3 else "")
+        results.append(AgainstEntry(key, r.get("name"), False, cause, tuple(diffs), text))
+    return _report(other, here, "key store", results, [])
+
+
+def _from_stamps(other: Path, here: Path, mine: S.StoreData, fx_mine: list[dict]) -> AgainstReport:
+    from compilewatch.cache.content import stamps
+    from compilewatch.inputs import read_bytes
+
+    ref = mine.parts_of(fx_mine[-1]) if fx_mine else None
+    warnings: list[str] = []
+    results = []
+    fx = other / "fxgraph"
+    for dirpath, _dirs, files in os.walk(fx):
+        for fn in files:
+            p = Path(dirpath) / fn
+            key = p.parent.name
+            try:
+                content = read_bytes(p, limit=ENTRY_LIMIT, what="cache entry")
+            except BadInput as e:
+                warnings.append(f"{p}: {e.message}")
+                continue
+            parts = stamped_parts(content)
+            if not parts:
+                results.append(AgainstEntry(key, None, False, "not recorded", (),
+                                            f"{key[:12]}: the entry carries no key parts (written by a torch that does not stamp them)"))
+                continue
+            if ref is not None:
+                diffs = diff_parts(_without_graph(parts), _without_graph(ref))
+            else:
+                diffs = []
+                st = stamps.stamp_of(p.relative_to(other).as_posix(), content)
+                cur_torch = stamps.current_torch_hash()
+                if st.torch_hash and cur_torch and st.torch_hash != cur_torch:
+                    diffs.append(Diff("torch_version", P.words("torch_version"), st.torch_hash[:8], cur_torch[:8],
+                                      f"{P.words('torch_version')} [{st.torch_hash[:8]}] → [{cur_torch[:8]}]"))
+                try:
+                    from compilewatch import torchinfo
+
+                    cur_sys = torchinfo.system_key()
+                except Exception:  # noqa: BLE001
+                    cur_sys = None
+                if st.system_key and cur_sys and st.system_key != cur_sys:
+                    diffs.append(Diff("system_info[hash]", "system hash", st.system_key[:12], cur_sys[:12],
+                                      f"system hash {st.system_key[:12]} → {cur_sys[:12]}"))
+            if diffs:
+                results.append(AgainstEntry(key, None, False, diffs[0].words, tuple(diffs),
+                                            f"{key[:12]}: would miss: " + "; ".join(d.text for d in diffs[:3])))
+            else:
+                results.append(AgainstEntry(key, None, True, "settings match", (),
+                                            f"{key[:12]}: its torch build, system and config match here"
+                                            + ("" if ref is not None else " (torch build and system key only: no run recorded here)")))
+    return _report(other, here, "entry stamps", results, warnings)
+
+
+def _report(other: Path, here: Path, source: str, results: list[AgainstEntry], warnings: list[str]) -> AgainstReport:
+    causes: dict[str, int] = {}
+    for r in results:
+        if not r.would_hit:
+            causes[r.cause] = causes.get(r.cause, 0) + 1
+    causes = dict(sorted(causes.items(), key=lambda kv: -kv[1]))
+    return AgainstReport(str(other), str(here), source, len(results), sum(r.would_hit for r in results),
+                         tuple(results), causes, tuple(warnings))
