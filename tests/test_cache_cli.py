@@ -149,7 +149,7 @@ def test_json_schemas_are_frozen(tmp_path):
         ("save", str(tmp_path / "a.tar")): {"archive", "source", "files", "bytes", "archive_bytes", "content_hash",
                                             "compression", "mega_cache", "duration_s", "warnings", "signed_by",
                                             "left_out"},  # what save left out (precompiled_headers)
-        ("prune", "--max-size", "1G"): {"path", "max_bytes", "bytes_before", "bytes_after", "removed", "moved_to",
+        ("prune", "--max-size", "1G"): {"path", "max_bytes", "bytes_before", "bytes_after", "removed", "moved_to", "restore",
                                         "deleted", "dry_run"},
         ("load", str(tmp_path / "a.tar")): {"source", "path", "backup", "files", "bytes", "content_hash",
                                             "archive_system_key", "system_key", "mismatches", "forced", "paths_rewritten", "duration_s",

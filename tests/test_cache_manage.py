@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -272,3 +273,27 @@ def test_where_lists_what_compilewatch_kept_beside_the_cache(tmp_path):
     (tmp_path / "c.unrelated").mkdir()
     loc = layout.locate(root)
     assert loc.siblings == tuple(sorted([r.backup, str(tmp_path / ".c.load-abc123")]))
+
+
+def test_pruned_entries_go_back_with_the_command_prune_prints(tmp_path):
+    """prune says how to restore, and that command works: `cache load DIR.pruned-...` moves the entries
+    back into the live cache (no --trust: prune recorded the dir), leaving what the cache has again."""
+    from cli.main import app
+    from tests.helpers import invoke
+
+    c = make_cache(tmp_path / "cache", n_fx=6, triton=False)
+    before = tree(c)
+    r = invoke(app, ["cache", "prune", "--max-size", "1", "--dir", str(c)])
+    assert r.exit_code == 0, r.stderr
+    restore = r.stdout.split("to put them back: ", 1)[1].split(" (delete", 1)[0]
+    pruned = Path(restore.split()[3])
+    assert restore == f"compilewatch cache load {pruned} --dir {c}" and pruned.is_dir()
+    (c / "fxgraph" / "00").mkdir(parents=True, exist_ok=True)
+    again = next(p for p in before if p.startswith("fxgraph/00/"))
+    (c / again).parent.mkdir(parents=True, exist_ok=True)
+    (c / again).write_bytes(before[again])  # recompiled meanwhile: the cache has it again
+    r = invoke(app, restore.split()[1:])
+    assert r.exit_code == 0, r.stderr
+    assert "entries compilewatch pruned from" in r.stdout and "stayed in" in r.stderr
+    assert tree(c) == before
+    assert (pruned / again).exists() and not [p for p in pruned.rglob("*") if p.is_file() and p != pruned / again]

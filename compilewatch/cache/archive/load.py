@@ -352,6 +352,44 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
     )
 
 
+def _restore_pruned(source: Path, target: Path, *, trust: bool, t0: float) -> LoadResult:
+    """Entries `cache prune` moved out of `target` into `source`, moved back (renames, under the cache
+    lock, never over a file the cache has again: those stay in `source`, said in a warning). `source`
+    is removed once empty. The same gates as any dir: who made it (`backups.judge`), every pickle
+    scanned."""
+    from compilewatch import torchinfo
+
+    if not target.is_dir():
+        raise BadInput(f"{source} holds entries pruned from {target}, which does not exist now; nothing was changed",
+                       hint=f"restore into an existing cache with `compilewatch cache load {source} --dir DIR`")
+    verdict = backups.judge(source, trust=trust)
+    verdict.require()
+    files = [f.rel for f in layout.walk(source).files]
+    trusted_pickles = _scan_pickles(source, source, files, trust, prefix="")
+    moved, kept, size = 0, [], 0
+    with cache_lock(target), busy.not_compiling(target):
+        for rel in files:
+            src, dst = source / rel, target / rel
+            if os.path.lexists(dst):
+                kept.append(rel)
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            size += os.lstat(src).st_size
+            os.rename(src, dst)
+            moved += 1
+        rewritten = rebase_triton_paths(target, target)
+    if not kept:
+        shutil.rmtree(source, ignore_errors=True)  # only emptied folders are left in it
+    warnings = (f"{len(kept)} file(s) stayed in {source}: the cache has them again (e.g. {kept[0]})",) if kept else ()
+    return LoadResult(
+        source=str(source), path=str(target), backup=None, files=moved, bytes=size, content_hash="",
+        archive_system_key="", system_key=torchinfo.system_key(), mismatches=(), forced=False,
+        paths_rewritten=rewritten, duration_s=time.perf_counter() - t0,
+        warnings=warnings + ((provenance.CODE_WARNING,) if verdict.trusted_by_flag else ()),
+        provenance=verdict, trusted_pickles=trusted_pickles,
+    )
+
+
 def restore_dir(source: Path, path: str | os.PathLike[str] | None = None, *, force: bool = False,
                 trust: bool = False, built_here: str | None = None, t0: float | None = None) -> LoadResult:
     """Restore a backup (or any cache) dir by renaming it into place (it must be on the same filesystem).
@@ -371,6 +409,9 @@ def restore_dir(source: Path, path: str | os.PathLike[str] | None = None, *, for
     if target in source.parents or source in target.parents:
         raise BadInput(f"{source} and the cache dir {target} are nested; nothing was changed",
                        hint="restore a backup that sits beside the cache dir (where `cache clear` puts it)")
+    rec = backups.recorded(source) if built_here is None else None
+    if rec is not None and rec.get("kind") == "pruned":
+        return _restore_pruned(source, target, trust=trust, t0=t0)
     if not layout.cache_evidence(source) or not layout.looks_like_cache(source):
         raise BadInput(f"{source} is not an archive and does not look like an inductor cache "
                        f"({'it is empty' if not os.listdir(source) else 'no inductor structure in it'}); "

@@ -206,14 +206,16 @@ class PruneResult:
     moved_to: str | None  # where the removed entries went (None: dry run or deleted)
     deleted: bool
     dry_run: bool
+    restore: str | None = None  # the command that moves the pruned entries back (entries the cache has again stay)
 
 
 def prune(max_size: int | str, path: str | os.PathLike[str] | None = None, *, dry_run: bool = False,
           delete: bool = False, yes: bool = False, force: bool = False) -> PruneResult:
     """Remove least recently used entries until the cache holds at most `max_size` bytes.
 
-    Removed entries move to `<cache>.pruned-<timestamp>/` unless `delete` (which needs `yes`). Refuses a
-    dir without inductor's structure unless `force`.
+    Removed entries move to `<cache>.pruned-<timestamp>/` unless `delete` (which needs `yes`), recorded
+    as made here, so `restore` (`cache load` of that dir) moves them back. Refuses a dir without
+    inductor's structure unless `force`.
     """
     max_bytes = parse_size(max_size) if isinstance(max_size, str) else int(max_size)
     if max_bytes < 0:
@@ -249,4 +251,6 @@ def prune(max_size: int | str, path: str | os.PathLike[str] | None = None, *, dr
             shutil.rmtree(dest, ignore_errors=True)
         else:
             moved_to = str(dest)
-    return PruneResult(str(root), max_bytes, before, total, tuple(removed), moved_to, delete and not dry_run, dry_run)
+            backups.record(dest, root, kind="pruned")  # `cache load DEST` moves them back, no --trust
+    return PruneResult(str(root), max_bytes, before, total, tuple(removed), moved_to, delete and not dry_run, dry_run,
+                       restore_command(Path(moved_to), root) if moved_to else None)

@@ -53,14 +53,16 @@ def _record_problem() -> modes.Problem | None:
     return modes.check(record_path(), "backups record", base=keys.config_dir())
 
 
-def record(backup: str | os.PathLike[str], source: str | os.PathLike[str]) -> bool:
-    """Record `backup` (a dir compilewatch just moved `source` to) as made here. False when the
-    record could not be written (the backup itself is fine; restoring it then needs --trust)."""
+def record(backup: str | os.PathLike[str], source: str | os.PathLike[str], *, kind: str = "backup") -> bool:
+    """Record `backup` (a dir compilewatch just moved `source` to) as made here. `kind`: "backup" (the
+    whole cache: `cache load` swaps it back) or "pruned" (entries prune moved out of `source`: `cache
+    load` moves them back in). False when the record could not be written (the backup itself is fine;
+    restoring it then needs --trust)."""
     backup = Path(backup)
     try:
         st = os.lstat(backup)
         line = json.dumps({"path": str(backup), "dev": st.st_dev, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns,
-                           "uid": st.st_uid, "from": str(source),
+                           "uid": st.st_uid, "from": str(source), "kind": kind,
                            "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n"
         path = record_path()
         modes.ensure_dir(path.parent)  # BadInput for a config dir others can change: nothing written there
@@ -183,6 +185,7 @@ def judge(directory: str | os.PathLike[str], *, trust: bool = False) -> Provenan
                        f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} owned by another user or "
                        "writable by everyone")
     made = {"created_at": rec["made_at"]} if isinstance(rec.get("made_at"), str) else {}
-    where = f" of {rec['from']}" if isinstance(rec.get("from"), str) else ""
-    return Provenance(str(directory), "own", f"a backup{where} compilewatch made on this machine", False, None,
-                      "this machine", made, False, kind="dir")
+    src = rec["from"] if isinstance(rec.get("from"), str) else None
+    what = (f"entries compilewatch pruned from {src or 'a cache'} on this machine" if rec.get("kind") == "pruned"
+            else f"a backup{f' of {src}' if src else ''} compilewatch made on this machine")
+    return Provenance(str(directory), "own", what, False, None, "this machine", made, False, kind="dir")
