@@ -109,13 +109,34 @@ def exit_code(result: runner.RunResult, *, strict_risks: bool = False) -> int:
     return 0
 
 
+WATCHED = {"trace": ("trace window", "trace windows"), "compile": ("compile", "compiles"),
+           "span": ("span", "spans"), "warm": ("warm pass", "warm passes")}
+
+
+def summary_line(s: WatchSummary) -> str:
+    """The head of a watch summary, in the findings' own units: how many failures and risks were listed
+    (each one finding, however often it recurred), then what was watched. `4 failure(s)` over two
+    listed findings read as a miscount: events and findings are counted apart."""
+    fails = [f for f in s.findings if f.severity == "failure"]
+    risks = [f for f in s.findings if f.severity != "failure"]
+    if s.ok and not risks:
+        head = "ok"
+    elif fails:
+        head = output.count(len(fails), "failure")
+    else:
+        head = "ok" if s.ok else "not fully watched"
+    if risks:
+        head += ", " + output.count(len(risks), "risk") + " (no harm observed)"
+    events = sum(f.count for f in s.findings)
+    if s.findings and events != len(s.findings):
+        head += f" ({events} events)"
+    watched = [output.count(s.counts[k], *WATCHED[k]) for k in WATCHED if s.counts.get(k)]
+    return head + ("; watched " + ", ".join(watched) if watched else "")
+
+
 def render_summary(s: WatchSummary, console) -> None:
     style = "green" if s.ok else "red"
-    head = "ok" if s.ok else f"{s.failures} failure(s)" if s.failures else "not fully watched"
-    if s.risks:
-        head += f", {s.risks} risk(s) (no harm observed)"
-    console.print(f"[{style}][bold]{head}[/][/]  "
-                  + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items()) if k not in ("start", "end", "repeat", "cache_lookups")))
+    console.print(f"[{style}][bold]{escape(summary_line(s))}[/][/]")
     if s.setter_threads:
         console.print(f"setter thread(s): {escape(', '.join(s.setter_threads))}")
     if s.victim_threads:
@@ -142,9 +163,16 @@ def render_summary(s: WatchSummary, console) -> None:
         console.print(f"[dim]fix:[/] {escape(a)}")
 
 
+def shown_command(argv: list[str]) -> str:
+    """The command as one line: an argument holding a line break (a multi-line `-c` program) in quotes,
+    its breaks written as \\n; the rest as typed."""
+    return " ".join(("'" + a.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r") + "'")
+                    if ("\n" in a or "\r" in a) else a for a in argv)
+
+
 def _render(r: runner.RunResult) -> None:
     e = output.err
-    e.print(f"[bold]compilewatch run[/] {escape(' '.join(r.command))}: exit {r.exit_code} after {output.fmt_seconds(r.wall_s)}, "
+    e.print(f"[bold]compilewatch run[/] {escape(shown_command(r.command))}: exit {r.exit_code} after {output.fmt_seconds(r.wall_s)}, "
             f"watched {len(r.processes)} process(es) {list(r.processes)}")
     if r.signals:
         import signal

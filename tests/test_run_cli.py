@@ -192,3 +192,32 @@ def test_a_killed_run_takes_its_program_down(tmp_path):
         proc.communicate()
         pytest.fail("the program kept running after `compilewatch run` was killed")
     assert proc.returncode == -signal.SIGKILL
+
+
+def test_the_summary_line_counts_findings_apart_from_what_was_watched():
+    """Two findings listed that recurred to 4 events: '2 failures (4 events); watched 6 trace windows,
+    1 compile', never '4 failure(s) compile 1, flag_leak 2, thread_error 2, trace 6'."""
+    from types import SimpleNamespace
+
+    from cli.run import summary_line
+
+    f = lambda sev, n: SimpleNamespace(severity=sev, count=n)  # noqa: E731
+    s = SimpleNamespace(ok=False, findings=(f("failure", 2), f("failure", 2)),
+                        counts={"trace": 6, "compile": 1, "flag_leak": 2, "thread_error": 2, "start": 1})
+    assert summary_line(s) == "2 failures (4 events); watched 6 trace windows, 1 compile"
+    s = SimpleNamespace(ok=True, findings=(f("risk", 1),), counts={"trace": 1})
+    assert summary_line(s) == "ok, 1 risk (no harm observed); watched 1 trace window"
+    assert summary_line(SimpleNamespace(ok=True, findings=(), counts={})) == "ok"
+
+
+def test_run_echoes_a_multi_line_command_quoted(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("compilewatch")
+    p = subprocess.run([str(exe), "run", "--", sys.executable, "-c", "import torch\nx = 1"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    head = next(ln for ln in p.stderr.splitlines() if ln.startswith("compilewatch run"))
+    assert head.split(": exit")[0].endswith("-c 'import torch\\nx = 1'")  # one line, the break written \n
