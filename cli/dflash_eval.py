@@ -17,7 +17,7 @@ def eval_cmd(
     checkpoint: Annotated[str, typer.Argument(help="A checkpoint directory, or a run directory (its latest checkpoint).")],
     target: Annotated[Optional[str], typer.Option("--target", help="Target directory (default: the one it was trained with).")] = None,
     data: Annotated[Optional[str], typer.Option("--data", help="Chat JSONL whose last user turns are the prompts.")] = None,
-    prompts: Annotated[Optional[int], typer.Option("--prompts", "-n", help="Number of prompts.")] = None,
+    prompts: Annotated[Optional[int], typer.Option("--prompts", "-n", help="Number of prompts (>= 1).")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = None,
     device: DeviceOpt = None,
     as_json: JsonOpt = False,
@@ -48,6 +48,9 @@ def _render(r: EvalResult) -> None:
     o = output.out
     o.print(f"τ = {r.tau:.2f} accepted tokens per verify round (max {r.max_tau}), {r.rounds} rounds, {r.prompts} prompts")
     o.print("acceptance lengths: " + ", ".join(f"{k}: {v}" for k, v in r.acceptance_histogram.items()))
+    if r.acceptance_by_position:
+        o.print("accepted by block position (share of rounds whose drafts 1..k were all accepted): "
+                + " ".join(f"{k}:{a:.2f}" if a is not None else f"{k}:-" for k, a in enumerate(r.acceptance_by_position, 1)))
     o.print(f"speedup {r.speedup:.2f}x: {r.spec_tokens_per_s:,.1f} vs {r.plain_tokens_per_s:,.1f} tokens/s (plain greedy)")
     o.print("outputs match plain greedy decoding" if r.outputs_match
             else f"[red]outputs differ from plain greedy decoding on {r.mismatched_prompts} prompts[/]")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dflash
-from cli import dflash_eval, dflash_prepare, dflash_regen, dflash_train
+from cli import dflash_check, dflash_eval, dflash_prepare, dflash_regen, dflash_train
 from cli.app import make_root_app, run_app
 
 app = make_root_app("dflash", "Train DFlash block-diffusion drafters, safe with threads and torch.compile.",
@@ -14,6 +14,7 @@ app.command("train")(dflash_train.train_cmd)
 app.command("eval")(dflash_eval.eval_cmd)
 app.command("regen")(dflash_regen.regen_cmd)
 app.command("prepare")(dflash_prepare.prepare_cmd)
+app.command("check")(dflash_check.check_cmd)
 
 
 def main() -> None:

@@ -184,6 +184,8 @@ def _render(r: dict) -> None:
                 f"decoding, outputs {'match' if ev['outputs_match'] else 'DIFFER'} ({ev['prompts']} prompts)")
     if r["checkpoints"]:
         o.print(f"export: {r['checkpoints'][-1]} (config.json + model.safetensors)")
+        for line in _check_lines(r["checkpoints"][-1]):
+            o.print(line, markup=False, highlight=False)
     o.print(f"run dir: {r['run_dir']} (metrics.jsonl, config.toml)")
     print_next_steps(r)
 
@@ -193,6 +195,17 @@ def _render_complete(c) -> None:
                      f"{c.run_dir}", markup=False)
     output.err.print(f"[dim]hint:[/] to train further, pass a larger --max-steps: `dflash train --out {c.run_dir} "
                      f"--resume --max-steps {c.step * 2}`", highlight=False)
+
+
+def _check_lines(export: str) -> list[str]:
+    """`dflash check`'s static verdict on the run's last export, against the target it trained with."""
+    from cli.dflash_check import verdict_lines
+
+    try:
+        report = dflash.check_export(export, measure=False)
+    except BadInput as e:
+        return [f"check: could not check the export: {e.message}"]
+    return verdict_lines({**to_jsonable(report), "ok": report.ok})
 
 
 def _render_dry(r) -> None:

@@ -11,7 +11,7 @@ freezes this surface: changing it is a deliberate act.
 The rooms (docs/architecture.md has the map): `model` (drafter, masks, loss, target), `data`
 (conversations to tokens, the data cache, regen), `training` (the loop), `checkpoint` (files on
 disk, the run lock, resume), `engine` (several devices in one process), `distributed` (torchrun
-ranks), `eval` (speculative decoding). `config` and `run` sit at the top: the typed config, and the
+ranks), `eval` (speculative decoding), `check` (will an export serve as trained: `dflash check`). `config` and `run` sit at the top: the typed config, and the
 one entry that owns a run.
 
 Importing dflash does not import torch: the names are loaded on first use (module-level
@@ -29,6 +29,7 @@ _LAZY = {
     "prepare": ("dflash.data.prepare", "prepare_data"),
     "regen": ("dflash.data.regen", "regen"),
     "evaluate": ("dflash.eval.evaluate", "eval_checkpoint"),
+    "check_export": ("dflash.check.check", "check_export"),
     # the config
     "Config": ("dflash.config", "Config"),
     "TargetConfig": ("dflash.config", "TargetConfig"),

@@ -21,7 +21,7 @@ SURFACE = {
     "CheckpointConfig", "MetricsConfig", "EvalConfig", "EMBEDDED_TARGET", "EMBEDDED_DATA",
     "build_config", "resume_config", "apply_overrides", "parse_set", "config_field", "to_dict", "to_toml",
     "TrainResult", "StepMetrics", "EngineReport", "DistributedResult", "RankReport", "PeerFailed",
-    "DryRunReport", "PrepareReport", "RegenResult", "EvalResult", "run_complete", "RunComplete",
+    "DryRunReport", "PrepareReport", "RegenResult", "EvalResult", "run_complete", "RunComplete", "check_export",
 }
 
 

@@ -5,7 +5,8 @@ Layout of a run directory:
     RUN/config.toml                      the resolved training config (also in every checkpoint)
     RUN/metrics.jsonl                    one row per logged step
     RUN/checkpoints/step_000100/
-        config.json                      Qwen3 fields + DFlash fields (SGLang DFLASH / vLLM dflash)
+        config.json                      Qwen3 fields + DFlash fields (SGLang DFLASH / vLLM dflash), and
+                                         `dflash_training`: what it was trained with (dflash.check.record)
         model.safetensors                layers.*, fc, hidden_norm, norm (reference names)
         training_state.pt                fp32 master weights, optimizer, step (for --resume)
         train_config.toml                the training config
@@ -39,10 +40,13 @@ from dflash.model.drafter import DFlashDrafter, DrafterSpec
 EXPORT_FILES = ("config.json", "model.safetensors")
 STATE_FILE = "training_state.pt"
 CONFIG_FILE = "train_config.toml"
+RECORD_KEY = "dflash_training"  # config.json: the training record (dflash.check.record.RECORD_KEY)
 
 
-def export_config(spec: DrafterSpec, dtype: torch.dtype) -> dict[str, Any]:
-    """config.json for the exported drafter: a Qwen3 config plus the DFlash fields serving engines read."""
+def export_config(spec: DrafterSpec, dtype: torch.dtype, record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """config.json for the exported drafter: a Qwen3 config plus the DFlash fields serving engines read;
+    `record`: what `dflash check` compares at serving time (dflash.check.record.build_record), kept
+    under `dflash_training` (a key SGLang and vLLM ignore)."""
     import transformers
 
     sliding = any(t == "sliding_attention" for t in spec.layer_types)
@@ -77,6 +81,7 @@ def export_config(spec: DrafterSpec, dtype: torch.dtype) -> dict[str, Any]:
         "dflash_config": {"mask_token_id": spec.mask_token_id, "target_layer_ids": list(spec.target_layer_ids)},
         "dtype": {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}[dtype],
         "transformers_version": transformers.__version__,
+        **({RECORD_KEY: record} if record is not None else {}),
     }
 
 
@@ -171,8 +176,10 @@ def write_export(directory: Path, drafter: DFlashDrafter, dtype: torch.dtype) ->
     write_export_state(directory, {k: v.detach().cpu() for k, v in drafter.state_dict().items()}, drafter.spec, dtype)
 
 
-def write_export_state(directory: Path, model: dict[str, torch.Tensor], spec: DrafterSpec, dtype: torch.dtype) -> None:
-    """config.json + model.safetensors from host tensors (fp32 master weights, cast to `dtype` here)."""
+def write_export_state(directory: Path, model: dict[str, torch.Tensor], spec: DrafterSpec, dtype: torch.dtype,
+                       record: dict[str, Any] | None = None) -> None:
+    """config.json + model.safetensors from host tensors (fp32 master weights, cast to `dtype` here);
+    `record`: the training record config.json carries (export_config)."""
     from safetensors.torch import save_file
 
     path = directory / "model.safetensors"
@@ -182,7 +189,7 @@ def write_export_state(directory: Path, model: dict[str, torch.Tensor], spec: Dr
         os.fsync(fd)
     finally:
         os.close(fd)
-    atomic_write_json(directory / "config.json", export_config(spec, dtype))
+    atomic_write_json(directory / "config.json", export_config(spec, dtype, record))
 
 
 def save_checkpoint(run_dir: Path, step: int, model: dict[str, torch.Tensor], spec: DrafterSpec,
@@ -190,14 +197,17 @@ def save_checkpoint(run_dir: Path, step: int, model: dict[str, torch.Tensor], sp
     """Write checkpoints/step_NNNNNN atomically and point `latest` at it; returns its path. `model`:
     the drafter's weights on the host (the export); `training_state`: what `Trainer.state_dict` holds,
     tensors on the host. The staging directory is fsynced file by file, its manifest (sizes and
-    checksums, dflash.checkpoint.manifest) is the last file written, then it is renamed into place."""
+    checksums, dflash.checkpoint.manifest) is the last file written, then it is renamed into place.
+    config.json records what the drafter was trained with (the target tokenizer, chat template and
+    DFlash fields: dflash.check.record.build_record, from `config_toml`) for `dflash check`."""
+    from dflash.check.record import build_record
     from dflash.checkpoint import manifest
 
     ckdir = Path(run_dir) / "checkpoints"
     final = ckdir / f"step_{step:06d}"
     stage = _stage_dir(final)
     try:
-        write_export_state(stage, model, spec, export_dtype)
+        write_export_state(stage, model, spec, export_dtype, build_record(config_toml, spec))
         _write_synced(stage / STATE_FILE, lambda fh: torch.save(training_state, fh))
         atomic_write_text(stage / CONFIG_FILE, config_toml)
         manifest.record(stage, [*EXPORT_FILES, STATE_FILE, CONFIG_FILE])  # last: sizes + checksums of the above

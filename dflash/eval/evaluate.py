@@ -12,7 +12,14 @@ The loop follows the reference (z-lab `dflash_generate`, greedy, batch 1):
    drafter's context.
 τ = mean acceptance length per round. Greedy speculative decoding produces exactly the tokens of
 greedy plain decoding, which this module checks (`outputs_match`). Speedup = plain / speculative
-wall time for the same prompts and token budget.
+wall time for the same prompts and token budget. Acceptance by block position k (1..B-1): of the
+rounds that drafted a token at position k, the share whose first k drafts were all accepted (so it
+falls with k; position 1's share is the rate of rounds that accept anything).
+
+`temperature > 0` (`dflash check --temperature`): the target samples, and a draft token d is accepted
+with probability p(d) (speculative sampling with the drafter's greedy proposal: q is one-hot, so
+min(1, p/q) = p(d)); a rejected position draws from p without d, the bonus from p. The output then
+follows the target's sampling distribution (not plain greedy decoding's tokens).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import functools
 import inspect
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import torch
@@ -92,6 +99,18 @@ class Generation:
     tokens: list[int]  # new tokens only
     acceptance: list[int]  # per verify round (empty for plain decoding)
     seconds: float
+    accepted: list[int] = field(default_factory=list)  # per round: drafts accepted (before EOS / budget cuts)
+    drafted: list[int] = field(default_factory=list)  # per round: drafts proposed (block length - 1)
+
+
+def acceptance_by_position(accepted: list[int], drafted: list[int], block_size: int) -> list[float | None]:
+    """Per block position k = 1..B-1: of the rounds that drafted position k, the share that accepted
+    drafts 1..k (None where no round drafted k)."""
+    out: list[float | None] = []
+    for k in range(1, block_size):
+        n = sum(1 for d in drafted if d >= k)
+        out.append(sum(1 for a, d in zip(accepted, drafted) if d >= k and a >= k) / n if n else None)
+    return out
 
 
 @torch.no_grad()
@@ -115,8 +134,10 @@ def plain_generate(target, prompt: list[int], max_new_tokens: int) -> Generation
 
 @torch.no_grad()
 def speculative_generate(proposer: Proposer, target, prompt: list[int], max_new_tokens: int,
-                         block_size: int) -> Generation:
-    """Greedy speculative decoding per the reference loop (module docstring)."""
+                         block_size: int, temperature: float = 0.0,
+                         generator: torch.Generator | None = None) -> Generation:
+    """Speculative decoding per the reference loop (module docstring): greedy at temperature 0, else
+    speculative sampling with the drafter's greedy drafts (`generator`: the sampling's randomness)."""
     from transformers import DynamicCache
 
     dev, eos = target.device, set(target.eos_ids)
@@ -125,10 +146,12 @@ def speculative_generate(proposer: Proposer, target, prompt: list[int], max_new_
     cache = DynamicCache(config=target.config)
     out = target.model(input_ids=torch.tensor([prompt], device=dev), **_with_cache(target, cache),
                        output_hidden_states=True, logits_to_keep=1)
-    tokens = list(prompt) + [int(out.logits[0, -1].argmax())]
+    tokens = list(prompt) + [_pick(out.logits[0, -1:], temperature, generator)[0]]
     new_ctx = torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)  # (1, P, k·H)
     max_len = len(prompt) + max_new_tokens
     acceptance: list[int] = []
+    accepted_n: list[int] = []
+    drafted_n: list[int] = []
     start = len(prompt)  # position of the block's anchor (the newest token, not yet seen by the target)
     while len(tokens) < max_len and tokens[-1] not in eos:
         vs = min(block_size, max_len - start)
@@ -137,11 +160,17 @@ def speculative_generate(proposer: Proposer, target, prompt: list[int], max_new_
             block += proposer.propose(tokens, new_ctx, vs)
         out = target.model(input_ids=torch.tensor([block], device=dev), **_with_cache(target, cache),
                            position_ids=torch.arange(start, start + vs, device=dev)[None], output_hidden_states=True)
-        posterior = out.logits[0].argmax(-1).tolist()  # target's next token after each block position
-        accepted = 0
-        while accepted < vs - 1 and block[accepted + 1] == posterior[accepted]:
-            accepted += 1
-        produced = block[1: accepted + 1] + [posterior[accepted]]
+        if temperature > 0:
+            accepted, last = _verify_sampled(block, out.logits[0].float(), temperature, generator)
+        else:
+            posterior = out.logits[0].argmax(-1).tolist()  # target's next token after each block position
+            accepted = 0
+            while accepted < vs - 1 and block[accepted + 1] == posterior[accepted]:
+                accepted += 1
+            last = posterior[accepted]
+        accepted_n.append(accepted)
+        drafted_n.append(vs - 1)
+        produced = block[1: accepted + 1] + [last]
         for i, t in enumerate(produced):  # stop at the first EOS
             if t in eos:
                 produced = produced[: i + 1]
@@ -153,7 +182,35 @@ def speculative_generate(proposer: Proposer, target, prompt: list[int], max_new_
         new_ctx = torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)[:, : accepted + 1]
         start += accepted + 1
     _sync(dev)
-    return Generation(tokens=tokens[len(prompt):], acceptance=acceptance, seconds=time.perf_counter() - t0)
+    return Generation(tokens=tokens[len(prompt):], acceptance=acceptance, seconds=time.perf_counter() - t0,
+                      accepted=accepted_n, drafted=drafted_n)
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> list[int]:
+    """The next token after each row of `logits` (n, V): argmax, or a sample at `temperature`."""
+    if temperature <= 0:
+        return logits.argmax(-1).tolist()
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].tolist()
+
+
+def _verify_sampled(block: list[int], logits: torch.Tensor, temperature: float,
+                    generator: torch.Generator | None) -> tuple[int, int]:
+    """(accepted drafts, the token after them) for one block under speculative sampling with a
+    one-hot (greedy) proposal: accept draft d at row i with probability p_i(d); on a rejection draw
+    from p_i with d removed; after all drafts, the bonus from the last row."""
+    probs = torch.softmax(logits / temperature, dim=-1).cpu()  # (vs, V)
+    vs = len(block)
+    for i in range(vs - 1):
+        d = block[i + 1]
+        if float(torch.rand((), generator=generator)) < float(probs[i, d]):
+            continue
+        residual = probs[i].clone()
+        residual[d] = 0.0
+        if float(residual.sum()) <= 0:  # p was one-hot on d (then d is always accepted): unreachable
+            return i, d
+        return i, int(torch.multinomial(residual, 1, generator=generator))
+    return vs - 1, int(torch.multinomial(probs[vs - 1], 1, generator=generator))
 
 
 def _sync(device: torch.device) -> None:
@@ -176,6 +233,8 @@ class EvalResult:
     spec_tokens_per_s: float
     outputs_match: bool  # speculative == plain greedy output for every prompt
     mismatched_prompts: int
+    # per block position 1..B-1: share of the rounds drafting it that accepted drafts 1..k (None: never drafted)
+    acceptance_by_position: tuple[float | None, ...] = ()
 
 
 def evaluate(proposer: Proposer, target, prompts: list[list[int]], max_new_tokens: int, block_size: int,
@@ -188,6 +247,8 @@ def evaluate(proposer: Proposer, target, prompts: list[list[int]], max_new_token
         plain_generate(target, prompts[0], 2)
         speculative_generate(proposer, target, prompts[0], 2, block_size)
     acc: list[int] = []
+    accepted: list[int] = []
+    drafted: list[int] = []
     plain_s = spec_s = 0.0
     n_tokens, mismatches = 0, 0
     for i, p in enumerate(prompts):
@@ -196,6 +257,8 @@ def evaluate(proposer: Proposer, target, prompts: list[list[int]], max_new_token
         plain_s += plain.seconds
         spec_s += spec.seconds
         acc += spec.acceptance
+        accepted += spec.accepted
+        drafted += spec.drafted
         n_tokens += len(spec.tokens)
         mismatches += spec.tokens != plain.tokens
         if progress:
@@ -210,7 +273,17 @@ def evaluate(proposer: Proposer, target, prompts: list[list[int]], max_new_token
         plain_tokens_per_s=n_tokens / plain_s if plain_s else float("nan"),
         spec_tokens_per_s=n_tokens / spec_s if spec_s else float("nan"),
         outputs_match=mismatches == 0, mismatched_prompts=mismatches,
+        acceptance_by_position=tuple(acceptance_by_position(accepted, drafted, block_size)),
     )
+
+
+def check_num_prompts(n: int | None) -> None:
+    """BadInput unless `n` (a prompt count given by the user) is None or at least 1."""
+    from compilewatch import BadInput
+
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise BadInput(f"-n/--prompts is {n!r}: it must be >= 1 (the number of prompts to decode)",
+                       hint="leave -n out for the config's eval.num_prompts")
 
 
 def prompt_ids(tokenizer, convs: list[list[dict[str, str]]]) -> list[list[int]]:
@@ -235,6 +308,7 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     from dflash.data.dataset import eval_prompts
     from dflash.model.target import load_target, resolve_device
 
+    check_num_prompts(num_prompts)
     ck = resolve_checkpoint(path)
     unverified = manifest.check(ck, [*EXPORT_FILES, *([CONFIG_FILE] if (ck / CONFIG_FILE).exists() else [])])
     if unverified and on_note is not None:
@@ -263,7 +337,7 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     check_compatible(spec, target.hidden_size, target.num_layers, target.layer_ids, str(ck),
                      target_vocab=target.vocab_size)
     drafter = load_export(ck, spec=spec).to(dev, target.dtype).eval()
-    convs = eval_prompts(cfg.data, num_prompts or cfg.eval.num_prompts)
+    convs = eval_prompts(cfg.data, num_prompts if num_prompts is not None else cfg.eval.num_prompts)
     if not convs:
         raise BadInput(f"no prompts found in {cfg.data.path!r}", hint="pass --data with chat JSONL holding user turns")
     prompts = prompt_ids(target.tokenizer, convs)
