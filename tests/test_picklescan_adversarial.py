@@ -380,3 +380,53 @@ def test_generated_pickles_are_refused_or_harmless():
     tripped = [(i - 1, e) for i, e in report["tripped"] if i != exploit_at]
     assert tripped == [], [(e, accepted[i].hex() if i >= 0 else 'plain') for i, e in tripped[:5]]
     assert seen["refused"] > 0 and len(accepted) > 50, (seen, len(accepted))
+
+
+# --- what a real CUDA fxgraph entry needs (torch 2.11 + triton 3.6, H200: benchmarks/gpu_cache_trust.py) ---
+def _instance(a: Asm) -> Asm:
+    return a.g("torch._dynamo.pgo", "CodeId").op("EMPTY_TUPLE").op("NEWOBJ")
+
+
+def test_a_docstring_key_holds_data_only():
+    """triton's JITFunction keeps `__doc__` in its state: a constant passes, anything else is refused."""
+    ok = _instance(Asm()).op("EMPTY_DICT").s("__doc__").s("Adds two tensors.").op("SETITEM").op("BUILD").done()
+    assert picklescan.scan(ok).ok
+    bad = _instance(Asm()).op("EMPTY_DICT").s("__doc__").g("torch.fx.graph_module", "reduce_graph_module")
+    assert not picklescan.scan(bad.op("SETITEM").op("BUILD").done()).ok
+    for key in ("__setstate__", "__reduce__", "__getattr__", "__class__"):
+        bad = _instance(Asm()).op("EMPTY_DICT").s(key).s("x").op("SETITEM").op("BUILD").done()
+        assert not picklescan.scan(bad).ok, key
+
+
+def test_a_defaultdict_may_keep_an_instances_bound_method_as_its_factory():
+    """`defaultdict(launcher.create_binder)`: stored, never called while loading; the same factory from a
+    class (`getattr(CppCodeCache, 'load')`) stays refused, and the dict is live: it may not be handed to
+    a constructor that uses what it is given."""
+    a = Asm().g("collections", "defaultdict").g("builtins", "getattr")
+    ok = _instance(a).s("create_binder").op("TUPLE2").op("REDUCE").op("TUPLE1").op("REDUCE").done()
+    assert picklescan.scan(ok).ok, picklescan.scan(ok)
+    a = Asm().g("builtins", "list").g("collections", "defaultdict").g("builtins", "getattr")
+    bad = _instance(a).s("create_binder").op("TUPLE2").op("REDUCE").op("TUPLE1").op("REDUCE")
+    assert not picklescan.scan(bad.op("TUPLE1").op("REDUCE").done()).ok  # list(d) iterates it
+    a = Asm().g("collections", "defaultdict").g("builtins", "getattr")
+    a = _instance(a).s("create_binder").op("TUPLE2").op("REDUCE").op("EMPTY_DICT").op("TUPLE2").op("REDUCE")
+    assert picklescan.scan(a.done()).ok  # a plain mapping beside it: iterated, holds nothing live
+
+
+def _signature_annotated_with(a: Asm, module: str, name: str) -> Asm:
+    """inspect.Signature((Parameter('x', POSITIONAL_OR_KEYWORD) restored with `_annotation`,)): how a
+    CUDA entry pickles a triton kernel's signature (annotations: triton's constexpr class)."""
+    a.g("inspect", "Signature").g("inspect", "Parameter").s("x").g("builtins", "getattr")
+    a.g("inspect", "_ParameterKind").s("POSITIONAL_OR_KEYWORD").op("TUPLE2").op("REDUCE").op("TUPLE2").op("REDUCE")
+    a.op("EMPTY_DICT").s("_annotation").g(module, name).op("SETITEM").op("BUILD")
+    return a.op("TUPLE1").op("TUPLE1").op("REDUCE")
+
+
+def test_a_signature_may_keep_a_class_as_an_annotation_but_nothing_that_runs():
+    ok = _signature_annotated_with(Asm(), "torch._inductor.output_code", "CompiledFxGraph").done()
+    assert picklescan.scan(ok).ok, picklescan.scan(ok)
+    bad = _signature_annotated_with(Asm(), "torch.fx.graph_module", "reduce_graph_module").done()
+    assert not picklescan.scan(bad).ok  # a function, not a class
+    a = Asm().g("inspect", "Signature").g("builtins", "getattr").g("torch._inductor.codecache", "CppCodeCache")
+    bad = a.s("load").op("TUPLE2").op("REDUCE").op("TUPLE1").op("TUPLE1").op("REDUCE").done()
+    assert not picklescan.scan(bad).ok  # an opaque value handed to a constructor

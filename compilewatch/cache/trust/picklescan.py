@@ -108,6 +108,7 @@ from compilewatch.cache.trust.stackmodel import (
     key_refused,
     live_of,
     stores_only,
+    strong,
 )
 
 MAX_OPS = 50_000_000  # opcodes scanned in one pickle; a real FX-graph entry has tens of thousands
@@ -188,6 +189,27 @@ def _opaque(what: str) -> _Value:
     return _Value("opaque", what)
 
 
+# constructors that keep a class they are given without calling it (audited: inspect 3.10-3.13 validates
+# parameters by their kind and name, and stores annotations): a CUDA entry's kernel signatures hold
+# triton's `constexpr` class as annotations
+STORING_CONSTRUCTORS = frozenset({"inspect.Signature", "inspect.Parameter"})
+
+
+class _BoundMethod(_Value):
+    """getattr(<an instance this pickle made>, 'name'): opaque like every getattr result (never called,
+    built or hashed here); the one use allowed beyond storing it is a defaultdict's factory, which a
+    CUDA fxgraph entry keeps so (`launcher.create_binder`, torch 2.11 + triton 3.6 on an H200). A
+    getattr of a class (`getattr(CppCodeCache, 'load')`) is not one."""
+
+    __slots__ = ()
+
+
+def _is_defaultdict(cls: type) -> bool:
+    import collections
+
+    return cls is collections.defaultdict
+
+
 class _Calls:
     """What each call (REDUCE / NEWOBJ / NEWOBJ_EX / OBJ / INST, and getattr) may do, and what it
     returns, by the callee's declared result (stackmodel)."""
@@ -206,6 +228,8 @@ class _Calls:
                     return _Value("member", f"{obj}.{name}", target)  # an enum member
                 return _opaque(f"getattr({obj}, {str(name)!r})")  # a class attribute: anything
             if _ATTR_NAME.match(name) and not (isinstance(obj, _Global) and obj in CHECKED_CALLS):
+                if isinstance(obj, _Obj):  # of an instance this pickle made: a bound method, most likely
+                    return _BoundMethod("opaque", f"getattr(<{obj.cls.__qualname__} instance>, {str(name)!r})")
                 return _opaque(f"getattr(..., {str(name)!r})")  # a bound method or attribute: never callable here
         shown = (f"getattr({items[0] if isinstance(items[0], str) else '<object>'}, {items[1]!r})"
                  if items is not None and len(items) == 2 else "getattr(<computed arguments>)")
@@ -310,9 +334,16 @@ class _Calls:
             self.refuse(f"{fn} called: its __init__ runs its own code (only data classes may be called)")
         new = _owner(cls, "__new__")
         ignores = new is None or new is object or _generated(vars(new)["__new__"])  # stores, or ignores, its args
-        if not (ignores and (new_only or stores_only(cls))):
+        if _is_defaultdict(cls) and kwargs is None and isinstance(args, _Seq) and args.items \
+                and (isinstance(args.items[0], _BoundMethod) or not live_of(args.items[0])) \
+                and not any(live_of(x) for x in args.items[1:]):
+            pass  # defaultdict(factory) stores its factory (called only on a missing key, after loading);
+            # the dict holds it, so it is live: nothing may call, hash or hand it on (a CUDA entry keeps
+            # `launcher.create_binder` this way)
+        elif not (ignores and (new_only or stores_only(cls))):
+            weak_ok = f"{cls.__module__}.{cls.__qualname__}" in STORING_CONSTRUCTORS
             for a in (args, kwargs):
-                if live_of(a):
+                if live_of(a) and (strong(live_of(a)) or not weak_ok):
                     self.refuse(f"{fn} constructed from {live_of(a)}: its constructor uses what it is given")
         if kwargs is not None and not isinstance(kwargs, _Dict):
             self.refuse(f"{fn} constructed with keyword arguments the scan cannot see")

@@ -74,20 +74,29 @@ class _Node:
         why = live_of(v)
         if why:
             self.mark(why)
-        elif isinstance(v, _Node) and self.live is None:  # v may turn live later: tell self then
-            if v.parents is None:
+        if isinstance(v, _Node) and not strong(v.live) and not strong(self.live):
+            if v.parents is None:  # v may turn (more) live later: tell self then
                 v.parents = []
             v.parents.append(self)
 
     def mark(self, why: str) -> None:
+        """`why` reaches this node and every node holding it; a strong reason replaces a weak one (a
+        node changes at most twice, so marking stays linear)."""
         todo: list[_Node] = [self]
         while todo:
             n = todo.pop()
-            if n.live is None:
+            if n.live is None or (strong(why) and not strong(n.live)):
                 n.live = why
                 if n.parents:
                     todo.extend(n.parents)
-                n.parents = None
+                if strong(why):
+                    n.parents = None
+
+
+def strong(why: str | None) -> bool:
+    """A live reason other than a class reference (which runs code only when called: a constructor
+    that only stores its arguments may keep one, `inspect.Signature(return_annotation=constexpr)`)."""
+    return why is not None and not why.startswith("the class ")
 
 
 class _Seq(_Node):
@@ -124,6 +133,9 @@ class _Set(_Node):
 # pickle looks these up on an instance (BUILD, APPENDS, ADDITEMS): an instance attribute of that name
 # is what it calls. Never a key of a BUILD state (with dunders).
 _PROTOCOL_ATTRS = frozenset({"append", "extend", "add"})
+# dunder attributes that are data on an instance, never looked up by a protocol (triton's JITFunction
+# keeps these in its state on CUDA): allowed as BUILD keys, their values checked like any other's
+_DATA_DUNDERS = frozenset({"__doc__", "__name__", "__qualname__", "__module__", "__globals__"})
 
 
 class _Dict(_Node):
@@ -148,7 +160,7 @@ class _Dict(_Node):
                 self.code = value
             if key == "args":
                 self.args = value
-            if key.startswith("__") or key in _PROTOCOL_ATTRS:
+            if key.startswith("__") and key not in _DATA_DUNDERS or key in _PROTOCOL_ATTRS:
                 self.bad_attr = self.bad_attr or f"a {key!r} key"
             elif key == "fn" and value == _RGM and isinstance(value, _Global):
                 self.graph_fn = True  # checked as the graph it rebuilds (`build`)
@@ -366,8 +378,10 @@ def build(obj: object, state: object, graphs: list[tuple[object, object]]) -> st
     if isinstance(state, (_Global, _Value)):
         return f"BUILD of {name} with {describe(state)} as its state"
     if not _builtin_owner(_owner(cls, "__setstate__")):  # an audited or torch's own restore of its data
-        if live_of(state):
-            return f"BUILD of {name} with a state holding {live_of(state)}"
+        # Its state may hold what torch's own entries keep there (a real CUDA fxgraph entry: triton's
+        # JITFunction, constexpr classes, bound methods like `launcher.create_binder` in a defaultdict):
+        # these restores assign, they do not call what they store. The class-mutation family stays
+        # closed above (BUILD only on an instance this pickle made; no dunder keys on the builtin path).
         obj.hold(state)
         return None
     parts = state.items if isinstance(state, _Seq) and len(state.items) == 2 else [state, None]
