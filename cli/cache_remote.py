@@ -13,6 +13,7 @@ from cli.app import make_app
 from cli.cache_render import counts_by_key, print_findings, short
 from cli.lazy import lazy
 from cli.options import JsonOpt
+from compilewatch.errors import BadInput
 
 remote = lazy("compilewatch.cache.remote.server")
 sync = lazy("compilewatch.cache.remote.sync")
@@ -29,7 +30,17 @@ app = make_app(
 UrlArg = Annotated[Optional[str], typer.Argument(metavar="URL", help="redis://:PASSWORD@HOST:PORT/DB, password and /DB optional (default: torch's).")]
 UrlOpt = Annotated[Optional[str], typer.Option("--url", help="redis://:PASSWORD@HOST:PORT/DB, password and /DB optional (default: torch's).")]
 DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="The local inductor cache dir (default: the one torch uses).")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", min=0.1, help="Network deadline of the whole command, seconds: connect and every read and write together, however slowly the bytes arrive.")]
 MaxValueOpt = Annotated[str, typer.Option("--max-value", help="Largest value read from the server, e.g. 256MB (bigger ones are reported, never read).")]
+
+
+def _url(arg: str | None, opt: str | None) -> str | None:
+    """Every remote command takes the server as its URL argument or as --url (the same meaning either
+    way); both at once must agree."""
+    if arg is not None and opt is not None and arg != opt:
+        raise BadInput(f"two servers given: {remote.redact(arg)} and --url {remote.redact(opt)}",
+                       hint="give the server once, as the URL argument or as --url")
+    return arg if arg is not None else opt
 
 
 def _cap(text: str) -> int:
@@ -40,8 +51,10 @@ def _cap(text: str) -> int:
 @app.command("status")
 def status_cmd(
     url: UrlArg = None,
+    url_opt: UrlOpt = None,
     quick: Annotated[bool, typer.Option("--quick", help="Keys and sizes only: do not read values (no system keys, no hit estimate).")] = False,
     max_value: MaxValueOpt = "256MB",
+    timeout: TimeoutOpt = 60.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Is the remote cache reachable (and why not), what it holds per kind and per system key / torch
@@ -53,7 +66,7 @@ def status_cmd(
 
       compilewatch cache remote status redis://cache-host:6379/0 --json
     """
-    r = remote.status(url, quick=quick, max_value=_cap(max_value))
+    r = remote.status(_url(url, url_opt), quick=quick, max_value=_cap(max_value), timeout=timeout)
     output.emit(r, as_json, _render_status)
     raise typer.Exit(0 if r.reach.reachable else 1)
 
@@ -85,13 +98,19 @@ def _render_status(r) -> None:
     o.print(f"... and torch builds: {torches}")
     o.print(f"this machine (torch {r.torch_version}, system key {short(r.system_key)}) would hit "
             f"[bold]{r.would_hit}[/], never {r.cannot_hit}, cannot tell {r.unknown} (autotune, PGO, unstamped)")
+    if r.by_signature:
+        sig = ", ".join(f"{n} {k}" for k, n in sorted(r.by_signature.items()))
+        o.print(f"signatures: {sig} (processes compilewatch watches load only own / trusted ones)")
     for kind, n in r.problems.items():
         output.warn(f"{n} entries {kind} (`compilewatch cache remote verify` lists them)")
+    for key, kind, detail in r.problem_keys[:5]:
+        output.warn(f"{kind}: {key}: {detail}")
 
 
 # --- verify -----------------------------------------------------------------------------------------
 @app.command("verify")
-def verify_cmd(url: UrlArg = None, max_value: MaxValueOpt = "256MB", as_json: JsonOpt = False) -> None:
+def verify_cmd(url: UrlArg = None, url_opt: UrlOpt = None, max_value: MaxValueOpt = "256MB",
+               timeout: TimeoutOpt = 60.0, as_json: JsonOpt = False) -> None:
     """Scan every entry (pickles parsed, never unpickled) and the server's security posture: a
     password/ACL set? bound to every interface? Exit 1 on any error finding.
 
@@ -101,7 +120,7 @@ def verify_cmd(url: UrlArg = None, max_value: MaxValueOpt = "256MB", as_json: Js
 
       compilewatch cache remote verify redis://:secret@10.0.0.5:6379 --json
     """
-    r = remote.verify(url, max_value=_cap(max_value))
+    r = remote.verify(_url(url, url_opt), max_value=_cap(max_value), timeout=timeout)
     output.emit(r, as_json, _render_verify)
     raise typer.Exit(0 if r.ok else 1)
 
@@ -120,17 +139,22 @@ def _render_verify(r) -> None:
     if any(f.kind in ("no-auth", "open-bind") for f in r.findings):
         output.hint("set a password or ACL user (requirepass / ACL SETUSER) and bind to a private interface "
                     "(docs/security.md)")
-    if any(f.kind in ("untrusted", "unloadable", "malformed") for f in r.findings):
+    if any(f.kind in ("untrusted", "unloadable", "malformed", "bad-signature") for f in r.findings):
         output.hint("`compilewatch cache remote clear` backs everything up, then empties the cache")
+    if any(f.kind in ("unsigned", "foreign-signed") for f in r.findings):
+        output.hint("processes compilewatch watches load only entries signed by this machine or a trusted key "
+                    "(`cache remote push` signs; `cache trust add` trusts another machine's key)")
 
 
 # --- push / pull ------------------------------------------------------------------------------------
 @app.command("push")
 def push_cmd(
     source: Annotated[Path, typer.Argument(metavar="SOURCE", help="A cache dir, an archive from `cache save`, or a backup file from `cache remote clear`.")],
-    url: UrlOpt = None,
+    url: UrlArg = None,
+    url_opt: UrlOpt = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace keys the server already has.")] = False,
     max_value: MaxValueOpt = "256MB",
+    timeout: TimeoutOpt = 600.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Seed the remote cache with FX-graph and AOTAutograd entries, exactly as torch writes them, and
@@ -142,7 +166,7 @@ def push_cmd(
 
       compilewatch cache remote push warm.tar.gz --url redis://cache:6379
     """
-    r = sync.push(source, url, overwrite=overwrite, max_value=_cap(max_value))
+    r = sync.push(source, _url(url, url_opt), overwrite=overwrite, max_value=_cap(max_value), timeout=timeout)
     output.emit(r, as_json, _render_push)
 
 
@@ -153,6 +177,8 @@ def _render_push(r) -> None:
             f"in {output.fmt_seconds(r.duration_s)}")
     if r.already:
         o.print(f"{r.already} keys were already there (left alone; --overwrite replaces them)")
+    if r.signed:
+        o.print(f"{r.signed} signatures written" + (f" (key {r.signer})" if r.signer else " (restored from the backup)"))
     for n in r.notes:
         o.print(f"[dim]note: {n}[/]")
     for s in r.skipped[:20]:
@@ -163,11 +189,14 @@ def _render_push(r) -> None:
 
 @app.command("pull")
 def pull_cmd(
-    url: UrlOpt = None,
+    url: UrlArg = None,
+    url_opt: UrlOpt = None,
     dir: DirOpt = None,
     all_systems: Annotated[bool, typer.Option("--all", help="Also fetch entries built for another system key or torch build (they never hit here).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Act on --dir even though it does not look like an inductor cache.")] = False,
+    allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Also fetch entries no trusted key signed (written by torch outside compilewatch, or by another machine's key). Each is still scanned.")] = False,
     max_value: MaxValueOpt = "256MB",
+    timeout: TimeoutOpt = 600.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Fetch the entries this machine's torch would hit into the local cache: staged beside it, every
@@ -179,7 +208,8 @@ def pull_cmd(
 
       compilewatch cache remote pull --url redis://cache:6379 --dir /data/ic
     """
-    r = sync.pull(url, dir, all_systems=all_systems, force=force, max_value=_cap(max_value))
+    r = sync.pull(_url(url, url_opt), dir, all_systems=all_systems, force=force, max_value=_cap(max_value),
+                  allow_unsigned=allow_unsigned, timeout=timeout)
     output.emit(r, as_json, _render_pull)
 
 
@@ -199,8 +229,10 @@ def _render_pull(r) -> None:
 @app.command("clear")
 def clear_cmd(
     url: UrlArg = None,
+    url_opt: UrlOpt = None,
     backup: Annotated[Optional[Path], typer.Option("--backup", help="Backup file to write first (default: ./redis-HOST-PORT-DB.backup-TIME.jsonl).")] = None,
     max_value: MaxValueOpt = "256MB",
+    timeout: TimeoutOpt = 600.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Write every torch entry to a local backup file, then delete them from the server (keys that
@@ -212,7 +244,7 @@ def clear_cmd(
 
       compilewatch cache remote clear redis://cache:6379 --backup old.jsonl
     """
-    r = sync.clear(url, backup=backup, max_value=_cap(max_value))
+    r = sync.clear(_url(url, url_opt), backup=backup, max_value=_cap(max_value), timeout=timeout)
     output.emit(r, as_json, _render_clear)
 
 

@@ -4,6 +4,13 @@ torch counts every remote get and put per cache class (`torchcompat.remote_cache
 it cannot reach counts as misses, because its backend swallows the connection error. So hits and
 misses alone cannot tell "the cache is cold" from "the cache is down": `usage` adds a probe of the
 URL when a remote cache is on, and calls a configured but unreachable cache what it is.
+
+In a process compilewatch watches (`compilewatch run`, `warm`, `CompileGuard`, `enable`: dflash's
+`cache.remote`), torch's remote reads go through the verifying backend (`cache.remote.verified`):
+entries that are unsigned, signed by a key nobody here trusts, or whose pickle does not scan are
+misses. Its counts join torch's per kind: `refused` (all refusals) and `refused_<reason>`
+(unsigned, foreign, bad-signature, malformed, unscannable, error), `admitted`, `signed`,
+`put-unsigned`.
 """
 
 from __future__ import annotations
@@ -26,7 +33,13 @@ class RemoteUsage:
     enabled: tuple[str, ...]  # kinds the environment turns on
     reachable: bool | None  # None: not probed (nothing turned on)
     why: str | None
-    counts: dict[str, dict[str, int]]  # kind -> {hit, miss, put, exception}, from torch's own counters
+    counts: dict[str, dict[str, int]]  # kind -> {hit, miss, put, exception} (torch's) + the verifier's counts
+    verified: str | None = None  # how reads are verified in this process (the patch point), None: they are not
+
+    @property
+    def refused(self) -> int:
+        """Remote entries the verifying backend kept from torch (each also a miss in torch's counters)."""
+        return sum(c.get("refused", 0) for c in self.counts.values())
 
     @property
     def hits(self) -> int:
@@ -52,13 +65,38 @@ def counts_by_kind(stats: Mapping[str, Mapping[str, int]] | None) -> dict[str, d
     return out
 
 
+def with_verifier_counts(counts: dict[str, dict[str, int]],
+                         verifier: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """torch's counters per kind with the verifying backend's added (`refused` = all its refusals)."""
+    out = {k: dict(v) for k, v in counts.items()}
+    for kind, c in verifier.items():
+        if kind not in remote_keys.KINDS:
+            continue
+        row = out.setdefault(kind, {f: 0 for f in ("hit", "miss", "put", "exception")})
+        row.update(c)
+        refused = sum(n for f, n in c.items() if f.startswith("refused_"))
+        if refused:
+            row["refused"] = refused
+    return out
+
+
 def current_counts() -> dict[str, dict[str, int]]:
     """This process's remote-cache counters by kind ({} when torch has not loaded its remote caches)."""
     if "torch._inductor.remote_cache" not in sys.modules:
         return {}
+    from compilewatch.cache.remote import verified
     from compilewatch.tracing import torchcompat
 
-    return counts_by_kind(torchcompat.remote_cache_stats())
+    return with_verifier_counts(counts_by_kind(torchcompat.remote_cache_stats()), verified.counts())
+
+
+def verify_remote_reads() -> None:
+    """Verify torch's remote-cache reads (and sign its writes) in this process from now on: at once if
+    torch's remote_cache module is loaded, else right after it is (`cache.remote.verified`)."""
+    from compilewatch.cache.remote import verified
+    from compilewatch.tracing.importhook import after_import
+
+    verified.arm(after_import)
 
 
 def usage(env: Mapping[str, str] | None = None, *, counts: dict[str, dict[str, int]] | None = None,
@@ -75,7 +113,11 @@ def usage(env: Mapping[str, str] | None = None, *, counts: dict[str, dict[str, i
     if enabled and probe:
         r = remote.probe(env=env, timeout=PROBE_TIMEOUT_S)
         reachable, why = r.reachable, r.why
-    return RemoteUsage(cfg.url, cfg.source, enabled, reachable, why, counts)
+    from compilewatch.cache.remote import verified
+
+    state = verified.installed()
+    return RemoteUsage(cfg.url, cfg.source, enabled, reachable, why, counts,
+                       state.point if state is not None else None)
 
 
 def down_message(u: RemoteUsage) -> str:
@@ -89,14 +131,16 @@ _SCHEMES = ("redis://", "rediss://", "unix://")
 def enable(url: str) -> dict[str, str]:
     """Turn on torch's FX-graph and AOTAutograd remote caches at `url` for this process and the ones it
     starts (compile workers, a trainer's children): the environment variables torch reads, and, where
-    torch already read them at import, its config. Call it before the first compile. Nothing is
-    contacted: a server that is down makes torch compile locally, and `usage()` reports it.
+    torch already read them at import, its config; and verify every remote read of this process
+    (`verify_remote_reads`). Call it before the first compile. Nothing is contacted: a server that is
+    down makes torch compile locally, and `usage()` reports it.
     Returns the variables set. BadInput for a URL that is not redis://, rediss:// or unix://."""
     from compilewatch.errors import BadInput
 
     if not isinstance(url, str) or not url.startswith(_SCHEMES):
         raise BadInput(f"not a Redis URL: {remote.redact(str(url))!r}",
                        hint="write redis://[:PASSWORD@]HOST:PORT[/DB] (rediss:// for TLS)")
+    verify_remote_reads()
     env = {remote_keys.KINDS["fxgraph"].env: "1", remote_keys.KINDS["aotautograd"].env: "1",
            "TORCHINDUCTOR_REDIS_URL": url}
     os.environ.update(env)

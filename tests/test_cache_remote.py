@@ -320,7 +320,7 @@ def test_clear_backs_up_first_and_push_restores(tmp_path, redis_url, redis_serve
     back = remote_sync.push(backup, redis_url)
     assert sum(back.pushed.values()) == n and remote.status(redis_url).would_hit == n
     again = invoke(app, ["cache", "remote", "clear", redis_url, "--backup", str(backup)])
-    assert again.exit_code == 2 and "already exists" in again.stderr and c.dbsize() == n + 1  # nothing deleted
+    assert again.exit_code == 2 and "already exists" in again.stderr and c.dbsize() == 2 * n + 1  # nothing deleted
     bad = tmp_path / "x.jsonl"
     bad.write_text('{"format": "something else"}\n')
     assert invoke(app, ["cache", "remote", "push", str(bad), "--url", redis_url]).exit_code == 2

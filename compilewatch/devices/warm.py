@@ -1,7 +1,7 @@
 """Sequential prewarm: compile a workload on every device, one device after another, in the calling
 thread, then prove a second pass compiles nothing.
 
-Why: tracing state is shared between threads (FACTS.md §1, docs/race.md): the FX tracing flag up
+Why: tracing state is shared between threads (torch/fx/_symbolic_trace.py, docs/race.md): the FX tracing flag up
 to torch 2.13, the class-level nn.Module patch on every torch so far. A thread that compiles while
 another thread calls a compiled function or a module breaks the caller (error, stuck state, or
 hang on GPU). Compiling
@@ -63,7 +63,7 @@ class DeviceRun:
     error: str | None  # the workload's own exception (not a recompile), "Type: message"
     frames_compiled: int  # dynamo frame compiles (counters["frames"]["ok"])
     compile_windows: int  # dynamo compile windows incl. lazy backward compiles
-    trace_windows: int  # FX Tracer.trace entries (make_fx, AOTAutograd, inductor: the race's window; FACTS.md §1)
+    trace_windows: int  # FX Tracer.trace entries (make_fx, AOTAutograd, inductor: the race's window; docs/race.md)
     counters: _counters.CompileCounters  # FX-graph / AOTAutograd cache hits and misses, reasons
     peak_memory_bytes: int | None  # CUDA: max_memory_allocated; CPU: RSS growth (None without psutil)
     memory_metric: Literal["cuda_max_allocated", "rss_delta", "none"]
@@ -255,6 +255,9 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
     devs = parse_devices(devices)
     workload = as_workload(fn, name)
     _repair_cache_swap()
+    from compilewatch.remote_usage import verify_remote_reads
+
+    verify_remote_reads()  # torch's remote-cache reads verified before it unpickles them
     t0 = time.perf_counter()
     workload.build()
     warm = [] if verify_only else _pass(workload, devs, "warm", strict, max(1, steps), progress)

@@ -6,7 +6,7 @@
     ... start worker threads ...
     guard.close()
 
-Three independent parts (FACTS.md §1 says why each is needed):
+Three independent parts (docs/race.md says why each is needed):
 - warm + freeze: compiles happen in one thread, one after another (`compilewatch.prewarm`:
   a warm pass, then a verify pass that must compile nothing); after `freeze()` a cache miss that would compile raises `GuardError` naming the function, the thread and torch's guard-failure
   reasons, instead of racing. Hooked where dynamo picks the frame callback for every compiled call
@@ -261,6 +261,9 @@ class CompileGuard:
                     raise
         if self.serialize:
             tracehooks.subscribe(self)
+        from compilewatch.remote_usage import verify_remote_reads
+
+        verify_remote_reads()  # torch's remote-cache reads verified before it unpickles them
         self._installed = True
         return self
 

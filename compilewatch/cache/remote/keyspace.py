@@ -31,6 +31,15 @@ Reading (FxGraphCache / AOTAutogradCache `iterate_over_candidates`): `json.loads
 `base64.b64decode(value["data"])`, then `pickle.loads`: a remote entry is code on every node that
 reads it (docs/security.md). A local cache holds several entries per key (one per guard set); the
 remote cache one, the last one written.
+
+Signatures (compilewatch's, not torch's): beside an entry `K` that `cache remote push` or a watched
+process wrote, `signature_key(K)` = `pt2:compilewatch-sig::K:c1` holds its signature
+(`remote.signatures`). torch never reads it (no torch cache id is `compilewatch-sig`); it stays under
+`pt2:`, so an ACL `~pt2:*` covers it.
+
+Every value is decoded with bounds (`decode_value`): at most `MAX_JSON_DEPTH` levels and
+`MAX_JSON_CONTAINERS` arrays/objects, checked by a linear pass before `json.loads` (`'[' * 100000` is a
+malformed value, never a RecursionError).
 """
 
 from __future__ import annotations
@@ -43,6 +52,10 @@ from dataclasses import dataclass
 
 KEY_VERSION = 1  # RedisRemoteCache: "consistency between various types of keys"
 PREFIX = "pt2:"
+SIG_CACHE_ID = "compilewatch-sig"  # the sibling key holding an entry's signature (never a torch cache id)
+SIGNATURE = "signature"  # ParsedKey.kind of a signature key
+MAX_JSON_DEPTH = 32  # torch's values nest 1 (fxgraph, aotautograd, pgo) to 3 (bundled autotune) levels
+MAX_JSON_CONTAINERS = 100_000  # arrays + objects in one value; a real one has a few dozen at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +133,8 @@ def parse_key(raw: bytes | str) -> ParsedKey:
     if not m or int(m.group("version")) != KEY_VERSION:
         return ParsedKey("foreign", None, None)
     cid, key = m.group("cache_id"), m.group("key")
+    if cid == SIG_CACHE_ID:
+        return ParsedKey(SIGNATURE, cid, key) if _KEY_RE.match(key) else ParsedKey("foreign", None, None)
     kind = _BY_ID.get(cid)
     if kind is not None:
         return ParsedKey(kind.name, cid, key)
@@ -136,17 +151,57 @@ def redis_key(kind: str, key: str) -> str:
     return f"pt2:{cid}::{key}:c{KEY_VERSION}"
 
 
+def signature_key(key: str) -> str:
+    """The sibling key holding the signature of entry `key` (a full Redis key, `pt2:...:c1`)."""
+    return f"{PREFIX}{SIG_CACHE_ID}::{key}:c{KEY_VERSION}"
+
+
 def encode_pickled(content: bytes, time_taken_ms: int = 0) -> bytes:
     """The value torch writes for a pickled entry (fxgraph / aotautograd `_save_graph` / `save`)."""
     return json.dumps({"data": base64.b64encode(content).decode("ascii"),
                        "time_taken_ms": int(time_taken_ms)}).encode("ascii")
 
 
+# a JSON string (escapes included) or one bracket: the strings are skipped whole (one C-speed match),
+# so the pass below looks at structure only
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_OPEN = frozenset(b"[{")
+_CLOSE = frozenset(b"]}")
+
+
+def json_shape_problem(value: bytes, *, max_depth: int = MAX_JSON_DEPTH,
+                       max_containers: int = MAX_JSON_CONTAINERS) -> str | None:
+    """Why `value` nests deeper or holds more arrays/objects than a torch value can, else None. Linear
+    in its size and never recursive (json.loads recurses once per level)."""
+    opens = value.count(b"[") + value.count(b"{")  # bytes.count: fast, and base64 holds no brackets
+    if opens <= max_depth:
+        return None
+    depth = containers = 0
+    for m in _JSON_TOKEN.finditer(value):
+        c = value[m.start()]
+        if c in _OPEN:
+            depth += 1
+            containers += 1
+            if depth > max_depth:
+                return f"JSON nested deeper than {max_depth} levels"
+            if containers > max_containers:
+                return f"more than {max_containers} JSON arrays/objects"
+        elif c in _CLOSE:
+            depth -= 1
+    return None
+
+
 def decode_value(value: bytes) -> object:
-    """`RemoteCacheJsonSerde.decode`: the JSON torch stores; ValueError with the reason if it is not."""
+    """`RemoteCacheJsonSerde.decode`: the JSON torch stores; ValueError with the reason if it is not
+    (including a value nested or repeated past the bounds above)."""
+    if not isinstance(value, (bytes, bytearray)):
+        raise ValueError(f"a {type(value).__name__}, not bytes")
+    problem = json_shape_problem(bytes(value))
+    if problem:
+        raise ValueError(problem)
     try:
         return json.loads(value)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ValueError(f"not JSON ({type(e).__name__})") from None
 
 

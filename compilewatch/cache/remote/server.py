@@ -22,18 +22,21 @@ import contextlib
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from compilewatch.cache.content import stamps
 from compilewatch.cache.remote import keyspace as remote_keys
+from compilewatch.cache.remote import signatures as sigs
+from compilewatch.cache.remote.deadline import Deadline
 from compilewatch.cache.trust import picklescan
 from compilewatch.errors import BadInput
 
 MAX_VALUE = 256 << 20  # the largest entry read (bytes); CUDA FX-graph entries are a few MB
 CONNECT_TIMEOUT_S = 3.0
-SOCKET_TIMEOUT_S = 30.0
+SOCKET_TIMEOUT_S = 30.0  # a backstop per socket operation; the bound is DEADLINE_S per command
+DEADLINE_S = 60.0  # network waiting per command, connect + every read and write (remote.deadline)
 SCAN_BATCH = 500
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
@@ -101,17 +104,52 @@ def _redis():
     return redis
 
 
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_url(raw: str, source: str = "argument") -> None:
+    """BadInput (exit 2) for a URL redis-py (and so torch) cannot use: a scheme other than redis://,
+    rediss:// or unix:// (`http://host:port`), or one that does not parse."""
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as e:
+        raise BadInput(f"not a Redis URL: {redact(raw)} ({e})",
+                       hint="write redis://[:PASSWORD@]HOST:PORT[/DB] (rediss:// for TLS)") from None
+    if parts.scheme not in _SCHEMES:
+        where = "" if source == "argument" else f" (from {source})"
+        raise BadInput(f"not a Redis URL: {redact(raw)!r}{where}: the scheme is "
+                       f"{(parts.scheme + '://') if parts.scheme else 'missing'}",
+                       hint="write redis://[:PASSWORD@]HOST:PORT[/DB] (rediss:// for TLS, unix:///path for a socket)")
+
+
+def _has_password(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return bool(parts.password) or "password=" in (parts.query or "")
+
+
 def why_failed(exc: BaseException, url: str) -> str:
     """One sentence on why talking to `url` failed (redacted), for people."""
     redis = _redis()
     safe = redact(url)
     text = str(exc)
+    if "without any password configured" in text or "no password is set" in text:
+        return f"{safe} has no password set, but the URL gives one (remove it from the URL, or set requirepass)"
+    if ("NOAUTH" in text or "Authentication required" in text
+            or isinstance(exc, getattr(redis.exceptions, "AuthenticationRequiredError", ()))
+            or (isinstance(exc, redis.exceptions.AuthenticationError) and not _has_password(url))):
+        return f"{safe}: the server wants a password; none was given (redis://:PASSWORD@host:port)"
     if isinstance(exc, redis.exceptions.AuthenticationError) or "WRONGPASS" in text or "invalid password" in text:
         return f"{safe} refused the password (wrong password or user)"
-    if "NOAUTH" in text or "Authentication required" in text:
-        return f"{safe} needs a password and the URL gives none (redis://:PASSWORD@host:port)"
     if isinstance(exc, redis.exceptions.TimeoutError):
-        return f"{safe} did not answer within {SOCKET_TIMEOUT_S:.0f} s (a firewall, a wrong host, or a server that hangs)"
+        if "network deadline" in text:
+            return (f"{safe} sent no complete answer within this command's network deadline "
+                    f"({text.split('within the ', 1)[-1].split(' network', 1)[0]}; a server that hangs or drips "
+                    "bytes, a firewall, a wrong host; --timeout raises it)")
+        return f"{safe} did not answer in time (a firewall, a wrong host, or a server that hangs)"
     if isinstance(exc, (redis.exceptions.InvalidResponse,)) or "Protocol" in text:
         return f"{safe} answered, but not as a Redis server ({text[:120]}): is this the right port?"
     if isinstance(exc, redis.exceptions.ConnectionError):
@@ -124,25 +162,36 @@ def why_failed(exc: BaseException, url: str) -> str:
 
 
 def connect(url: str | None = None, *, env: Mapping[str, str] | None = None, timeout: float = CONNECT_TIMEOUT_S,
-            socket_timeout: float = SOCKET_TIMEOUT_S):
+            socket_timeout: float = SOCKET_TIMEOUT_S, deadline=DEADLINE_S):
     """A `redis.Redis` client for `url` (default: what torch would use), checked with PING.
 
-    BadInput (exit 2) with the reason when the server cannot be used: unreachable, not Redis, wrong
-    or missing password, a bad URL."""
+    Every connect, read and write of the client counts against one network deadline of `deadline`
+    seconds (or the `Deadline` given, shared by every client of one command; `remote.deadline`), not a
+    timeout per byte; no retries. BadInput (exit 2) with the
+    reason when the server cannot be used: unreachable, not Redis, wrong or missing password, a bad URL."""
     redis = _redis()
-    raw, _ = _raw_url(url, os.environ if env is None else env)
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    raw, source = _raw_url(url, os.environ if env is None else env)
+    check_url(raw, source)
+    d = deadline if isinstance(deadline, Deadline) else Deadline(deadline, redact(raw))
     try:
-        client = redis.Redis.from_url(raw, socket_connect_timeout=timeout, socket_timeout=socket_timeout,
-                                      retry_on_timeout=False)
+        client = redis.Redis.from_url(raw, socket_connect_timeout=min(timeout, d.seconds),
+                                      socket_timeout=min(socket_timeout, d.seconds), retry=Retry(NoBackoff(), 0))
     except ValueError as e:
         raise BadInput(f"not a Redis URL: {redact(raw)} ({e})",
                        hint="write redis://[:PASSWORD@]HOST:PORT[/DB] (rediss:// for TLS)") from None
+    d.bind(client)
+    client.compilewatch_deadline = d
     try:
         client.ping()
     except redis.exceptions.RedisError as e:
+        client.close()
         raise BadInput(why_failed(e, raw), hint="check the URL (TORCHINDUCTOR_REDIS_URL) and that redis-server "
                        "runs there; nothing was read or written") from None
     except OSError as e:
+        client.close()
         raise BadInput(f"{redact(raw)} is unreachable: {e}") from None
     return client
 
@@ -158,13 +207,15 @@ class Reachability:
 
 
 def probe(url: str | None = None, *, env: Mapping[str, str] | None = None,
-          timeout: float = CONNECT_TIMEOUT_S) -> Reachability:
-    """Whether the remote cache at `url` (default: torch's) answers. Never raises."""
+          timeout: float = CONNECT_TIMEOUT_S, deadline=None) -> Reachability:
+    """Whether the remote cache at `url` (default: torch's) answers, all of it (connect, PING, INFO,
+    DBSIZE) within `deadline` (default: 2 x `timeout`, at least 2 s). Never raises."""
     env = os.environ if env is None else env
     raw, source = _raw_url(url, env)
     t0 = time.perf_counter()
     try:
-        client = connect(raw, env=env, timeout=timeout, socket_timeout=max(timeout, 1.0))  # a hung server too
+        client = connect(raw, env=env, timeout=timeout, socket_timeout=max(timeout, 1.0),
+                         deadline=deadline if deadline is not None else max(2 * timeout, 2.0))
         dt = time.perf_counter() - t0
         info = client.info("server")
         keys = int(client.dbsize())
@@ -241,6 +292,8 @@ class EntryCheck:
     problem: str | None  # finding kind: malformed, unloadable, untrusted, oversized
     detail: str | None
     content: bytes | None = None  # the decoded pickle (fxgraph / aotautograd / pgo), when asked for
+    signature: str | None = None  # signatures.Verdict.state (own, trusted, unsigned, foreign, bad-signature), when asked
+    signature_detail: str | None = None
 
 
 def check_value(key: str, kind: str, value: bytes, *, deep: bool, keep: bool = False) -> EntryCheck:
@@ -275,8 +328,11 @@ def check_value(key: str, kind: str, value: bytes, *, deep: bool, keep: bool = F
 
 
 def entries(client, *, kinds: tuple[str, ...] | None = None, deep: bool, keep: bool = False,
-            max_value: int = MAX_VALUE) -> Iterator[EntryCheck]:
-    """`check_value` of every torch-shaped key (of `kinds`, default all), oversized ones unread."""
+            max_value: int = MAX_VALUE, trust: sigs.Trust | None = None) -> Iterator[EntryCheck]:
+    """`check_value` of every torch-shaped key (of `kinds`, default all), oversized ones unread; with
+    `trust`, each entry's signature checked too (its sibling key read with a cap)."""
+    import dataclasses
+
     for ki in scan(client, match=f"{remote_keys.PREFIX}*"):
         if ki.kind not in remote_keys.KINDS or (kinds is not None and ki.kind not in kinds):
             continue
@@ -291,7 +347,20 @@ def entries(client, *, kinds: tuple[str, ...] | None = None, deep: bool, keep: b
             continue
         if value is None:
             continue
-        yield check_value(ki.key, ki.kind, value, deep=deep, keep=keep)
+        e = check_value(ki.key, ki.kind, value, deep=deep, keep=keep)
+        if trust is not None:
+            v = signature_of(client, trust, ki.key, value)
+            e = dataclasses.replace(e, signature=v.state, signature_detail=v.detail)
+        yield e
+
+
+def signature_of(client, trust: sigs.Trust, key: str, value: bytes) -> sigs.Verdict:
+    """The verdict on `value` of `key` from its signature key (read with a cap)."""
+    try:
+        sig = read_capped(client, remote_keys.signature_key(key), sigs.MAX_SIGNATURE)
+    except ValueError:
+        return sigs.Verdict("bad-signature", None, f"a signature value over {sigs.MAX_SIGNATURE} bytes")
+    return trust.check(key, value, sig)
 
 
 def here() -> tuple[str, str | None, str]:
@@ -336,17 +405,28 @@ class RemoteStatus:
     unknown: int  # entries whose value does not say (autotune, pgo, unstamped)
     problems: dict[str, int]  # finding kind -> entries (malformed, oversized)
     quick: bool  # values not read: no stamps, no would_hit
+    signature_keys: int = 0  # compilewatch's signature keys (pt2:compilewatch-sig::...), not counted in torch_keys
+    by_signature: dict[str, int] = field(default_factory=dict)  # own/trusted/unsigned/foreign/bad-signature -> entries
+    problem_keys: tuple[tuple[str, str, str], ...] = ()  # (key, problem, detail) of the first problems found
 
 
-def status(url: str | None = None, *, quick: bool = False, max_value: int = MAX_VALUE) -> RemoteStatus:
-    """What the remote cache at `url` (default: torch's) holds; `reach.reachable` False says why not."""
+MAX_NAMED = 20  # problem entries named in a status
+
+
+def status(url: str | None = None, *, quick: bool = False, max_value: int = MAX_VALUE,
+           timeout: float = DEADLINE_S) -> RemoteStatus:
+    """What the remote cache at `url` (default: torch's) holds; `reach.reachable` False says why not.
+    BadInput for a URL that is not a Redis URL. All of it within one network deadline of `timeout` s."""
+    raw, source = _raw_url(url, os.environ)
+    check_url(raw, source)
     cfg = config(url)
-    reach = probe(url)
+    d = Deadline(timeout, redact(raw))
+    reach = probe(url, deadline=d)
     empty = RemoteStatus(reach, cfg, 0, 0, 0, 0, (), {}, {}, None, None, None, 0, 0, 0, {}, quick)
     if not reach.reachable:
         return empty
-    client = connect(url)
     with failing_server(url, "status"):
+        client = connect(url, deadline=d)
         return _status(client, reach, cfg, quick, max_value)
 
 
@@ -356,10 +436,15 @@ def _status(client, reach: Reachability, cfg: RemoteConfig, quick: bool, max_val
     by_sys: Counter[str] = Counter()
     by_torch: Counter[str] = Counter()
     problems: Counter[str] = Counter()
-    keys = foreign = nbytes = hit = miss = unknown = 0
+    by_sig: Counter[str] = Counter()
+    named: list[tuple[str, str, str]] = []
+    keys = foreign = nsig = nbytes = hit = miss = unknown = 0
     if quick:
         for ki in scan(client):
             keys += 1
+            if ki.kind == remote_keys.SIGNATURE:
+                nsig += 1
+                continue
             if ki.kind not in remote_keys.KINDS:
                 foreign += 1
                 continue
@@ -371,15 +456,21 @@ def _status(client, reach: Reachability, cfg: RemoteConfig, quick: bool, max_val
     else:
         for ki in scan(client):
             keys += 1
-            if ki.kind not in remote_keys.KINDS:
+            if ki.kind == remote_keys.SIGNATURE:
+                nsig += 1
+            elif ki.kind not in remote_keys.KINDS:
                 foreign += 1
-        for e in entries(client, deep=False, max_value=max_value):
+        for e in entries(client, deep=False, max_value=max_value, trust=sigs.Trust()):
             a = per.setdefault(e.kind, [0, 0])
             a[0] += 1
             a[1] += e.size
             nbytes += e.size
+            if e.signature:
+                by_sig[e.signature] += 1
             if e.problem:
                 problems[e.problem] += 1
+                if len(named) < MAX_NAMED:
+                    named.append((e.key, e.problem, e.detail or ""))
             if e.kind in stamps.STAMPED_SUBCACHES and not e.problem:
                 by_sys[e.system_key or "unknown"] += 1
                 by_torch[e.torch_hash or "unknown"] += 1
@@ -393,8 +484,8 @@ def _status(client, reach: Reachability, cfg: RemoteConfig, quick: bool, max_val
     client.close()
     kinds = tuple(KindCount(k, n, b, remote_keys.KINDS[k].description)
                   for k, (n, b) in sorted(per.items(), key=lambda kv: -kv[1][1]))
-    return RemoteStatus(reach, cfg, keys, keys - foreign, foreign, nbytes, kinds, dict(by_sys), dict(by_torch),
-                        sk, th, tv, hit, miss, unknown, dict(problems), quick)
+    return RemoteStatus(reach, cfg, keys, keys - foreign - nsig, foreign, nbytes, kinds, dict(by_sys), dict(by_torch),
+                        sk, th, tv, hit, miss, unknown, dict(problems), quick, nsig, dict(by_sig), tuple(named))
 
 
 # --- verify: every entry, and the server's posture -------------------------------------------------------
@@ -430,8 +521,10 @@ class RemoteVerifyReport:
 
 
 _SEVERITY = {"untrusted": "error", "unloadable": "error", "malformed": "error", "oversized": "error",
-             "no-auth": "error", "open-bind": "error", "foreign-system": "foreign", "foreign-torch": "foreign",
-             "plain-text": "warning", "foreign-key": "warning"}
+             "bad-signature": "error", "no-auth": "error", "open-bind": "error", "foreign-system": "foreign",
+             "foreign-torch": "foreign", "unsigned": "warning", "foreign-signed": "warning", "plain-text": "warning",
+             "foreign-key": "warning"}
+_WATCHED = "a process compilewatch watches (run, warm, CompileGuard, dflash cache.remote) does not load it"
 
 
 def _config_get(client, name: str) -> str | None:
@@ -486,10 +579,11 @@ def security_posture(client, url: str) -> tuple[SecurityPosture, list[RemoteFind
     return SecurityPosture(auth, default_user, bind, protected, tls, tuple(notes)), findings
 
 
-def verify(url: str | None = None, *, max_value: int = MAX_VALUE) -> RemoteVerifyReport:
-    """Scan every entry of the remote cache (pickles parsed, never unpickled) and the server's posture."""
+def verify(url: str | None = None, *, max_value: int = MAX_VALUE, timeout: float = DEADLINE_S) -> RemoteVerifyReport:
+    """Scan every entry of the remote cache (pickles parsed, never unpickled, signatures checked) and
+    the server's posture, within one network deadline of `timeout` s."""
     raw, _ = _raw_url(url, os.environ)
-    client = connect(url)
+    client = connect(url, deadline=timeout)
     with failing_server(url, "verify"):
         return _verify(client, raw, max_value)
 
@@ -503,7 +597,7 @@ def _verify(client, raw: str, max_value: int) -> RemoteVerifyReport:
         if ki.kind == "foreign" or ki.kind == "pt2-unknown":
             findings.append(RemoteFinding("foreign-key", "warning", ki.key, "not a key torch writes (another "
                                           "application shares this database?): not read"))
-    for e in entries(client, deep=True, max_value=max_value):
+    for e in entries(client, deep=True, max_value=max_value, trust=sigs.Trust()):
         n += 1
         checked[e.kind] += 1
         if e.problem:
@@ -514,6 +608,10 @@ def _verify(client, raw: str, max_value: int) -> RemoteVerifyReport:
         elif e.torch_hash and th and e.torch_hash != th:
             findings.append(RemoteFinding("foreign-torch", "foreign", e.key, "built by another torch build: it never "
                                           "hits here"))
+        if not e.problem and e.signature in ("unsigned", "foreign", "bad-signature"):
+            kind = "foreign-signed" if e.signature == "foreign" else e.signature
+            findings.append(RemoteFinding(kind, _SEVERITY[kind], e.key, f"{e.signature_detail}: {_WATCHED}; "
+                                          "torch without compilewatch loads it"))
     posture, sec = security_posture(client, raw)
     client.close()
     findings = sec + findings

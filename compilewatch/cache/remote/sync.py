@@ -42,6 +42,7 @@ from compilewatch.cache.content import verify as verify_mod
 from compilewatch.cache.local import layout
 from compilewatch.cache.remote import keyspace as remote_keys
 from compilewatch.cache.remote import server as remote
+from compilewatch.cache.remote import signatures as sigs
 from compilewatch.cache.trust import picklescan
 from compilewatch.errors import BadInput
 from compilewatch.fsutil import atomic_path
@@ -69,6 +70,8 @@ class PushResult:
     skipped: tuple[Skipped, ...]  # entries that did not verify, with the reason
     duration_s: float
     notes: tuple[str, ...] = ()  # what the entries need to hit
+    signed: int = 0  # signatures written (by this machine's key) beside entries written or found identical
+    signer: str | None = None  # the key id that signed them
 
 
 AOT_FLAG_NOTE = ("AOTAutograd entries hit only processes whose TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE setting is the one "
@@ -84,19 +87,20 @@ class PullResult:
     pulled: dict[str, int]
     bytes: int
     already_local: int  # entries the local cache already had, byte for byte
-    skipped: tuple[Skipped, ...]  # foreign, malformed, oversized entries left on the server
+    skipped: tuple[Skipped, ...]  # foreign, malformed, oversized, unsigned entries left on the server
     duration_s: float
 
 
 @dataclass(frozen=True, slots=True)
 class RemoteClearResult:
     url: str
-    deleted: int
+    deleted: int  # entries (signature keys not counted: `signatures`)
     bytes: int
     backup: str | None  # None when there was nothing to delete
     changed_meanwhile: int  # keys rewritten between backup and delete: kept
     left_alone: int  # keys that are not torch's
     restore_command: str | None
+    signatures: int = 0  # signature keys deleted with their entries (backed up too)
 
 
 # --- push ---------------------------------------------------------------------------------------------
@@ -128,19 +132,36 @@ class _Tally:
     nbytes: int = 0
     already: int = 0
     skipped: list[Skipped] = field(default_factory=list)
+    signer: sigs.Signer | None = None  # None: restore as it was (a backup), sign nothing
+    signed: int = 0
 
     def send(self, client, key: str, kind: str, value: bytes, overwrite: bool) -> None:
+        """Write `value` (NX unless `overwrite`), then its signature: the value first, so a reader
+        between the two sees an unsigned entry (a miss), never a signature for other bytes."""
         if _set(client, key, value, overwrite):
             self.pushed[kind] += 1
             self.nbytes += len(value)
+            self._sign(client, key, value)
         else:
             self.already += 1
+            if self.signer is not None:
+                try:  # the server holds these very bytes (a job wrote them unwatched): vouch for them too
+                    same = remote.read_capped(client, key, len(value)) == value
+                except ValueError:
+                    same = False
+                if same:
+                    self._sign(client, key, value)
+
+    def _sign(self, client, key: str, value: bytes) -> None:
+        if self.signer is not None:
+            client.set(remote_keys.signature_key(key), self.signer.sign(key, value))
+            self.signed += 1
 
 
 def _push_dir(client, root: Path, overwrite: bool, max_value: int) -> _Tally:
     report = verify_mod.verify(root, deep=True)
     bad = {f.path: f"{f.kind}: {f.detail}" for f in report.findings if f.severity in ("error", "foreign")}
-    t = _Tally(skipped=[Skipped(p, r) for p, r in sorted(bad.items()) if layout.subcache_of(p) in remote_keys.PUSHABLE])
+    t = _Tally(signer=sigs.Signer.load(), skipped=[Skipped(p, r) for p, r in sorted(bad.items()) if layout.subcache_of(p) in remote_keys.PUSHABLE])
     for (kind, key), f in sorted(_local_entries(root).items()):
         if f.rel in bad:
             continue
@@ -166,22 +187,36 @@ def _push_dir(client, root: Path, overwrite: bool, max_value: int) -> _Tally:
 
 
 def _push_backup(client, path: Path, overwrite: bool, max_value: int) -> _Tally:
+    """Restore a `clear` backup as it was: each value checked again, and the signature it had restored
+    only if it still verifies for that value (a restore signs nothing anew: it vouches for nothing)."""
     t = _Tally()
+    values: dict[str, bytes] = {}
+    signatures: dict[str, bytes] = {}
     for key, value in read_backup(path, max_value=max_value):
-        kind = remote_keys.parse_key(key).kind
-        if kind not in remote_keys.KINDS:
+        parsed = remote_keys.parse_key(key)
+        if parsed.kind == remote_keys.SIGNATURE:
+            signatures[parsed.key or ""] = value
+            continue
+        if parsed.kind not in remote_keys.KINDS:
             t.skipped.append(Skipped(key, "not a key torch writes"))
             continue
-        e = remote.check_value(key, kind, value, deep=True)
+        e = remote.check_value(key, parsed.kind, value, deep=True)
         if e.problem:
             t.skipped.append(Skipped(key, f"{e.problem}: {e.detail}"))
             continue
-        t.send(client, key, kind, value, overwrite)
+        values[key] = value
+        t.send(client, key, parsed.kind, value, overwrite)
+    for key, sig in signatures.items():
+        value = values.get(key)
+        if value is None or sigs.Trust.structurally_valid(key, value, sig) is not None:
+            continue
+        client.set(remote_keys.signature_key(key), sig)
+        t.signed += 1
     return t
 
 
 def push(source: str | os.PathLike[str], url: str | None = None, *, overwrite: bool = False,
-         max_value: int = remote.MAX_VALUE) -> PushResult:
+         max_value: int = remote.MAX_VALUE, timeout: float = remote.DEADLINE_S) -> PushResult:
     """Seed the remote cache at `url` (default: torch's) from a cache dir, an archive or a `clear` backup."""
     t0 = time.perf_counter()
     src = Path(os.path.abspath(os.path.expanduser(source)))
@@ -196,7 +231,7 @@ def push(source: str | os.PathLike[str], url: str | None = None, *, overwrite: b
     else:
         kind = "archive"
         reader.compression_for(src)  # BadInput for a file that is none of the three
-    client = remote.connect(url)
+    client = remote.connect(url, deadline=timeout)
     try:
         with remote.failing_server(url, "push", "what was written before the failure stays; run push again "
                                    "when the server is back"):
@@ -215,7 +250,7 @@ def push(source: str | os.PathLike[str], url: str | None = None, *, overwrite: b
         client.close()
     notes = (AOT_FLAG_NOTE,) if t.pushed.get("aotautograd") and kind != "backup" else ()
     return PushResult(remote.config(url).url, str(src), kind, dict(t.pushed), t.nbytes, t.already, tuple(t.skipped),
-                      time.perf_counter() - t0, notes)
+                      time.perf_counter() - t0, notes, t.signed, t.signer.key_id if t.signer else None)
 
 
 def _url(url: str | None) -> str:
@@ -262,10 +297,12 @@ def _link_tree(src: Path, dest: Path) -> None:
 
 
 def pull(url: str | None = None, path: str | os.PathLike[str] | None = None, *, all_systems: bool = False,
-         force: bool = False, max_value: int = remote.MAX_VALUE) -> PullResult:
+         force: bool = False, max_value: int = remote.MAX_VALUE, allow_unsigned: bool = False,
+         timeout: float = remote.DEADLINE_S) -> PullResult:
     """Fetch the remote cache's FX-graph and AOTAutograd entries into the local cache `path` (default:
     torch's). Only entries stamped for this machine's system key and torch build (or unstamped) unless
-    `all_systems`."""
+    `all_systems`, and only entries signed by this machine's or a trusted key unless `allow_unsigned`
+    (then unsigned and foreign-signed ones too; a signature that does not verify never)."""
     t0 = time.perf_counter()
     loc = layout.locate(path)
     target = loc.path
@@ -286,7 +323,8 @@ def pull(url: str | None = None, path: str | os.PathLike[str] | None = None, *, 
             _link_tree(target, staging)
         try:
             with remote.failing_server(url, "pull", "nothing was changed; pull again when the server is back"):
-                nbytes, already = _fetch(client, url, staging, pulled, skipped, sk, th, all_systems, max_value)
+                nbytes, already = _fetch(client, url, staging, pulled, skipped, sk, th, all_systems, max_value,
+                                         allow_unsigned)
         finally:
             client.close()
         if pulled:
@@ -302,16 +340,22 @@ def pull(url: str | None = None, path: str | os.PathLike[str] | None = None, *, 
 
 
 def _fetch(client, url: str | None, staging: Path, pulled: Counter[str], skipped: list[Skipped], sk: str,
-           th: str | None, all_systems: bool, max_value: int) -> tuple[int, int]:
+           th: str | None, all_systems: bool, max_value: int, allow_unsigned: bool = False) -> tuple[int, int]:
     """Write the remote entries this machine would hit into `staging`; (bytes, entries already there)."""
     nbytes = already = 0
-    for e in remote.entries(client, kinds=remote_keys.PUSHABLE, deep=True, keep=True, max_value=max_value):
+    trust = sigs.Trust()
+    for e in remote.entries(client, kinds=remote_keys.PUSHABLE, deep=True, keep=True, max_value=max_value,
+                            trust=trust):
         if e.problem in ("untrusted", "unloadable"):
             raise BadInput(f"{remote.config(url).url}: refused {one_line(e.key, 200)}: {e.detail}",
                            hint="nothing was changed. `compilewatch cache remote verify` lists every such "
                                 "entry; someone who could write to this server put it there (docs/security.md)")
         if e.problem:
             skipped.append(Skipped(e.key, f"{e.problem}: {e.detail}"))
+            continue
+        if e.signature not in sigs.ADMITTED and (e.signature == "bad-signature" or not allow_unsigned):
+            skipped.append(Skipped(e.key, f"{e.signature}: {e.signature_detail}"
+                                   + ("" if e.signature == "bad-signature" else " (--allow-unsigned fetches it)")))
             continue
         if remote.would_hit(e, sk, th) is False and not all_systems:
             skipped.append(Skipped(e.key, "built for another system key or torch build: it never hits here"))
@@ -353,7 +397,7 @@ def read_backup(path: Path, *, max_value: int = remote.MAX_VALUE):
     with fh:
         header = fh.readline(65536)
         try:
-            h = json.loads(header)
+            h = remote_keys.decode_value(header)
         except ValueError:
             h = None
         if not isinstance(h, dict) or h.get("format") != BACKUP_FORMAT:
@@ -364,7 +408,7 @@ def read_backup(path: Path, *, max_value: int = remote.MAX_VALUE):
                 raise BadInput(f"{path}:{n}: a line over {line_cap} bytes (the value cap is {max_value})",
                                hint="raise --max-value if you trust this file")
             try:
-                row = json.loads(line)
+                row = remote_keys.decode_value(line)  # bounded: a crafted line is not a RecursionError
                 key, value = row["key"], base64.b64decode(row["value"], validate=True)
             except (ValueError, KeyError, TypeError):
                 raise BadInput(f"{path}:{n}: not a backup row") from None
@@ -374,9 +418,10 @@ def read_backup(path: Path, *, max_value: int = remote.MAX_VALUE):
 
 
 def clear(url: str | None = None, *, backup: str | os.PathLike[str] | None = None,
-          max_value: int = remote.MAX_VALUE) -> RemoteClearResult:
-    """Back up every torch entry of the remote cache to a file, then delete what was backed up."""
-    client = remote.connect(url)
+          max_value: int = remote.MAX_VALUE, timeout: float = remote.DEADLINE_S) -> RemoteClearResult:
+    """Back up every torch entry (and its signature) of the remote cache to a file, then delete what was
+    backed up."""
+    client = remote.connect(url, deadline=timeout)
     safe = remote.config(url).url
     try:
         with remote.failing_server(url, "clear", "entries are deleted only after the backup file is complete; "
@@ -391,7 +436,7 @@ def _clear(client, url: str | None, safe: str, backup: str | os.PathLike[str] | 
     keys: list[remote.KeyInfo] = []
     left = 0
     for ki in remote.scan(client):
-        if ki.kind in remote_keys.KINDS or ki.kind == "pt2-unknown":
+        if ki.kind in remote_keys.KINDS or ki.kind in ("pt2-unknown", remote_keys.SIGNATURE):
             keys.append(ki)
         else:
             left += 1
@@ -419,11 +464,15 @@ def _clear(client, url: str | None, safe: str, backup: str | os.PathLike[str] | 
                 digests[ki.key] = hashlib.sha1(value).hexdigest()
                 nbytes += len(value)
     cas = client.register_script(_CAS_DELETE)
-    deleted = changed = 0
+    deleted = changed = nsig = 0
     for key, digest in digests.items():
+        is_sig = remote_keys.parse_key(key).kind == remote_keys.SIGNATURE
         if cas(keys=[key], args=[digest]):
-            deleted += 1
-        else:
+            if is_sig:
+                nsig += 1
+            else:
+                deleted += 1
+        elif not is_sig:
             changed += 1
     return RemoteClearResult(safe, deleted, nbytes, str(dest), changed, left,
-                             f"compilewatch cache remote push {dest}" + ("" if url is None else " --url URL"))
+                             f"compilewatch cache remote push {dest}" + ("" if url is None else f" {safe}"), nsig)

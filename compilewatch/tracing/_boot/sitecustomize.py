@@ -1,6 +1,7 @@
 """Loaded at interpreter start in processes that `compilewatch run` starts (this directory is put
 first on PYTHONPATH). It arms the watcher (compilewatch.tracing.autowatch) when COMPILEWATCH_RUN_DIR is
-set, then runs the sitecustomize it shadows, if there is one, so the user's setup still happens.
+set, and has torch's remote-cache reads verified (compilewatch.cache.remote.verified), then runs the
+sitecustomize it shadows, if there is one, so the user's setup still happens.
 """
 
 import os
@@ -28,4 +29,11 @@ if os.environ.get("COMPILEWATCH_RUN_DIR"):
         autowatch.arm()
     except Exception as e:  # noqa: BLE001 - never stop the user's program from starting
         sys.stderr.write(f"compilewatch: watcher not armed: {type(e).__name__}: {e}\n")
+    try:  # torch's remote-cache reads verified before torch unpickles them (compilewatch.cache.remote.verified)
+        from compilewatch.cache.remote import verified
+        from compilewatch.tracing.importhook import after_import
+
+        verified.arm(after_import)
+    except Exception as e:  # noqa: BLE001 - never stop the user's program from starting
+        sys.stderr.write(f"compilewatch: remote-cache reads not verified: {type(e).__name__}: {e}\n")
 _chain()
