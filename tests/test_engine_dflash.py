@@ -147,7 +147,7 @@ def test_resuming_a_finished_engine_run_trains_nothing_and_exits_0(tmp_path, cha
             "--max-steps", "2"])
     data, err = _train(["--out", str(out), "--resume"])  # at step 2 of 2: said at once, nothing built
     assert data == {"run_dir": str(out), "step": 2, "total_steps": 2}
-    assert "ValueError" not in err and "--max-steps 4" in err
+    assert "ValueError" not in err
 
 
 def test_target_home_keeps_the_full_target_off_drafter_only_devices():
