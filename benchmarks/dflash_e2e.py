@@ -121,7 +121,8 @@ def setup(a):
     fields = SMALL if a.small else QWEN3_8B
     seq = 64 if a.small else a.seq
     over = {"train.max_steps": a.warmup + a.steps, "metrics.log_every": 1, "data.max_length": seq,
-            "data.buckets": [seq], "checkpoint.every": 10**9, "target.compile": not a.no_target_compile}
+            "data.buckets": [seq], "checkpoint.every": 10**9, "target.compile": not a.no_target_compile,
+            "data.path": "embedded:tiny-chat"}  # never read: the loaders are swapped (random_loaders)
     if a.small:
         over.update({"drafter.num_layers": 2, "drafter.block_size": 8, "data.num_anchors": 4})
     return apply_overrides(qwen3_8b(), over), fields, seq

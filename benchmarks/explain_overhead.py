@@ -1,7 +1,7 @@
 """What recording every cache lookup's key parts costs (issue 38): per lookup, against a cold compile,
 and in store bytes per 1,000 lookups.
 
-    .venv/bin/python benchmarks/explain_overhead.py [--lookups 1000] [--json]
+    .venv/bin/python benchmarks/explain_overhead.py [--lookups 1000] [--device cuda] [--json]
 
 1. A cold compile (fresh TORCHINDUCTOR_CACHE_DIR) of a small forward+backward function with the
    recorder on; the time spent inside the recorder is summed (perf_counter around each record call)
@@ -28,6 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lookups", type=int, default=1000)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--device", default="cpu", help="where the compiled function runs (cuda: inductor's triton path)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="explain-bench-"))
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "cold")
@@ -53,7 +54,8 @@ def main() -> None:
     def f(x, w):
         return torch.nn.functional.gelu(x @ w).sum(-1).softmax(-1)
 
-    x, w = torch.randn(32, 64), torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(32, 64, device=args.device)
+    w = torch.randn(64, 64, device=args.device, requires_grad=True)
     t0 = time.perf_counter()
     torch.compile(f)(x, w).sum().backward()
     cold = time.perf_counter() - t0

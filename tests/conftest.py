@@ -9,6 +9,14 @@
 - GPU tests: `@requires_cuda(...)` (tests/helpers.py) skips with the reason; `-m gpu` runs only them.
   A GPU test fails when a warning points at the project's own code (dynamo's "lru_cache-wrapped
   function at 'mask.py:180'" was one; tests/test_no_project_warnings.py holds the same rule on CPU).
+- Parallel by default: with pytest-xdist installed, `pytest` runs one worker per CPU this process may use
+  (`-n auto`, counted here), all of a test module's tests on one worker (`--dist loadfile`: a module's
+  fixtures are built once, and its tests run in file order as before). `-n 0` or `-p no:xdist` runs in
+  one process; `-n N` / `--dist` given on the command line win. Each worker has its own tmp dirs, its
+  own redis-server (tests/redis_helpers.py) and its own environment. On a GPU machine (an NVIDIA
+  driver) and under `-m gpu` the default stays one process: GPU tests share the devices.
+- Torch matrix: a test module whose code reaches torch (tests/matrix.py, read statically) is marked
+  `torch_matrix`; .ci/run runs the whole suite under one torch and `-m torch_matrix` under the others.
 """
 
 from __future__ import annotations
@@ -25,6 +33,60 @@ settings.register_profile("repeatable", derandomize=True, database=None)
 settings.load_profile("repeatable")
 
 from tests.redis_helpers import redis_server, redis_url  # noqa: F401 - fixtures (a real redis-server)
+
+# --- parallel by default (pytest-xdist), and the torch matrix marker ---------------------------------
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (taskset, cpusets), capped by a cgroup v2 CPU
+    quota (a container's --cpus). psutil's count, xdist's default, sees the host's cores instead."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        n = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own override
+    return _usable_cpus()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """No -n on the command line: `-n auto --dist loadfile` (here, not in addopts, so that
+    `-p no:xdist` still works). Workers run what the controller sends them."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    if config.option.numprocesses is None:
+        # GPU tests share the devices and some of them time work on them: on a machine with an NVIDIA
+        # driver, or with `-m gpu`, one process unless -n says otherwise
+        gpus = "gpu" in (config.option.markexpr or "") or os.path.exists("/dev/nvidiactl")
+        config.option.numprocesses = 0 if gpus else "auto"
+    if config.option.dist == "no" and config.option.numprocesses != 0:
+        config.option.dist = "loadfile"  # a module's module- and session-scoped fixtures: built once
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Before `-m` selects: mark `torch_matrix` every test of a module that reaches torch (tests/matrix.py)."""
+    from tests import matrix
+
+    verdicts: dict[Path, bool] = {}
+    for item in items:
+        path = Path(str(item.path))
+        if path not in verdicts:
+            verdicts[path] = matrix.classify(path)[0]
+        if verdicts[path]:
+            item.add_marker(matrix.MARKER)
+
 
 _PROJECT_DIRS = tuple(str(Path(__file__).resolve().parents[1] / d) for d in ("compilewatch", "dflash", "cli"))
 
