@@ -21,8 +21,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import sys
 import warnings
 from pathlib import Path
 
@@ -72,6 +74,40 @@ def pytest_cmdline_main(config):
         config.option.numprocesses = 0 if gpus else "auto"
     if config.option.dist == "no" and config.option.numprocesses != 0:
         config.option.dist = "loadfile"  # a module's module- and session-scoped fixtures: built once
+
+
+# --- every hint a test triggers names options its command has (cli/app.py unknown_options) --------------
+_HINT_LOG = "COMPILEWATCH_HINT_LOG"
+
+
+def pytest_configure(config):
+    """The controller (or a lone process) picks the log; xdist workers inherit it from its environment,
+    and so do the CLI subprocesses tests start."""
+    if hasattr(config, "workerinput") or os.environ.get(_HINT_LOG):
+        return
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="compilewatch-hints-", suffix=".log")
+    os.close(fd)
+    os.environ[_HINT_LOG] = path
+    config._compilewatch_hint_log = path
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = getattr(session.config, "_compilewatch_hint_log", None)
+    if path is None:
+        return
+    try:
+        lines = sorted(set(Path(path).read_text(encoding="utf-8").splitlines()))
+    except OSError:
+        lines = []
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    if lines:
+        sys.stderr.write("\nerror: hints or messages name options their command does not have "
+                         "(cli/app.py unknown_options):\n" + "".join(f"  {ln}\n" for ln in lines[:30]))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(tryfirst=True)
