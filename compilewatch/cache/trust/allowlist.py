@@ -308,6 +308,12 @@ AUDITED_SETSTATE: frozenset[str] = frozenset({
 })
 
 
+# constructors that keep a class they are given without calling it (audited: inspect 3.10-3.13 validates
+# parameters by their kind and name, and stores annotations): a CUDA entry's kernel signatures hold
+# triton's `constexpr` class as annotations
+STORING_CONSTRUCTORS = frozenset({"inspect.Signature", "inspect.Parameter"})
+
+
 def _setstate_is_data(cls: type) -> bool:
     """BUILD on an instance of `cls` runs its `__setstate__` if it has one: allowed when that is a
     builtin's or torch's / sympy's own restore of its data class, or audited (`AUDITED_SETSTATE`):

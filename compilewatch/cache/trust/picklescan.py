@@ -60,6 +60,7 @@ guards it evaluates, and `.so` files it loads. A cache archive is code: trust it
 from __future__ import annotations
 
 import _compat_pickle
+import collections
 import enum
 import gc
 import io
@@ -76,6 +77,7 @@ from compilewatch.cache.trust.allowlist import (
     _MISSING,
     CALLABLE_GLOBALS,
     CHECKED_CALLS,
+    STORING_CONSTRUCTORS,
     _builtin_owner,
     _import_attr,
     _init_is_data,
@@ -89,6 +91,7 @@ from compilewatch.cache.trust.allowlist import (
 )
 from compilewatch.cache.trust.stackmodel import (
     _NUM,
+    _BoundMethod,
     _Bytes,
     _Dict,
     _FSet,
@@ -189,24 +192,7 @@ def _opaque(what: str) -> _Value:
     return _Value("opaque", what)
 
 
-# constructors that keep a class they are given without calling it (audited: inspect 3.10-3.13 validates
-# parameters by their kind and name, and stores annotations): a CUDA entry's kernel signatures hold
-# triton's `constexpr` class as annotations
-STORING_CONSTRUCTORS = frozenset({"inspect.Signature", "inspect.Parameter"})
-
-
-class _BoundMethod(_Value):
-    """getattr(<an instance this pickle made>, 'name'): opaque like every getattr result (never called,
-    built or hashed here); the one use allowed beyond storing it is a defaultdict's factory, which a
-    CUDA fxgraph entry keeps so (`launcher.create_binder`, torch 2.11 + triton 3.6 on an H200). A
-    getattr of a class (`getattr(CppCodeCache, 'load')`) is not one."""
-
-    __slots__ = ()
-
-
 def _is_defaultdict(cls: type) -> bool:
-    import collections
-
     return cls is collections.defaultdict
 
 

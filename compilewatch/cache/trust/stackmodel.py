@@ -203,6 +203,15 @@ class _Value:
         self.kind, self.what, self.cls = kind, what, cls
 
 
+class _BoundMethod(_Value):
+    """getattr(<an instance this pickle made>, 'name'): opaque like every getattr result (never called,
+    built or hashed here); the one use allowed beyond storing it is a defaultdict's factory, which a
+    CUDA fxgraph entry keeps so (`launcher.create_binder`, torch 2.11 + triton 3.6 on an H200). A
+    getattr of a class (`getattr(CppCodeCache, 'load')`) is not one."""
+
+    __slots__ = ()
+
+
 _CHECKED = _Global("builtins.getattr")
 _RGM = "torch.fx.graph_module.reduce_graph_module"
 _SGM = "torch._functorch._aot_autograd.aot_autograd_result.SerializedGraphModule"
