@@ -102,7 +102,13 @@ class DataConfig:
     batch_size: int = 4
     """Sequences per micro-batch (on one device)."""
     buckets: tuple[int, ...] = ()
-    """Padded sequence lengths (few shapes = few recompiles); empty = powers of two up to max_length."""
+    """Padded sequence lengths (few shapes = few recompiles); empty = powers of two up to max_length.
+    Unpacked batches only (`pack = false`)."""
+    pack: bool = True
+    """Pack conversations back to back into `batch_size` rows of `max_length` tokens (document masks),
+    and compute only their valid blocks, up to `batch_size` x `num_anchors` a micro-batch
+    (dflash/data/packing.py): the same losses per block as padded batches, without their padding.
+    false = one right-padded conversation per row, `num_anchors` block slots each."""
     strict: bool = False
     """Any skipped record (unreadable or oversized line, no assistant turn, one that starts with the
     assistant, refused by the chat template, no anchor position) is bad input (exit 2) instead of a

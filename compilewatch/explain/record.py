@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from compilewatch.explain import parts as P
 from compilewatch.explain import store as S
+from compilewatch.explain import timing as T
 
 _lock = threading.RLock()
 _refs = 0
@@ -164,6 +165,26 @@ class Recorder:
                 "counts": {k: {"hit": v[0], "miss": v[1]} for k, v in self.counts.items()},
                 "hooks": list(self.hooks), "unsupported": list(self.unsupported), "refused": dict(self.refused),
                 "errors": self.errors, "first_error": self.first_error}
+
+    def compile_time(self, timed: "T.Timings | None") -> dict | None:
+        """Where this process's compile time went (compilewatch.explain.timing), appended to each store
+        it looked up in; None when torch timed nothing while watched."""
+        if timed is None or not timed.steps_seen():
+            return None
+        try:
+            rec = timed.summary(self._torch_version(), T.exposed_events())
+            hits = sum(v[0] for v in self.counts.values())
+            rec["lookups"] = {"hit": hits, "miss": sum(v[1] for v in self.counts.values())}
+            line = {"v": S.FORMAT_VERSION, "type": "timing", "t": round(time.time(), 3), "pid": os.getpid(),
+                    "run": self.run, **rec}
+            for w in self.writers.values():
+                w.append([line])
+            return rec
+        except Exception as e:  # noqa: BLE001 - never break the program's exit
+            self.errors += 1
+            if self.first_error is None:
+                self.first_error = f"compile time: {type(e).__name__}: {e}"
+            return None
 
     def close(self) -> None:
         for w in self.writers.values():
@@ -322,8 +343,14 @@ def _install_aot(rec: Recorder) -> None:
                                f"torch {version}")
 
 
+def _install_timing(rec: Recorder) -> None:
+    if T.install(rec.unsupported):
+        rec.hooks.append("ChromiumEventLogger.log_event_start/end")
+
+
 _MODULES = (("torch._inductor.codecache", _install_fx),
-            ("torch._functorch._aot_autograd.autograd_cache", _install_aot))
+            ("torch._functorch._aot_autograd.autograd_cache", _install_aot),
+            ("torch._dynamo.utils", _install_timing))
 
 
 def _installer(install: Callable[[Recorder], None]) -> Callable[[], None]:
@@ -362,10 +389,11 @@ def start(run: str | None = None, after_import: Callable[[str, Callable[[], None
         return _recorder
 
 
-def _uninstall() -> None:
+def _uninstall() -> "T.Timings | None":
     while _originals:
         owner, attr, raw = _originals.pop()
         setattr(owner, attr, raw)
+    return T.uninstall()
 
 
 def stop() -> dict | None:
@@ -374,17 +402,22 @@ def stop() -> dict | None:
     with _lock:
         if _recorder is None:
             return None
-        summary = _recorder.summary()
         _refs -= 1
         if _refs <= 0:
-            _uninstall()
+            timed = _uninstall()
+            compile_time = _recorder.compile_time(timed)
+            summary = _recorder.summary()
+            if compile_time is not None:
+                summary["compile_time"] = compile_time
             _recorder.close()
             _recorder, _refs = None, 0
+        else:
+            summary = _recorder.summary()
         return summary
 
 
 def installed() -> bool:
-    return bool(_originals)
+    return bool(_originals) or T.installed()
 
 
 # --- the watcher's one-line hook ----------------------------------------------------------------

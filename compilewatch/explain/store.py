@@ -90,6 +90,7 @@ class StoreData:
     path: Path
     groups: dict[str, dict[str, list]] = field(default_factory=dict)  # id -> parts
     lookups: list[dict] = field(default_factory=list)
+    timings: list[dict] = field(default_factory=list)  # a watched process's compile time by phase (explain.timing)
     skipped: int = 0  # lines of a newer format or that did not parse
     newer: int = 0
 
@@ -140,6 +141,8 @@ def read(store: Path, *, must_exist: bool = False) -> StoreData:
             data.groups[obj["id"]] = obj["parts"]
         elif obj.get("type") == "lookup" and isinstance(obj.get("key"), str):
             data.lookups.append(obj)
+        elif obj.get("type") == "timing" and isinstance(obj.get("phases"), dict):
+            data.timings.append(obj)
         else:
             data.skipped += 1
     return data
@@ -202,9 +205,12 @@ class Writer:
             used = {gid for rec in kept for gid in (rec.get("groups") or {}).values()}
             out = [{"v": FORMAT_VERSION, "type": "group", "id": gid, "parts": parts}
                    for gid, parts in data.groups.items() if gid in used]
+            runs = {rec.get("run") for rec in kept}
+            timings = [t for t in data.timings if t.get("run") in runs][-keep:]
             from compilewatch.fsutil import atomic_write_text
 
-            atomic_write_text(self.file, "".join(json.dumps(o, separators=(",", ":")) + "\n" for o in out + kept))
+            atomic_write_text(self.file, "".join(json.dumps(o, separators=(",", ":")) + "\n"
+                                                 for o in out + kept + timings))
             os.chmod(self.file, 0o600)
             self.known = used
         return True

@@ -173,6 +173,14 @@ class MappedSamples(Sequence[Sample]):
         for i in range(len(self)):
             yield self[i]
 
+    def candidate_counts(self, block_size: int) -> np.ndarray:
+        """(n,) each sample's anchor candidates (loss-masked positions in [0, S-B]), read from the mask
+        maps without building tensors (the packing plan needs them; dflash.data.packing)."""
+        out = np.zeros(len(self), dtype=np.int64)
+        for r, (s, a, n) in enumerate(np.asarray(self.index, dtype=np.int64)):
+            out[r] = np.count_nonzero(self._masks[s][a:a + max(0, n - block_size + 1)])
+        return out
+
 
 def _map(path: Path, dtype, n: int) -> np.ndarray:
     if n == 0:

@@ -19,8 +19,9 @@ loss-masked positions in [0, S-B] (fewer if it has fewer; the rest are padding m
 sampling generator is seeded by (seed, epoch, sample index), so epochs, batches and a resumed run all
 see the same anchors without saving any RNG state.
 
-Batches: shuffled per epoch (seeded), grouped by length within windows, padded on the right to the
-next bucket length (few shapes = few recompiles), incomplete last batch dropped.
+Batches: shuffled per epoch (seeded), then packed (`data.pack`, the default: conversations back to
+back in rows, only valid blocks; dflash/data/packing.py), or grouped by length within windows, padded
+on the right to the next bucket length (few shapes = few recompiles), incomplete last batch dropped.
 """
 
 from __future__ import annotations
@@ -390,16 +391,47 @@ class ChatDataset:
         if lengths is None:
             lengths = [s.input_ids.numel() for s in samples]
         self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.packed = cfg.pack
+        self.block_budget = cfg.batch_size * cfg.num_anchors  # packed: blocks a micro-batch computes
+        self._blocks: np.ndarray | None = None  # packed: each sample's blocks (its valid anchors)
+        self._packs_per_epoch: int | None = None
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def batches_per_epoch(self) -> int:
+        """Micro-batches per epoch: the same in every epoch (the schedule and resume count on it).
+        Packed: as many as epoch 0's plan has (dflash.data.packing)."""
+        if self.packed:
+            if self._packs_per_epoch is None:
+                self._packs_per_epoch = len(self._pack_epoch(0))
+            return self._packs_per_epoch
         n, bs = len(self.samples), self.cfg.batch_size
         return max(1, n // bs) if n >= bs else 1
 
-    def epoch_plan(self, epoch: int) -> list[list[int]]:
-        """Sample indices of every batch of `epoch`, deterministic in (seed, epoch)."""
+    def sample_blocks(self) -> np.ndarray:
+        """(n,) the blocks each sample gets: min(num_anchors, its anchor candidates)."""
+        if self._blocks is None:
+            from dflash.data.packing import candidate_counts
+
+            self._blocks = np.minimum(candidate_counts(self.samples, self.block_size), self.cfg.num_anchors)
+        return self._blocks
+
+    def _pack_epoch(self, epoch: int) -> list:
+        from dflash.data.packing import pack
+
+        g = torch.Generator().manual_seed(_mix(self.seed, epoch, 17))
+        order = torch.randperm(len(self.samples), generator=g).tolist()
+        return pack(order, self.lengths, self.sample_blocks(), self.cfg.batch_size, self.cfg.max_length,
+                    self.block_budget)
+
+    def epoch_plan(self, epoch: int) -> list:
+        """Sample indices of every batch of `epoch`, deterministic in (seed, epoch); packed: its Packs,
+        `batches_per_epoch()` of them (an epoch that packs into fewer starts over from its first pack,
+        one that packs into more drops its last: packing differs a little from epoch to epoch)."""
+        if self.packed:
+            packs, k = self._pack_epoch(epoch), self.batches_per_epoch()
+            return [packs[i % len(packs)] for i in range(k)]
         g = torch.Generator().manual_seed(_mix(self.seed, epoch, 17))
         order = torch.randperm(len(self.samples), generator=g).tolist()
         bs = self.cfg.batch_size
@@ -415,7 +447,18 @@ class ChatDataset:
         perm = torch.randperm(len(batches), generator=g).tolist()
         return [batches[i] for i in perm][: self.batches_per_epoch()]
 
-    def make_batch(self, indices: list[int], epoch: int) -> Batch:
+    def anchors_of(self, index: int, sample: Sample, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample `index`'s anchors in `epoch` (seeded by both): the same padded or packed."""
+        g = torch.Generator().manual_seed(_mix(self.seed, epoch, index, 31))
+        return sample_anchors(sample.loss_mask, self.cfg.num_anchors, self.block_size, g)
+
+    def make_batch(self, indices, epoch: int):
+        """The micro-batch of a plan entry: a Batch (padded rows), or a PackedBatch for a Pack."""
+        if self.packed:
+            from dflash.data.packing import make_packed_batch
+
+            return make_packed_batch(self.samples, indices, lambda i, s: self.anchors_of(i, s, epoch),
+                                     self.cfg.batch_size, self.cfg.max_length, self.block_budget)
         items = [self.samples[i] for i in indices]
         longest = max(s.input_ids.numel() for s in items)
         seq = bucket_length(longest, self.buckets)
@@ -428,8 +471,7 @@ class ChatDataset:
         for r, (i, s) in enumerate(zip(indices, items)):
             L = s.input_ids.numel()
             ids[r, :L], lmask[r, :L], lengths[r] = s.input_ids, s.loss_mask, L
-            g = torch.Generator().manual_seed(_mix(self.seed, epoch, i, 31))
-            anchors[r], valid[r] = sample_anchors(s.loss_mask, self.cfg.num_anchors, self.block_size, g)
+            anchors[r], valid[r] = self.anchors_of(i, s, epoch)
         return Batch(input_ids=ids, loss_mask=lmask, lengths=lengths, anchors=anchors, anchor_valid=valid)
 
 

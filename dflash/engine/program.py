@@ -123,7 +123,7 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
 
         def produce(index: int) -> dict[str, Any]:
             batch = plan.batch(index).to(target.device)
-            return {"batch": batch, "taps": target.taps(batch.input_ids)}  # taps (B, S, k·H)
+            return {"batch": batch, "taps": target.taps(batch.input_ids, getattr(batch, "position_ids", None))}  # (B, S, k·H)
         return produce
 
     def make_replica(index: int, device: str) -> Replica:
@@ -162,7 +162,10 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
     def warm(rep: Replica) -> None:
         tr: Trainer = rep.state["trainer"]
         k_h = len(trainer.target.layer_ids) * trainer.target.hidden_size
-        for b in tr.warm_batches():  # one per bucket length: every shape training will use
+        batches = tr.warm_batches()  # one per bucket length: every shape training will use
+        if tr.dataset.packed:
+            batches = batches[:1]  # packed: one drafter shape whatever the rows used (the taps are padded)
+        for b in batches:
             b = b.to(tr.device)
             taps = torch.zeros(*b.input_ids.shape, k_h, dtype=trainer.target.dtype, device=tr.device)  # as produced
             loss(tr, b, taps).loss.backward()
@@ -172,7 +175,8 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
         if not target.compile_taps:
             return  # nothing to compile: the eager forward needs no warm-up
         for b in trainer.warm_batches():  # the compiled target forward at every bucket length
-            target.taps(b.input_ids.to(target.device))
+            pos = getattr(b, "position_ids", None)
+            target.taps(b.input_ids.to(target.device), None if pos is None else pos.to(target.device))
 
     def save(rep: Replica, steps_done: int) -> str | None:
         tr: Trainer = rep.state["trainer"]

@@ -20,6 +20,7 @@ _LAZY = {
     "resolve_dtype": "dflash.model.target",
     # the training objective: blocks, weights, loss, attention backend
     "LossOutput": "dflash.model.loss",
+    "blocks_of": "dflash.model.loss",
     "drafter_loss": "dflash.model.loss",
     "estimated_tau": "dflash.model.loss",
     "loss_weights": "dflash.model.loss",

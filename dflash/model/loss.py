@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from dflash.model.head_ce import head_cross_entropy
-from dflash.model.mask import build_masks
+from dflash.model.mask import build_masks, build_packed_masks
 
 if TYPE_CHECKING:
     from dflash.data.dataset import Batch
+    from dflash.data.packing import PackedBatch
     from dflash.model.drafter import DFlashDrafter
 
 
@@ -61,6 +62,35 @@ def make_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, lengths: torch
     ids[:, :, 0] = labels[:, :, 0]  # (batch, N, B): [anchor, MASK × (B-1)]
     return Blocks(ids=ids.view(batch, n * block_size), pos=pos.view(batch, n * block_size),
                   labels=labels, label_mask=label_mask)
+
+
+def make_packed_blocks(batch: PackedBatch, block_size: int, mask_token_id: int) -> Blocks:
+    """`make_blocks` for a packed micro-batch (dflash/data/packing.py): its N block slots as one row
+    (batch 1). Each valid block has the ids, labels, label mask and (conversation-local) positions the
+    padded layout gives it; a padding slot is all masked."""
+    R, L = batch.input_ids.shape
+    offs = torch.arange(block_size, device=batch.anchor_col.device)
+    col = batch.anchor_col[:, None] + offs  # (N, B) columns of the block's row
+    inside = col < batch.doc_end[:, None]  # inside its conversation (not the next one's tokens)
+    flat = batch.anchor_row[:, None] * L + col.clamp(max=L - 1)
+    labels = batch.input_ids.reshape(-1)[flat]  # (N, B)
+    lmask = batch.loss_mask.reshape(-1)[flat]
+    label_mask = (lmask & inside & batch.anchor_valid[:, None]).float()
+    label_mask[:, 0] = 0.0
+    ids = torch.full_like(labels, mask_token_id)
+    ids[:, 0] = labels[:, 0]
+    pos = (batch.anchor_col - batch.doc_start)[:, None] + offs  # positions within the conversation
+    n = labels.shape[0]
+    return Blocks(ids=ids.view(1, n * block_size), pos=pos.view(1, n * block_size), labels=labels[None],
+                  label_mask=label_mask[None])
+
+
+def blocks_of(batch: Batch | PackedBatch, block_size: int, mask_token_id: int) -> Blocks:
+    """The blocks of a padded or a packed micro-batch."""
+    if getattr(batch, "packed", False):
+        return make_packed_blocks(batch, block_size, mask_token_id)
+    return make_blocks(batch.input_ids, batch.loss_mask, batch.lengths, batch.anchors, batch.anchor_valid,
+                       block_size, mask_token_id)
 
 
 def weight_sum(blocks: Blocks, weights: torch.Tensor) -> torch.Tensor:
@@ -112,6 +142,9 @@ def drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.
     """One micro-batch's loss on the drafter's device (no backward). Everything passed in lives there:
     `taps` (B, S, k·H) may come from a target on another device; `embed`/`head` are the target's frozen
     modules (or copies of them on this device). A multi-device engine calls this per replica."""
+    if getattr(batch, "packed", False):
+        return _packed_drafter_loss(drafter, embed, head, taps, batch, mask_token_id=mask_token_id, weights=weights,
+                                    denominator=denominator, backend=backend, compute_dtype=compute_dtype)
     spec = drafter.spec
     dev = taps.device
     blocks = make_blocks(batch.input_ids, batch.loss_mask, batch.lengths, batch.anchors, batch.anchor_valid,
@@ -125,4 +158,28 @@ def drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.
     autocast = torch.autocast(dev.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
     with autocast:
         hidden = drafter(embeds, taps, blocks.pos, ctx_pos, masks=masks)  # (B, N*bs, H)
+        return draft_loss(hidden, head, blocks, weights, denominator)
+
+
+def _packed_drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.Module, taps: torch.Tensor,
+                         batch: PackedBatch, *, mask_token_id: int, weights: torch.Tensor,
+                         denominator: torch.Tensor | float, backend: str, compute_dtype: torch.dtype) -> LossOutput:
+    """`drafter_loss` of a packed micro-batch: the taps (R, L, k·H) of the rows used, zero-padded to
+    `rows_total` rows (one drafter shape per run), as one context row; the N block slots as one query row."""
+    spec = drafter.spec
+    R, L = batch.input_ids.shape
+    rows = max(R, batch.rows_total)
+    ctx = taps.reshape(1, R * L, -1)
+    ctx_pos = batch.position_ids.reshape(1, R * L)
+    if rows > R:  # rows nobody uses: no block sees them (the mask), zeros keep the shape fixed
+        ctx = torch.cat([ctx, ctx.new_zeros(1, (rows - R) * L, ctx.shape[-1])], dim=1)
+        ctx_pos = torch.cat([ctx_pos, ctx_pos.new_zeros(1, (rows - R) * L)], dim=1)
+    blocks = make_packed_blocks(batch, spec.block_size, mask_token_id)
+    masks = build_packed_masks(batch.anchor_row, batch.doc_start, batch.anchor_col, L, rows * L, spec.block_size,
+                               backend, spec.sliding_window, need_sliding="sliding_attention" in spec.layer_types)
+    with torch.no_grad():
+        embeds = embed(blocks.ids)  # (1, N*bs, H), frozen
+    autocast = torch.autocast(taps.device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
+    with autocast:
+        hidden = drafter(embeds, ctx, blocks.pos, ctx_pos, masks=masks)  # (1, N*bs, H)
         return draft_loss(hidden, head, blocks, weights, denominator)

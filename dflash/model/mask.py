@@ -216,6 +216,102 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: B
     return out if q_pad == q_len else out[:, :, :q_len]
 
 
+# ---------------------------------------------------------------- packed micro-batches
+def make_packed_mask_mod(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_col: torch.Tensor,
+                         row_len: int, ctx_len: int, block_size: int, sliding_window: int | None = None) -> Callable:
+    """The packed layout's mask_mod (dflash/data/packing.py): Q = N blocks × B slots of one row; KV =
+    [the context: R rows of `row_len` taps, flattened | the N×B block tokens]. Block j (its conversation
+    in row `anchor_row[j]` from column `doc_start[j]`, its anchor at column `anchor_col[j]`) sees the
+    context of its own conversation strictly before its anchor, and its own block: the very keys the
+    padded layout gives it (`make_mask_mod`), at the same relative positions. Lengths are captured as
+    0-d tensors (see make_mask_mod)."""
+    ctx = _index_scalar(ctx_len, anchor_col)
+    width = _index_scalar(row_len, anchor_col)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        j = q_idx // block_size
+        row, start, col = anchor_row[j], doc_start[j], anchor_col[j]
+        in_ctx = kv_idx < ctx
+        kv_c = torch.minimum(kv_idx, ctx - 1)
+        kv_col = kv_c % width
+        ctx_ok = in_ctx & (kv_c // width == row) & (kv_col >= start) & (kv_col < col)
+        kv_blk = kv_idx - ctx
+        same_block = (~in_ctx) & (kv_blk // block_size == j)
+        if sliding_window is None:
+            return ctx_ok | same_block
+        ctx_ok = ctx_ok & (col + q_idx % block_size - kv_col < sliding_window)
+        causal = (kv_blk % block_size) <= (q_idx % block_size)
+        return ctx_ok | (same_block & causal)
+
+    return mask_mod
+
+
+def _tile_counts(lo: torch.Tensor, hi: torch.Tensor, q_tiles: int, kv_tiles: int, full: bool) -> torch.Tensor:
+    """(q_tiles, kv_tiles) int32: for each query tile, how many of its rows' key intervals [lo, hi)
+    touch (full=False) or cover (full=True) each key tile. A difference array per row, then a cumsum."""
+    q = torch.arange(lo.numel(), device=lo.device)
+    if full:
+        t0, t1 = (lo + FLEX_BLOCK - 1) // FLEX_BLOCK, hi // FLEX_BLOCK
+    else:
+        t0, t1 = lo // FLEX_BLOCK, (hi + FLEX_BLOCK - 1) // FLEX_BLOCK
+    keep = t1 > t0
+    qt, t0, t1 = q[keep] // FLEX_BLOCK, t0[keep], t1[keep]
+    diff = torch.zeros(q_tiles, kv_tiles + 1, dtype=torch.int32, device=lo.device)
+    one = torch.ones_like(qt, dtype=torch.int32)
+    diff.index_put_((qt, t0), one, accumulate=True)
+    diff.index_put_((qt, t1), -one, accumulate=True)
+    return diff.cumsum(1, dtype=torch.int32)[:, :kv_tiles]
+
+
+def packed_block_mask(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_col: torch.Tensor, row_len: int,
+                      ctx_len: int, block_size: int, sliding_window: int | None = None) -> BlockMask:
+    """The BlockMask of `make_packed_mask_mod` over the padded grid, from each query row's two key
+    intervals (its conversation's context before the anchor, its own block) instead of evaluating the
+    mask over Q × KV: the packed grid is large (Q 32 K × KV 45 K at 8B) and almost all of it empty.
+    The same tiles `block_mask_eager` finds (tests/test_packing.py checks it)."""
+    n = anchor_col.numel()
+    q_len, kv_len = n * block_size, ctx_len + n * block_size
+    q_pad, kv_pad = flex_len(q_len), flex_len(kv_len)
+    q = torch.arange(q_len, device=anchor_col.device)
+    j, k = q // block_size, q % block_size
+    base = anchor_row[j] * row_len
+    c_lo, c_hi = base + doc_start[j], base + anchor_col[j]  # the context before the anchor
+    if sliding_window is not None:
+        c_lo = torch.maximum(c_lo, c_hi + k - sliding_window + 1)
+    c_hi = torch.maximum(c_hi, c_lo)
+    s_lo = ctx_len + j * block_size  # its own block (sliding: causally)
+    s_hi = s_lo + (k + 1 if sliding_window is not None else block_size)
+    pad = q_pad - q_len  # padded query rows: no key at all
+    z = torch.zeros(pad, dtype=torch.long, device=q.device)
+    c_lo, c_hi, s_lo, s_hi = (torch.cat([t, z]) for t in (c_lo, c_hi, s_lo, s_hi))
+    qb, kvb = q_pad // FLEX_BLOCK, kv_pad // FLEX_BLOCK
+    touched = _tile_counts(c_lo, c_hi, qb, kvb, False) + _tile_counts(s_lo, s_hi, qb, kvb, False)
+    covered = _tile_counts(c_lo, c_hi, qb, kvb, True) + _tile_counts(s_lo, s_hi, qb, kvb, True)
+    any_v = (touched > 0)[None, None]
+    all_v = (covered == FLEX_BLOCK)[None, None]  # every row of the tile sees every key of it
+    partial, full = _ordered(any_v & ~all_v), _ordered(all_v)
+    mod = make_packed_mask_mod(anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size, sliding_window)
+    return BlockMask.from_kv_blocks(partial[0], partial[1], full[0], full[1], BLOCK_SIZE=FLEX_BLOCK,
+                                    mask_mod=pad_mask_mod(mod, q_len, kv_len, anchor_col.device),
+                                    seq_lengths=(q_pad, kv_pad))
+
+
+def build_packed_masks(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_col: torch.Tensor, row_len: int,
+                       ctx_len: int, block_size: int, backend: Backend, sliding_window: int | None = None,
+                       need_sliding: bool = False) -> dict:
+    """`build_masks` for a packed micro-batch (batch 1): {"full": m, "sliding": m or None}."""
+    windows = {"full": None, **({"sliding": sliding_window} if need_sliding else {})}
+    out: dict = {"full": None, "sliding": None}
+    q_len = anchor_col.numel() * block_size
+    for kind, window in windows.items():
+        if backend == "flex":
+            out[kind] = packed_block_mask(anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size, window)
+        else:
+            mod = make_packed_mask_mod(anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size, window)
+            out[kind] = dense_mask(mod, 1, q_len, ctx_len + q_len, anchor_col.device)
+    return out
+
+
 def compiled_kernels() -> dict[str, Callable]:
     """The compiled callables a training step uses (for per-device warm-up, then a compile freeze)."""
     return {"flex_attention": _compiled_flex()}

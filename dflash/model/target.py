@@ -96,16 +96,20 @@ class Target:
         return dataclasses.replace(self, model=EmbedHead(self.model, device), device=device, notes=[])
 
     @torch.no_grad()
-    def taps(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def taps(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(B, S) right-padded ids -> (B, S, k·H) concatenated taps. Padding sits after the valid
-        tokens, so causal attention keeps it out of every valid position; no attention mask needed."""
+        tokens, so causal attention keeps it out of every valid position; no attention mask needed.
+        `position_ids` (B, S): packed rows (dflash/data/packing.py), positions restarting at each
+        conversation; transformers' masking makes that a block-diagonal causal mask (with no
+        attention mask and no cache, it reads packed sequences from the positions)."""
         tapper = self.tapper()
         if tapper is not None:
-            return tapper(input_ids)
+            return tapper(input_ids, position_ids)
+        where = {} if position_ids is None else {"position_ids": position_ids}
         try:  # logits_to_keep=1: skip the (S × vocab) logits nobody reads
-            out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False, logits_to_keep=1)
+            out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False, logits_to_keep=1, **where)
         except TypeError:  # a model class without logits_to_keep
-            out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+            out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False, **where)
         return torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
 
     def tapper(self) -> "_Tapper | None":
@@ -187,10 +191,11 @@ class _Tapper:
         if kept is not None and index in self.layer_ids:
             kept[index] = hidden
 
-    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         self._local.kept = kept = {}
+        where = {} if position_ids is None else {"position_ids": position_ids}
         try:
-            out = self.view(input_ids=input_ids, use_cache=False)
+            out = self.view(input_ids=input_ids, use_cache=False, **where)
         finally:
             self._local.kept = None
         if self.last_normed:  # hidden_states[L] of the whole model is the normed output

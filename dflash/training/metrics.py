@@ -3,7 +3,9 @@
 Per step: loss, per-slot accuracy (slot k predicts the token at anchor + k), the acceptance length τ
 estimated from it (1 + mean leading run of correct slots over complete blocks), tokens/s (sequence
 tokens through target and drafter), the time split (data, target forward, drafter forward+backward,
-optimizer), learning rate, gradient norm, and memory (peak CUDA allocation, else process RSS).
+optimizer), learning rate, gradient norm, and memory (peak CUDA allocation, else process RSS); and
+how much of the work was real: valid blocks/s, the share of computed blocks that were valid, and the
+share of the target's tokens that were not padding.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ class StepMetrics:
     tokens_per_s: float
     time_split: dict[str, float]  # data / target / drafter / optim seconds
     memory_bytes: int
+    block_slots: int = 0  # blocks the drafter computed (valid + padding slots)
+    valid_block_share: float = 0.0  # blocks / block_slots: the drafter's work that was real
+    valid_blocks_per_s: float = 0.0
+    token_slots: int = 0  # tokens the target computed (rows × row length, padding included)
+    target_fill: float = 0.0  # tokens / token_slots: the target's work that was real
 
     def row(self) -> dict[str, Any]:
         return to_jsonable(asdict(self))
@@ -111,7 +118,8 @@ class MetricsWriter:
         self._fh.write(json.dumps(m.row()) + "\n")
         self._fh.flush()
         if self._tb is not None:
-            for k in ("loss", "lr", "grad_norm", "tau_estimate", "tokens_per_s"):
+            for k in ("loss", "lr", "grad_norm", "tau_estimate", "tokens_per_s", "valid_blocks_per_s",
+                      "valid_block_share", "target_fill"):
                 self._tb.add_scalar(f"train/{k}", getattr(m, k), m.step)
             for i, a in enumerate(m.accuracy, 1):
                 self._tb.add_scalar(f"accuracy/slot_{i:02d}", a, m.step)

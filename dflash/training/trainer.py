@@ -33,11 +33,11 @@ from dflash.model import (
     DFlashDrafter,
     LossOutput,
     Target,
+    blocks_of,
     detect_backend,
     drafter_loss,
     estimated_tau,
     loss_weights,
-    make_blocks,
     resolve_dtype,
     weight_sum,
 )
@@ -116,8 +116,7 @@ class Trainer:
         return [self.dataset.make_batch(ix, epoch) for ix in self._plan[1][within * ga: (within + 1) * ga]]
 
     def _blocks(self, batch: Batch):
-        return make_blocks(batch.input_ids, batch.loss_mask, batch.lengths, batch.anchors, batch.anchor_valid,
-                           self.cfg.drafter.block_size, self.target.mask_token_id)
+        return blocks_of(batch, self.cfg.drafter.block_size, self.target.mask_token_id)
 
     def denominator(self, batches: list[Batch]) -> torch.Tensor:
         """Σw over a global batch (data only), clamped to avoid 0/0 on a batch without labels."""
@@ -128,7 +127,7 @@ class Trainer:
         timer = timer if timer is not None else {}
         t0 = time.perf_counter()
         batch = batch.to(self.device)
-        taps = self.target.taps(batch.input_ids)  # (B, S, k·H)
+        taps = self.target.taps(batch.input_ids, getattr(batch, "position_ids", None))  # (B, S, k·H)
         self._sync()
         t1 = time.perf_counter()
         out = drafter_loss(self.drafter, self.target.embed, self.target.head, taps, batch,
@@ -169,12 +168,18 @@ class Trainer:
         acc = tuple(float(c / n) if n > 0 else float("nan") for c, n in zip(correct[1:], count[1:]))
         seconds = time.perf_counter() - t0
         tokens = sum(b.tokens for b in batches)
+        valid = int(sum(int(b.anchor_valid.sum()) for b in batches))
+        slots = sum(int(b.anchor_valid.numel()) for b in batches)
+        token_slots = sum(int(b.input_ids.numel()) for b in batches)
         return StepMetrics(
             step=self.step, epoch=(self.step - 1) // self.steps_per_epoch, loss=wce / float(denom), lr=lr,
             grad_norm=norm, accuracy=acc,
             tau_estimate=estimated_tau(sum(float(o.accepted) for o in outs), sum(float(o.full_blocks) for o in outs)),
-            tokens=tokens, blocks=int(sum(int(b.anchor_valid.sum()) for b in batches)), seconds=seconds,
+            tokens=tokens, blocks=valid, seconds=seconds,
             tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
+            block_slots=slots, valid_block_share=valid / slots if slots else 0.0,
+            valid_blocks_per_s=valid / seconds if seconds > 0 else 0.0,
+            token_slots=token_slots, target_fill=tokens / token_slots if token_slots else 0.0,
             time_split={k: round(v, 6) for k, v in timer.items()}, memory_bytes=memory_bytes(self.device))
 
     def _sync(self) -> None:
@@ -185,6 +190,11 @@ class Trainer:
         """One micro-batch per bucket length, at the shapes training uses (for compile warm-up;
         dflash.engine.program warms every engine replica with them)."""
         out = []
+        if self.dataset.packed:
+            from dflash.data.packing import warm_packed_batches
+
+            d = self.dataset
+            return warm_packed_batches(d.samples[0], self.cfg.data.batch_size, self.cfg.data.max_length, d.block_budget)
         for seq in self.dataset.buckets:
             s = self.dataset.samples[0]
             n = min(seq, s.input_ids.numel())

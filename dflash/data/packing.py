@@ -1,0 +1,212 @@
+"""Packed micro-batches: several conversations back to back in each row, and only their valid blocks.
+
+Why: right-padded batches give every sequence `num_anchors` block slots whether it has that many
+anchors or not, and pad every sequence to its bucket length; on chats of mixed lengths most of the
+drafter's work and part of the target's is padding. A packed micro-batch has the same budget as a
+padded one (`batch_size` rows of `max_length` tokens, `batch_size × num_anchors` blocks) and fills it:
+
+- **Rows.** Conversations are placed into rows of `max_length` tokens (best fit); each keeps its own
+  positions (0, 1, ... from its first token), and the target attends within a conversation only
+  (document masks: `position_ids` restart at each conversation, which transformers' masking turns into
+  a block-diagonal causal mask). Rows that hold nothing are not computed.
+- **Blocks.** Each conversation gets exactly the anchors it gets unpacked (same generator seed: sample
+  index and epoch), so each block, its labels and its loss are those of the unpacked step; the blocks of
+  all rows are laid out in one list of `batch_size × num_anchors` slots, the valid ones first; the
+  drafter's mask lets a block see its own conversation's context before its anchor, and its own block.
+- **Plan.** Per epoch, the seeded shuffle as before, then a greedy two-budget packer over a look-ahead
+  pool: the largest conversation that still fits both the token rows and the block budget goes in, until
+  nothing fits. One drafter shape per run (the block budget; the context is always `batch_size` rows)
+  and one target shape per number of rows used.
+
+`steps` stay a function of the seed: the plan depends on (seed, epoch) and the lengths and anchor counts
+of the data only, so a resumed run repeats an uninterrupted one step for step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+POOL = 64  # look-ahead conversations the packer chooses from
+
+
+@dataclass(frozen=True, slots=True)
+class Pack:
+    """One packed micro-batch's plan: the sample indices of each row, in order."""
+
+    rows: tuple[tuple[int, ...], ...]
+
+    @property
+    def samples(self) -> list[int]:
+        return [i for row in self.rows for i in row]
+
+
+@dataclass
+class PackedBatch:
+    """One packed micro-batch (see the module doc). R rows used of length L; N block slots."""
+
+    input_ids: torch.Tensor  # (R, L) long: conversations back to back, zeros after the last one
+    position_ids: torch.Tensor  # (R, L) long: positions within each conversation (padding: its own run)
+    loss_mask: torch.Tensor  # (R, L) bool
+    lengths: torch.Tensor  # (D,) each conversation's length (its real tokens)
+    anchor_row: torch.Tensor  # (N,) long: the row of each block's conversation
+    anchor_col: torch.Tensor  # (N,) long: the block's anchor, as a column of that row
+    doc_start: torch.Tensor  # (N,) long: where the block's conversation starts in the row
+    doc_end: torch.Tensor  # (N,) long: where it ends (exclusive)
+    anchor_valid: torch.Tensor  # (N,) bool: a real block (the padding slots come last)
+    rows_total: int = 0  # the rows the drafter's context holds (batch_size): taps are zero-padded to it
+
+    packed = True  # what the training step dispatches on (a padded Batch has no such attribute)
+
+    def to(self, device) -> PackedBatch:
+        moved = {k: getattr(self, k).to(device, non_blocking=True) for k in self.__dataclass_fields__
+                 if isinstance(getattr(self, k), torch.Tensor)}
+        return PackedBatch(**moved, rows_total=self.rows_total)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def token_slots(self) -> int:
+        """Tokens the target computes (rows used × row length)."""
+        return int(self.input_ids.numel())
+
+    @property
+    def block_slots(self) -> int:
+        return int(self.anchor_valid.numel())
+
+
+def candidate_counts(samples: Sequence, block_size: int) -> np.ndarray:
+    """(n,) the anchor candidates of every sample: loss-masked positions in [0, S-B] (what
+    `sample_anchors` draws from). A sequence with a `candidate_counts` method (the memory-mapped cache)
+    answers it from its arrays without building tensors."""
+    fast = getattr(samples, "candidate_counts", None)
+    if fast is not None:
+        return np.asarray(fast(block_size), dtype=np.int64)
+    out = np.zeros(len(samples), dtype=np.int64)
+    for i, s in enumerate(samples):
+        n = s.loss_mask.numel()
+        out[i] = int(s.loss_mask[: max(0, n - block_size + 1)].sum())
+    return out
+
+
+def pack(order: Sequence[int], lengths: np.ndarray, blocks: np.ndarray, rows: int, row_len: int,
+         block_budget: int, pool: int = POOL) -> list[Pack]:
+    """Pack samples (in `order`) into micro-batches of at most `rows` rows of `row_len` tokens and at
+    most `block_budget` blocks. Greedy and deterministic: a micro-batch opens the rows the data's
+    density says its blocks' tokens need; from a pool of the next `pool` samples, the one largest in
+    both budgets (tokens / capacity + blocks / budget) that fits goes into the row it fits best, until
+    none fits; then the next micro-batch opens. Every sample is placed exactly once (each fits an empty
+    micro-batch: length <= row_len, blocks <= block_budget)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    blocks = np.asarray(blocks, dtype=np.int64)
+    order = list(order)
+    if order and (lengths[order].max() > row_len or blocks[order].max() > block_budget):
+        raise ValueError("pack: a sample does not fit an empty micro-batch")
+    packs: list[Pack] = []
+    pending: list[int] = []
+    nxt = 0
+    size_scale = np.array([1.0 / (rows * row_len), 1.0 / block_budget])
+    while nxt < len(order) or pending:
+        free = [row_len] * rows
+        row_items: list[list[int]] = [[] for _ in range(rows)]
+        budget = block_budget
+        while True:
+            while len(pending) < pool and nxt < len(order):
+                pending.append(order[nxt])
+                nxt += 1
+            if not pending:
+                break
+            cand = np.asarray(pending, dtype=np.int64)
+            ln, bk = lengths[cand], blocks[cand]
+            fits = (ln <= max(free)) & (bk <= budget)
+            if not fits.any():
+                break
+            # Rows already open first: where the blocks bind before the tokens (dense data), a new row
+            # opened early would stay part empty, and the target computes all of it.
+            open_free = [f for f, items in zip(free, row_items) if items]
+            in_open = fits & (ln <= max(open_free, default=-1))
+            if in_open.any():
+                fits = in_open
+            size = ln * size_scale[0] + bk * size_scale[1]
+            size[~fits] = -1.0
+            pick = int(np.argmax(size))  # the first of the largest: deterministic
+            i = pending.pop(pick)
+            # best fit: the fullest row that still has room (an open one when one has)
+            r = min((f, k) for k, f in enumerate(free) if f >= lengths[i] and (row_items[k] or not in_open.any()))[1]
+            row_items[r].append(i)
+            free[r] -= int(lengths[i])
+            budget -= int(blocks[i])
+        used = [tuple(items) for items in row_items if items]
+        used.sort(key=lambda items: -int(lengths[list(items)].sum()))  # fullest row first (stable)
+        if used:
+            packs.append(Pack(rows=tuple(used)))
+    return packs
+
+
+def make_packed_batch(samples: Sequence, pack_plan: Pack, anchors_of, rows_total: int, row_len: int,
+                      block_budget: int) -> PackedBatch:
+    """The tensors of one planned micro-batch. `anchors_of(i, sample)` -> (anchors (num_anchors,),
+    valid (num_anchors,)) for sample index i: the very anchors the padded batch gives it."""
+    R = len(pack_plan.rows)
+    ids = torch.zeros(R, row_len, dtype=torch.long)
+    pos = torch.zeros(R, row_len, dtype=torch.long)
+    lmask = torch.zeros(R, row_len, dtype=torch.bool)
+    lengths, rows_of, cols, starts, ends = [], [], [], [], []
+    for r, row in enumerate(pack_plan.rows):
+        off = 0
+        for i in row:
+            s = samples[i]
+            n = s.input_ids.numel()
+            ids[r, off:off + n], lmask[r, off:off + n] = s.input_ids, s.loss_mask
+            pos[r, off:off + n] = torch.arange(n)
+            a, v = anchors_of(i, s)
+            a = a[v]
+            k = a.numel()
+            rows_of.append(torch.full((k,), r, dtype=torch.long))
+            cols.append(a + off)
+            starts.append(torch.full((k,), off, dtype=torch.long))
+            ends.append(torch.full((k,), off + n, dtype=torch.long))
+            lengths.append(n)
+            off += n
+        pos[r, off:] = torch.arange(row_len - off)  # the padding tail: a run of its own, never attended
+    n_valid = sum(t.numel() for t in cols)
+    if n_valid > block_budget:
+        raise ValueError(f"make_packed_batch: {n_valid} blocks over the budget of {block_budget}")
+    pad = block_budget - n_valid
+    zeros = torch.zeros(pad, dtype=torch.long)
+    cat = (lambda parts: torch.cat([*parts, zeros]))  # noqa: E731 - the valid blocks, then the padding slots
+    valid = torch.zeros(block_budget, dtype=torch.bool)
+    valid[:n_valid] = True
+    return PackedBatch(input_ids=ids, position_ids=pos, loss_mask=lmask,
+                       lengths=torch.tensor(lengths, dtype=torch.long), anchor_row=cat(rows_of),
+                       anchor_col=cat(cols), doc_start=cat(starts), doc_end=cat(ends), anchor_valid=valid,
+                       rows_total=rows_total)
+
+
+def warm_packed_batches(sample, rows_total: int, row_len: int, block_budget: int) -> list[PackedBatch]:
+    """Micro-batches at every shape packed training uses, from one sample: for each number of rows
+    used (1..rows_total), rows that hold two conversations (a document mask) and rows that one
+    conversation fills (none: the target's plain causal path). The blocks are all valid."""
+    out = []
+    n = min(row_len, sample.input_ids.numel())
+    for full in (False, True):
+        for R in range(1, rows_total + 1):
+            ids = torch.zeros(R, row_len, dtype=torch.long)
+            ids[:, :n] = sample.input_ids[:n]
+            pos = torch.arange(row_len).repeat(R, 1)
+            if not full:
+                pos[:, row_len // 2:] = torch.arange(row_len - row_len // 2)  # a second run: a document boundary
+            lmask = torch.ones(R, row_len, dtype=torch.bool)
+            k = torch.arange(block_budget)
+            out.append(PackedBatch(
+                input_ids=ids, position_ids=pos, loss_mask=lmask, lengths=torch.full((R,), row_len),
+                anchor_row=k % R, anchor_col=torch.zeros(block_budget, dtype=torch.long),
+                doc_start=torch.zeros(block_budget, dtype=torch.long),
+                doc_end=torch.full((block_budget,), row_len), anchor_valid=torch.ones(block_budget, dtype=torch.bool),
+                rows_total=rows_total))
+    return out

@@ -1,0 +1,245 @@
+"""Packed micro-batches (dflash/data/packing.py): the plan, the drafter's packed mask, and the same
+numbers as the padded layout on the same conversations and anchors.
+
+Tolerances: both layouts compute the same sums over the same keys in fp32, in another order (other
+lengths, masked entries in other places), so values agree to fp32 rounding over a few hundred terms:
+|Δ| <= 1e-5 absolute / 1e-4 relative is ~100 x the rounding of one such sum and far below any real
+difference (one token's key more or less changes the hidden states by ~1e-2 here).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from dflash.data.packing import Pack, PackedBatch, candidate_counts, make_packed_batch, pack, warm_packed_batches
+from tests.dflash_helpers import chat_file, small_config, tiny_target  # noqa: F401 - fixtures
+
+ATOL, RTOL = 1e-5, 1e-4
+
+
+# ---------------------------------------------------------------- the plan
+def test_pack_places_every_sample_once_within_both_budgets():
+    rng = np.random.default_rng(0)
+    n = 500
+    lengths = rng.integers(20, 400, n)
+    blocks = np.minimum(rng.integers(1, 200, n), lengths // 2)
+    order = rng.permutation(n).tolist()
+    packs = pack(order, lengths, blocks, rows=4, row_len=400, block_budget=256)
+    placed = [i for p in packs for i in p.samples]
+    assert sorted(placed) == list(range(n))
+    for p in packs:
+        assert 1 <= len(p.rows) <= 4
+        assert all(lengths[list(r)].sum() <= 400 for r in p.rows)
+        assert blocks[p.samples].sum() <= 256
+    # all but the last few packs are nearly full in the budget that binds
+    fill = [max(sum(lengths[list(r)].sum() for r in p.rows) / 1600, blocks[p.samples].sum() / 256) for p in packs]
+    assert np.mean(fill[:-3]) > 0.95, fill
+    assert pack(order, lengths, blocks, rows=4, row_len=400, block_budget=256) == packs  # deterministic
+
+
+def test_pack_refuses_a_sample_that_fits_no_micro_batch():
+    with pytest.raises(ValueError, match="does not fit"):
+        pack([0], np.array([500]), np.array([1]), rows=2, row_len=400, block_budget=64)
+
+
+# ---------------------------------------------------------------- the packed mask
+def _layout(seed: int, rows: int, row_len: int, n_blocks: int, block_size: int):
+    """Random conversations in rows and their blocks, as the packer lays them out (valid blocks first)."""
+    rng = random.Random(seed)
+    arow, acol, start = [], [], []
+    for r in range(rows):
+        off = 0
+        while off < row_len - block_size:
+            n = rng.randint(block_size, min(row_len - off, 3 * block_size + 7))
+            for a in sorted(rng.sample(range(n - block_size + 1), k=min(3, n - block_size + 1))):
+                arow.append(r), acol.append(off + a), start.append(off)
+            off += n
+    keep = min(n_blocks, len(arow))
+    pad = n_blocks - keep
+    t = lambda xs: torch.tensor(xs[:keep] + [0] * pad, dtype=torch.long)  # noqa: E731
+    return t(arow), t(start), t(acol)
+
+
+@pytest.mark.parametrize("window", [None, 21])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_packed_block_mask_has_the_tiles_of_the_evaluated_mask(seed, window):
+    from dflash.model.mask import block_mask_eager, flex_len, make_packed_mask_mod, packed_block_mask, pad_mask_mod
+
+    bs, rows, row_len, n_blocks = 16, 3, 200, 40  # lengths not multiples of 128: the padded grid too
+    arow, start, acol = _layout(seed, rows, row_len, n_blocks, bs)
+    ctx = rows * row_len
+    got = packed_block_mask(arow, start, acol, row_len, ctx, bs, window)
+    mod = make_packed_mask_mod(arow, start, acol, row_len, ctx, bs, window)
+    q_len, kv_len = n_blocks * bs, ctx + n_blocks * bs
+    want = block_mask_eager(pad_mask_mod(mod, q_len, kv_len), 1, flex_len(q_len), flex_len(kv_len), "cpu")
+    for name in ("kv_num_blocks", "full_kv_num_blocks"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    for num, idx in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices")):
+        counts = getattr(want, num)[0, 0]
+        for t, c in enumerate(counts.tolist()):  # the visible tiles of each query tile, in the same order
+            assert torch.equal(getattr(got, idx)[0, 0, t, :c], getattr(want, idx)[0, 0, t, :c])
+
+
+def test_packed_mask_sees_own_conversation_before_the_anchor_and_own_block_only():
+    from dflash.model.mask import dense_mask, make_packed_mask_mod
+
+    bs, L = 4, 12
+    # row 0: conversation [0, 7), [7, 12); row 1: [0, 12). Blocks: (row 0, anchor 5), (row 0, anchor 9), (row 1, anchor 2)
+    arow, start, acol = torch.tensor([0, 0, 1]), torch.tensor([0, 7, 0]), torch.tensor([5, 9, 2])
+    m = dense_mask(make_packed_mask_mod(arow, start, acol, L, 2 * L, bs), 1, 3 * bs, 2 * L + 3 * bs, "cpu")[0, 0]
+    ctx = m[:, : 2 * L]
+    assert ctx[0].nonzero().flatten().tolist() == [0, 1, 2, 3, 4]  # row 0, columns 0..4
+    assert ctx[bs].nonzero().flatten().tolist() == [7, 8]  # its own conversation from 7, before 9
+    assert ctx[2 * bs].nonzero().flatten().tolist() == [L, L + 1]  # row 1's columns 0, 1
+    own = m[:, 2 * L:]
+    for j in range(3):
+        assert own[j * bs: (j + 1) * bs].any(0).nonzero().flatten().tolist() == list(range(j * bs, (j + 1) * bs))
+
+
+# ---------------------------------------------------------------- the same numbers as padded batches
+def _mixed_dataset(tmp_path, pack_on: bool, **over):
+    """The tiny recipe's data, answers of mixed lengths (a few tokens to the whole max length)."""
+    from dflash.model.target import tiny_words
+
+    words = tiny_words()
+    rng = random.Random(3)
+    rows = []
+    for _ in range(40):
+        a = rng.choice([4, 10, 25, 40, 70])
+        rows.append({"messages": [{"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(3, 12)))},
+                                  {"role": "assistant", "content": " ".join(rng.choices(words, k=a))}]})
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return small_config(tmp_path / "runs", path, **{"data.pack": pack_on, "data.cache_dir": "off", **over})
+
+
+def _dataset(cfg, target):
+    from dflash.data.dataset import build_dataset, load_conversations
+
+    convs, warnings = load_conversations(cfg.data)
+    return build_dataset(convs, target.tokenizer, cfg.data, cfg.drafter.block_size, cfg.train.seed, warnings)
+
+
+def _padded_twin(ds_padded, pk: Pack, epoch: int):
+    """The padded batch of the pack's conversations, in the pack's order."""
+    return ds_padded.make_batch(pk.samples, epoch)
+
+
+def test_packed_taps_equal_each_conversation_alone(tmp_path, tiny_target):
+    cfg = _mixed_dataset(tmp_path, True)
+    ds = _dataset(cfg, tiny_target)
+    pk = ds.epoch_plan(0)[0]
+    b = ds.make_batch(pk, 0)
+    packed = tiny_target.taps(b.input_ids, b.position_ids)
+    for r, row in enumerate(pk.rows):
+        off = 0
+        for i in row:
+            ids = ds.samples[i].input_ids[None]
+            alone = tiny_target.taps(ids)[0]
+            torch.testing.assert_close(packed[r, off: off + ids.shape[1]], alone, atol=ATOL, rtol=RTOL)
+            off += ids.shape[1]
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_packed_step_gives_the_padded_steps_losses_accuracy_and_gradients(tmp_path, tiny_target, sliding):
+    from dflash.model import build_drafter, drafter_loss, loss_weights
+    from dflash.model.build import drafter_spec
+
+    over = {"drafter.sliding_layers": [0], "drafter.sliding_window": 21} if sliding else {}
+    cfg_p = _mixed_dataset(tmp_path, True, **over)
+    cfg_u = _mixed_dataset(tmp_path, False, **over)
+    ds_p, ds_u = _dataset(cfg_p, tiny_target), _dataset(cfg_u, tiny_target)
+    spec = drafter_spec(cfg_p, tiny_target)
+    w = loss_weights(cfg_p.drafter.block_size, cfg_p.gamma)
+    for pk in ds_p.epoch_plan(1)[:2]:
+        bp, bu = ds_p.make_batch(pk, 1), ds_u.make_batch(pk.samples, 1)
+        assert int(bp.anchor_valid.sum()) == int(bu.anchor_valid.sum())
+        outs, grads = [], []
+        for b in (bp, bu):
+            torch.manual_seed(0)
+            d = build_drafter(cfg_p, spec, torch.device("cpu"))
+            taps = tiny_target.taps(b.input_ids, getattr(b, "position_ids", None))
+            o = drafter_loss(d, tiny_target.embed, tiny_target.head, taps, b, mask_token_id=tiny_target.mask_token_id,
+                             weights=w, denominator=1.0, backend="sdpa", compute_dtype=torch.float32)
+            o.loss.backward()
+            outs.append(o)
+            grads.append({k: p.grad.clone() for k, p in d.named_parameters() if p.grad is not None})
+        p_out, u_out = outs
+        torch.testing.assert_close(p_out.weighted_ce, u_out.weighted_ce, atol=ATOL, rtol=RTOL)
+        assert float(p_out.weight) == pytest.approx(float(u_out.weight), rel=1e-6)
+        assert torch.equal(p_out.correct, u_out.correct) and torch.equal(p_out.count, u_out.count)
+        assert float(p_out.accepted) == float(u_out.accepted) and float(p_out.full_blocks) == float(u_out.full_blocks)
+        assert grads[0].keys() == grads[1].keys()
+        for k in grads[0]:
+            torch.testing.assert_close(grads[0][k], grads[1][k], atol=ATOL, rtol=RTOL, msg=k)
+
+
+def test_packed_training_computes_fewer_padding_blocks_and_logs_it(tmp_path, tiny_target):
+    from dflash.training.trainer import Trainer
+
+    shares = {}
+    for on in (True, False):
+        cfg = _mixed_dataset(tmp_path / str(on), on, **{"train.max_steps": 3})
+        tr = Trainer.from_config(cfg)
+        try:
+            res = tr.train()
+        finally:
+            tr.close()
+        rows = [json.loads(x) for x in open(f"{res.run_dir}/metrics.jsonl") if '"event"' not in x]
+        assert rows and all(0 < r["valid_block_share"] <= 1 and 0 < r["target_fill"] <= 1 for r in rows)
+        assert all(r["blocks"] <= r["block_slots"] and r["tokens"] <= r["token_slots"] for r in rows)
+        shares[on] = sum(r["blocks"] for r in rows) / sum(r["block_slots"] for r in rows)
+    # packed: every micro-batch but an epoch's last (its remainder) computes only valid blocks here
+    assert shares[True] >= 0.9 and shares[True] > shares[False] + 0.05, shares
+
+
+def test_every_epoch_has_the_same_number_of_packs_and_a_resume_sees_the_same_ones(tmp_path, tiny_target):
+    cfg = _mixed_dataset(tmp_path, True)
+    ds = _dataset(cfg, tiny_target)
+    k = ds.batches_per_epoch()
+    assert all(len(ds.epoch_plan(e)) == k for e in range(4))
+    again = _dataset(cfg, tiny_target)
+    assert again.epoch_plan(2) == ds.epoch_plan(2)
+    b1, b2 = ds.make_batch(ds.epoch_plan(2)[0], 2), again.make_batch(again.epoch_plan(2)[0], 2)
+    assert all(torch.equal(getattr(b1, f), getattr(b2, f)) for f in ("input_ids", "anchor_col", "anchor_valid"))
+
+
+def test_candidate_counts_of_the_mapped_cache_match_the_samples(tmp_path, tiny_target):
+    from dflash.data.cache import prepare
+
+    cfg = _mixed_dataset(tmp_path, True, **{"data.cache_dir": str(tmp_path / "cache")})
+    mapped = prepare(cfg.data, tiny_target.tokenizer, 16).samples
+    assert hasattr(mapped, "candidate_counts")  # the memory-mapped cache, not a list
+    want = [int(s.loss_mask[: max(0, s.loss_mask.numel() - 15)].sum()) for s in mapped]
+    assert candidate_counts(mapped, 16).tolist() == want
+    assert candidate_counts(list(mapped), 16).tolist() == want
+
+
+def test_warm_batches_cover_each_row_count_with_and_without_a_document_boundary(tiny_target):
+    from dflash.data.dataset import Sample
+
+    s = Sample(torch.arange(40) % 50 + 10, torch.ones(40, dtype=torch.bool))
+    ws = warm_packed_batches(s, rows_total=3, row_len=32, block_budget=24)
+    assert sorted((w.input_ids.shape[0], bool((w.position_ids.diff(dim=1) != 1).any())) for w in ws) == [
+        (r, boundary) for r in (1, 2, 3) for boundary in (False, True)]
+    assert all(isinstance(w, PackedBatch) and w.block_slots == 24 and w.rows_total == 3 for w in ws)
+    for w in ws:  # every shape runs through the target
+        tiny_target.taps(w.input_ids, w.position_ids)
+
+
+def test_make_packed_batch_refuses_blocks_over_the_budget():
+    from dflash.data.dataset import Sample
+
+    s = Sample(torch.arange(30), torch.ones(30, dtype=torch.bool))
+
+    def anchors(i, sample):
+        return torch.arange(10), torch.ones(10, dtype=torch.bool)
+
+    with pytest.raises(ValueError, match="over the budget"):
+        make_packed_batch([s, s], Pack(rows=((0, 1),)), anchors, rows_total=1, row_len=64, block_budget=12)
