@@ -2,8 +2,9 @@
 and overall, by block position, the prompts far below the rest, the training-time estimate beside
 it, and what the data can say about a gap.
 
-- τ per prompt = mean acceptance length of its rounds (dflash.eval.evaluate's loop: greedy, or
-  speculative sampling at `temperature`); overall τ = mean over all rounds.
+- τ per prompt = mean acceptance length of its rounds (dflash.eval's loop: greedy, or speculative
+  sampling at `temperature`), every prompt decoded together (dflash.eval.batched; the batch-1
+  reference for a target it cannot batch); overall τ = mean over all rounds.
 - Far below the rest: compilewatch.low_outliers (below 60% of the median of the others).
 - Training estimate: metrics.jsonl beside the checkpoint (the run directory): the mean `tau_estimate`
   and per-slot accuracy of the last TRAIN_ROWS logged steps up to the checkpoint's step.
@@ -45,7 +46,7 @@ class Acceptance:
     rounds: int
     tau: float
     max_tau: int
-    by_position: tuple[float | None, ...]  # block positions 1..B-1 (dflash.eval.evaluate.acceptance_by_position)
+    by_position: tuple[float | None, ...]  # block positions 1..B-1 (dflash.eval.generation.acceptance_by_position)
     per_prompt: tuple[PromptAcceptance, ...]
     low_prompts: tuple[int, ...]  # indices far below the rest
     training_tau: float | None
@@ -113,25 +114,49 @@ def training_tokens(data_cfg, tokenizer) -> set[int] | None:
         return None
 
 
+def decode(drafter, target, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, seed: int,
+           progress: Callable[[int, int], None] | None = None) -> list:
+    """One Generation per prompt: batched where the target allows it, else the batch-1 reference.
+    Sampling draws from a generator seeded with `seed` (on the target's device when batched)."""
+    import torch
+    from dflash.eval.batched import batched_unsupported, speculative_batch
+    from dflash.eval.evaluate import DrafterProposer, speculative_generate
+
+    block = drafter.spec.block_size
+    gen = torch.Generator().manual_seed(seed)
+    if progress:
+        progress(0, len(prompts))
+    if batched_unsupported(target, block) is None:
+        out = speculative_batch(drafter, target, prompts, max_new_tokens, block, temperature=temperature,
+                                generator=gen, on_done=(lambda k: progress(k, len(prompts))) if progress else None)
+        if progress:
+            progress(len(prompts), len(prompts))  # rows that ended at their first token report nothing
+        return list(out.generations)
+    proposer = DrafterProposer(drafter, target)
+    gens = []
+    for i, p in enumerate(prompts):
+        gens.append(speculative_generate(proposer, target, p, max_new_tokens, block, temperature=temperature,
+                                         generator=gen))
+        if progress:
+            progress(i + 1, len(prompts))
+    return gens
+
+
 def measure(drafter, target, convs: list, source: str, *, max_new_tokens: int, temperature: float, seed: int,
             ck: Path, data_cfg, recorded_template: str | None,
             progress: Callable[[int, int], None] | None = None) -> Acceptance:
-    import torch
     from compilewatch import low_outliers
     from dflash.check.record import render_prompt
-    from dflash.eval.evaluate import DrafterProposer, acceptance_by_position, prompt_ids, speculative_generate
+    from dflash.eval.evaluate import acceptance_by_position, prompt_ids
 
     tok = target.tokenizer
     prompts = prompt_ids(tok, convs)
     block = drafter.spec.block_size
-    proposer = DrafterProposer(drafter, target)
-    gen = torch.Generator().manual_seed(seed)
     seen = training_tokens(data_cfg, tok) if data_cfg is not None else None
+    gens = decode(drafter, target, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                  progress=progress)
     per, acc_all, accepted, drafted = [], [], [], []
-    if progress:
-        progress(0, len(prompts))
-    for i, (conv, p) in enumerate(zip(convs, prompts)):
-        g = speculative_generate(proposer, target, p, max_new_tokens, block, temperature=temperature, generator=gen)
+    for i, (conv, p, g) in enumerate(zip(convs, prompts, gens)):
         acc_all += g.acceptance
         accepted += g.accepted
         drafted += g.drafted
@@ -147,8 +172,6 @@ def measure(drafter, target, convs: list, source: str, *, max_new_tokens: int, t
             tau=statistics.fmean(g.acceptance) if g.acceptance else float("nan"),
             overlap=(sum(t in seen for t in p) / len(p)) if seen is not None and p else None,
             template_differs=differs, preview=last_user[:40]))
-        if progress:
-            progress(i + 1, len(prompts))
     tau = statistics.fmean(acc_all) if acc_all else float("nan")
     low = tuple(sorted(low_outliers({a.index: a.tau for a in per if a.tau == a.tau})))
     t_tau, t_acc, t_note = training_estimate(ck)

@@ -1,280 +1,48 @@
 """`dflash eval`: real speculative decoding with a trained drafter -> τ and speedup vs plain decoding.
 
-The loop follows the reference (z-lab `dflash_generate`, greedy, batch 1):
-1. Prefill the target on the prompt with `output_hidden_states`; its taps are the drafter's context;
-   the target's argmax is the first new token.
-2. Each round the block is `[last token, MASK × (B-1)]` at positions `start .. start+B-1`; the drafter
-   fills slots 1..B-1 in one forward (its context K/V are cached and grow by the accepted tokens).
-3. The target verifies the whole block in one forward; accepted = the longest prefix of draft tokens
-   equal to the target's argmax at the previous position; the round appends those plus the target's
-   bonus token, so its acceptance length is accepted + 1 (at most B).
-4. The target's KV cache is cropped to the accepted length; the accepted positions' taps extend the
-   drafter's context.
-τ = mean acceptance length per round. Greedy speculative decoding produces exactly the tokens of
-greedy plain decoding, which this module checks (`outputs_match`). Speedup = plain / speculative
-wall time for the same prompts and token budget. Acceptance by block position k (1..B-1): of the
-rounds that drafted a token at position k, the share whose first k drafts were all accepted (so it
-falls with k; position 1's share is the rate of rounds that accept anything).
-
-`temperature > 0` (`dflash check --temperature`): the target samples, and a draft token d is accepted
-with probability p(d) (speculative sampling with the drafter's greedy proposal: q is one-hot, so
-min(1, p/q) = p(d)); a rejected position draws from p without d, the bonus from p. The output then
-follows the target's sampling distribution (not plain greedy decoding's tokens).
+Two decoders give the same tokens and the same acceptance under greedy decoding:
+- the batched one (dflash.eval.batched): every prompt decoded together over preallocated K/V slots,
+  its steps CUDA graphs where the device allows. `dflash eval`, `dflash check` and the trainer's
+  periodic eval run it (`evaluate_drafter`).
+- the batch-1 reference (dflash.eval.reference: `speculative_generate`, `plain_generate`, `evaluate`
+  for any `Proposer`), which the batched one is tested against and falls back to for a target it
+  cannot batch (`batched_unsupported`: another attention implementation, sliding-window target
+  layers).
+What is reported (EvalResult, τ, acceptance by block position, speedup) is dflash.eval.generation's.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-import statistics
-import time
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
-from dflash.model.mask import build_masks
-from dflash.model.drafter import ContextCache, DFlashDrafter
+from dflash.eval.batched import batched_unsupported, evaluate_batched
+from dflash.eval.generation import EvalResult, Generation, acceptance_by_position
+from dflash.eval.reference import DrafterProposer, Proposer, evaluate, plain_generate, speculative_generate
+
+__all__ = ["EvalResult", "Generation", "acceptance_by_position", "DrafterProposer", "Proposer", "evaluate",
+           "plain_generate", "speculative_generate", "evaluate_drafter", "check_num_prompts", "prompt_ids",
+           "eval_checkpoint"]
 
 
-class Proposer(Protocol):
-    """Drafts tokens for one block. `tokens`: the sequence so far, ending with the block's anchor;
-    `new_ctx`: target taps (1, n, k·H) of the positions accepted since the last call."""
-
-    def reset(self) -> None: ...
-    def propose(self, tokens: list[int], new_ctx: torch.Tensor, block_len: int) -> list[int]: ...
-
-
-class DrafterProposer:
-    """A DFlashDrafter drafting through the target's frozen embedding and LM head."""
-
-    def __init__(self, drafter: DFlashDrafter, target) -> None:
-        self.drafter, self.target = drafter, target
-        self.cache = ContextCache(drafter.spec.num_hidden_layers)
-        self.ctx_len = 0
-
-    def reset(self) -> None:
-        self.cache = ContextCache(self.drafter.spec.num_hidden_layers)
-        self.ctx_len = 0
-
-    @torch.no_grad()
-    def propose(self, tokens: list[int], new_ctx: torch.Tensor, block_len: int) -> list[int]:
-        spec, dev = self.drafter.spec, self.target.device
-        start = len(tokens) - 1  # the anchor's position
-        block = torch.full((1, block_len), spec.mask_token_id, dtype=torch.long, device=dev)
-        block[0, 0] = tokens[-1]
-        n_new = new_ctx.shape[1]
-        ctx_pos = torch.arange(self.ctx_len, self.ctx_len + n_new, device=dev)[None]  # (1, n)
-        self.ctx_len += n_new
-        block_pos = torch.arange(start, start + block_len, device=dev)[None]  # (1, block_len)
-        masks = None
-        if "sliding_attention" in spec.layer_types:
-            anchors = torch.tensor([[start]], device=dev)
-            masks = build_masks(anchors, self.ctx_len, block_len, "sdpa", spec.sliding_window, need_sliding=True)
-        param = next(self.drafter.parameters())
-        h = self.drafter(self.target.embed(block).to(param.dtype), new_ctx.to(param.dtype), block_pos, ctx_pos,
-                         masks=masks, cache=self.cache)  # (1, block_len, H)
-        logits = self.target.head(h[:, 1:].to(self.target.dtype))  # (1, block_len-1, V)
-        return logits.argmax(-1)[0].tolist()
-
-
-@functools.cache
-def _cache_kw(model_cls: type) -> str:
-    """transformers 5.2x renamed `past_key_values` to `cache`; use whichever this version takes."""
-    return "cache" if "cache" in inspect.signature(model_cls.forward).parameters else "past_key_values"
-
-
-def _with_cache(target, cache) -> dict:
-    return {_cache_kw(type(target.model)): cache, "use_cache": True}
-
-
-def _crop(cache, length: int) -> None:
-    remove = cache.get_seq_length() - length
-    if remove > 0:
-        cache.crop(-remove)  # "remove this many": works across transformers versions
-
-
-@dataclass(frozen=True)
-class Generation:
-    tokens: list[int]  # new tokens only
-    acceptance: list[int]  # per verify round (empty for plain decoding)
-    seconds: float
-    accepted: list[int] = field(default_factory=list)  # per round: drafts accepted (before EOS / budget cuts)
-    drafted: list[int] = field(default_factory=list)  # per round: drafts proposed (block length - 1)
-
-
-def acceptance_by_position(accepted: list[int], drafted: list[int], block_size: int) -> list[float | None]:
-    """Per block position k = 1..B-1: of the rounds that drafted position k, the share that accepted
-    drafts 1..k (None where no round drafted k)."""
-    out: list[float | None] = []
-    for k in range(1, block_size):
-        n = sum(1 for d in drafted if d >= k)
-        out.append(sum(1 for a, d in zip(accepted, drafted) if d >= k and a >= k) / n if n else None)
-    return out
-
-
-@torch.no_grad()
-def plain_generate(target, prompt: list[int], max_new_tokens: int) -> Generation:
-    """Greedy decoding with the target alone, one token per forward (the baseline)."""
-    from transformers import DynamicCache
-
-    dev, eos = target.device, set(target.eos_ids)
-    t0 = time.perf_counter()
-    cache = DynamicCache(config=target.config)
-    out = target.model(input_ids=torch.tensor([prompt], device=dev), **_with_cache(target, cache), logits_to_keep=1)
-    tok = int(out.logits[0, -1].argmax())
-    new = [tok]
-    while len(new) < max_new_tokens and tok not in eos:
-        out = target.model(input_ids=torch.tensor([[tok]], device=dev), **_with_cache(target, cache))
-        tok = int(out.logits[0, -1].argmax())
-        new.append(tok)
-    _sync(dev)
-    return Generation(tokens=new, acceptance=[], seconds=time.perf_counter() - t0)
-
-
-@torch.no_grad()
-def speculative_generate(proposer: Proposer, target, prompt: list[int], max_new_tokens: int,
-                         block_size: int, temperature: float = 0.0,
-                         generator: torch.Generator | None = None) -> Generation:
-    """Speculative decoding per the reference loop (module docstring): greedy at temperature 0, else
-    speculative sampling with the drafter's greedy drafts (`generator`: the sampling's randomness)."""
-    from transformers import DynamicCache
-
-    dev, eos = target.device, set(target.eos_ids)
-    t0 = time.perf_counter()
-    proposer.reset()
-    cache = DynamicCache(config=target.config)
-    out = target.model(input_ids=torch.tensor([prompt], device=dev), **_with_cache(target, cache),
-                       output_hidden_states=True, logits_to_keep=1)
-    tokens = list(prompt) + [_pick(out.logits[0, -1:], temperature, generator)[0]]
-    new_ctx = torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)  # (1, P, k·H)
-    max_len = len(prompt) + max_new_tokens
-    acceptance: list[int] = []
-    accepted_n: list[int] = []
-    drafted_n: list[int] = []
-    start = len(prompt)  # position of the block's anchor (the newest token, not yet seen by the target)
-    while len(tokens) < max_len and tokens[-1] not in eos:
-        vs = min(block_size, max_len - start)
-        block = [tokens[-1]]
-        if vs > 1:
-            block += proposer.propose(tokens, new_ctx, vs)
-        out = target.model(input_ids=torch.tensor([block], device=dev), **_with_cache(target, cache),
-                           position_ids=torch.arange(start, start + vs, device=dev)[None], output_hidden_states=True)
-        if temperature > 0:
-            accepted, last = _verify_sampled(block, out.logits[0].float(), temperature, generator)
-        else:
-            posterior = out.logits[0].argmax(-1).tolist()  # target's next token after each block position
-            accepted = 0
-            while accepted < vs - 1 and block[accepted + 1] == posterior[accepted]:
-                accepted += 1
-            last = posterior[accepted]
-        accepted_n.append(accepted)
-        drafted_n.append(vs - 1)
-        produced = block[1: accepted + 1] + [last]
-        for i, t in enumerate(produced):  # stop at the first EOS
-            if t in eos:
-                produced = produced[: i + 1]
-                break
-        produced = produced[: max_len - len(tokens)]
-        tokens += produced
-        acceptance.append(len(produced))
-        _crop(cache, start + accepted + 1)  # keep the anchor and the accepted drafts
-        new_ctx = torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)[:, : accepted + 1]
-        start += accepted + 1
-    _sync(dev)
-    return Generation(tokens=tokens[len(prompt):], acceptance=acceptance, seconds=time.perf_counter() - t0,
-                      accepted=accepted_n, drafted=drafted_n)
-
-
-def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> list[int]:
-    """The next token after each row of `logits` (n, V): argmax, or a sample at `temperature`."""
-    if temperature <= 0:
-        return logits.argmax(-1).tolist()
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].tolist()
-
-
-def _verify_sampled(block: list[int], logits: torch.Tensor, temperature: float,
-                    generator: torch.Generator | None) -> tuple[int, int]:
-    """(accepted drafts, the token after them) for one block under speculative sampling with a
-    one-hot (greedy) proposal: accept draft d at row i with probability p_i(d); on a rejection draw
-    from p_i with d removed; after all drafts, the bonus from the last row."""
-    probs = torch.softmax(logits / temperature, dim=-1).cpu()  # (vs, V)
-    vs = len(block)
-    for i in range(vs - 1):
-        d = block[i + 1]
-        if float(torch.rand((), generator=generator)) < float(probs[i, d]):
-            continue
-        residual = probs[i].clone()
-        residual[d] = 0.0
-        if float(residual.sum()) <= 0:  # p was one-hot on d (then d is always accepted): unreachable
-            return i, d
-        return i, int(torch.multinomial(residual, 1, generator=generator))
-    return vs - 1, int(torch.multinomial(probs[vs - 1], 1, generator=generator))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    prompts: int
-    rounds: int
-    tau: float  # mean acceptance length per verify round, bonus token included
-    max_tau: int  # block_size: every draft accepted plus the bonus
-    acceptance_histogram: dict[int, int]
-    generated_tokens: int
-    plain_seconds: float
-    spec_seconds: float
-    speedup: float  # plain / speculative wall time
-    plain_tokens_per_s: float
-    spec_tokens_per_s: float
-    outputs_match: bool  # speculative == plain greedy output for every prompt
-    mismatched_prompts: int
-    # per block position 1..B-1: share of the rounds drafting it that accepted drafts 1..k (None: never drafted)
-    acceptance_by_position: tuple[float | None, ...] = ()
-
-
-def evaluate(proposer: Proposer, target, prompts: list[list[int]], max_new_tokens: int, block_size: int,
-             progress: Callable[[int, int], None] | None = None) -> EvalResult:
-    """Run plain and speculative greedy decoding on every prompt; compare and time them.
-    `progress(done, total)`: (0, total) once everything is loaded, then after each prompt."""
-    if progress:
-        progress(0, len(prompts))
-    if prompts:  # warm both paths once (allocator, first-call overheads) outside the timing
-        plain_generate(target, prompts[0], 2)
-        speculative_generate(proposer, target, prompts[0], 2, block_size)
-    acc: list[int] = []
-    accepted: list[int] = []
-    drafted: list[int] = []
-    plain_s = spec_s = 0.0
-    n_tokens, mismatches = 0, 0
-    for i, p in enumerate(prompts):
-        plain = plain_generate(target, p, max_new_tokens)
-        spec = speculative_generate(proposer, target, p, max_new_tokens, block_size)
-        plain_s += plain.seconds
-        spec_s += spec.seconds
-        acc += spec.acceptance
-        accepted += spec.accepted
-        drafted += spec.drafted
-        n_tokens += len(spec.tokens)
-        mismatches += spec.tokens != plain.tokens
-        if progress:
-            progress(i + 1, len(prompts))
-    hist: dict[int, int] = {}
-    for a in acc:
-        hist[a] = hist.get(a, 0) + 1
-    return EvalResult(
-        prompts=len(prompts), rounds=len(acc), tau=statistics.fmean(acc) if acc else float("nan"),
-        max_tau=block_size, acceptance_histogram=dict(sorted(hist.items())), generated_tokens=n_tokens,
-        plain_seconds=plain_s, spec_seconds=spec_s, speedup=plain_s / spec_s if spec_s else float("nan"),
-        plain_tokens_per_s=n_tokens / plain_s if plain_s else float("nan"),
-        spec_tokens_per_s=n_tokens / spec_s if spec_s else float("nan"),
-        outputs_match=mismatches == 0, mismatched_prompts=mismatches,
-        acceptance_by_position=tuple(acceptance_by_position(accepted, drafted, block_size)),
-    )
+def evaluate_drafter(drafter, target, prompts: list[list[int]], max_new_tokens: int, block_size: int,
+                     progress: Callable[[int, int], None] | None = None, *, batched: bool = True,
+                     use_graphs: bool | None = None, on_note: Callable[[str], None] | None = None) -> EvalResult:
+    """τ and speedup of `drafter` on `prompts`: batched decoding where the target allows it (and
+    `batched`), else the batch-1 reference; `use_graphs`: None = CUDA graphs on CUDA. `on_note`: why
+    the reference ran, or why graphs were turned off."""
+    why = batched_unsupported(target, block_size) if batched else "asked for the batch-1 reference"
+    if why is None:
+        result, notes = evaluate_batched(drafter, target, prompts, max_new_tokens, block_size, progress,
+                                         use_graphs=use_graphs)
+        for note in notes:
+            if on_note is not None:
+                on_note(note)
+        return result
+    if on_note is not None and batched:
+        on_note(f"decoded one prompt at a time: {why}")
+    return evaluate(DrafterProposer(drafter, target), target, prompts, max_new_tokens, block_size, progress)
 
 
 def check_num_prompts(n: int | None) -> None:
@@ -341,5 +109,5 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     if not convs:
         raise BadInput(f"no prompts found in {cfg.data.path!r}", hint="pass --data with chat JSONL holding user turns")
     prompts = prompt_ids(target.tokenizer, convs)
-    return evaluate(DrafterProposer(drafter, target), target, prompts, max_new_tokens or cfg.eval.max_new_tokens,
-                    drafter.spec.block_size, progress=progress)
+    return evaluate_drafter(drafter, target, prompts, max_new_tokens or cfg.eval.max_new_tokens,
+                            drafter.spec.block_size, progress=progress, on_note=on_note)

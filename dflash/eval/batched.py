@@ -1,0 +1,400 @@
+"""Batched decoding for eval: every prompt of an eval decoded together, speculative and plain.
+
+The loop is the reference's (dflash.eval.evaluate: draft a block, verify it, keep the longest
+accepted prefix plus the target's next token), run for B rows at once:
+- **Slots, not caches that grow.** The target's K/V and the drafter's context live in buffers made
+  once for the longest prompt + max_new_tokens + a block (dflash.eval.slots); a row's token at
+  position p is in slot p. A round writes the block at each row's own positions; masks keep every
+  query to its row's committed slots, so a rejected draft needs no crop: the next round writes
+  over it.
+- **Rows move at their own pace.** Each row accepts its own number of drafts per round; the batch
+  runs until every row has its tokens or an EOS. A finished row leaves the batch (its slots with
+  it): at once when the steps run eagerly, when half the batch is done under CUDA graphs (each
+  batch size is a graph to capture).
+- **Prefill in chunks.** Prompts, longest first, right-padded, at most PREFILL_TOKENS per forward
+  (a chunk's hidden states of every layer are live at once); each chunk's taps become the drafter's
+  context and its first drafts.
+- **Steps as CUDA graphs where the device allows** (dflash.eval.graphs): the verify forward, the
+  drafter's block and the plain decode step, each checked against its eager run once. Elsewhere
+  (CPU) they run eagerly, reading only the slots in use.
+- **Same tokens, same acceptance.** Greedy: identical generated tokens and per-round acceptance to the
+  batch-1 reference on the same prompts (tests/test_eval_batched.py, fp32 CPU). Temperature > 0: the
+  same speculative sampling (accept draft d with probability p(d); else draw from p without d), drawn
+  on the device from a generator seeded like the caller's, so the draws differ from the
+  reference's (which draws on the CPU, one prompt after another) while following the same
+  distribution.
+
+The target must take a 4-D attention mask and this duck-typed cache: transformers' sdpa or eager
+attention with full-attention layers (Qwen3, Qwen2, Llama, ...). `batched_unsupported` says when it
+does not; callers then run the reference loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from dflash.eval.draft_step import draft_logits, draft_masks
+from dflash.eval.generation import EvalResult, Generation, summarize, sync, with_cache
+from dflash.eval.graphs import StepRunner, graphs_available
+from dflash.eval.slots import ContextSlots, TargetSlots
+
+PREFILL_TOKENS = 8192  # rows × longest prompt per prefill forward (its per-layer hidden states are live at once)
+
+
+@dataclass(frozen=True)
+class BatchDecode:
+    """A batch's generations, in prompt order; `seconds` is the whole batch's wall time (each
+    Generation carries it too: the prompts were decoded together)."""
+
+    generations: tuple[Generation, ...]
+    seconds: float
+    steps: int  # batched forwards after the prefill: verify rounds, or plain decode steps
+    graphs: bool  # the steps ran as CUDA graphs
+    notes: tuple[str, ...] = ()  # why graphs were turned off, when they were
+
+
+def batched_unsupported(target, block_size: int = 2) -> str | None:
+    """Why `target` cannot be decoded batched here (None: it can)."""
+    impl = getattr(target.config, "_attn_implementation", None)
+    if not getattr(target, "has_body", True):
+        return "the target holds no decoder (an embedding + head view)"
+    if impl not in ("sdpa", "eager"):
+        return f"attention implementation {impl!r} (batched decoding passes 4-D masks: sdpa or eager)"
+    if any(t != "full_attention" for t in (getattr(target.config, "layer_types", None) or ())):
+        return "the target has sliding-window layers"
+    if block_size < 2:
+        return f"block size {block_size} drafts nothing"
+    return None
+
+
+@dataclass(slots=True)
+class _Row:
+    """One prompt's decoding state (host side)."""
+
+    index: int
+    tokens: list[int]  # prompt + generated so far; the last one is the anchor (not yet seen by the target)
+    max_len: int
+    start: int  # the anchor's position
+    prev_start: int = 0  # the previous round's anchor position: where the new context taps sit
+    done: bool = False
+    acceptance: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+
+    def vs(self, block: int) -> int:
+        """Block length this round: the reference's min(block, max_len - start); >= 1 (a finished
+        row still in the batch drafts a block nobody reads)."""
+        return max(1, min(block, self.max_len - self.start))
+
+
+def _check_prompts(prompts: list[list[int]]) -> None:
+    from compilewatch import BadInput
+
+    empty = [i for i, p in enumerate(prompts) if not p]
+    if empty:
+        raise BadInput(f"prompt {empty[0]} is empty (no tokens): nothing to decode from",
+                       hint="every prompt needs at least one token (its chat template renders some)")
+
+
+def _chunks(lengths: list[int]) -> list[list[int]]:
+    """Row indices, longest prompt first, grouped so that rows × longest ≤ PREFILL_TOKENS (≥ 1 row)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    for i in order:
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= PREFILL_TOKENS:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _target_mask(target, mask: torch.Tensor) -> torch.Tensor:
+    """A bool mask (True = read) as the target's attention takes it: bool for sdpa, additive for eager."""
+    if getattr(target.config, "_attn_implementation", None) == "eager":
+        return torch.zeros(mask.shape, dtype=target.dtype, device=mask.device).masked_fill(
+            ~mask, torch.finfo(target.dtype).min)
+    return mask
+
+
+def _forward(target, slots: TargetSlots, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, **kw):
+    return target.model(input_ids=ids, position_ids=pos, attention_mask=_target_mask(target, mask),
+                        **with_cache(target, slots), **kw)
+
+
+def _prefill(target, slots: TargetSlots, prompts: list[list[int]], rows: list[int], hidden: bool):
+    """Prompts `rows` right-padded into one forward, written to their slots. Returns (logits at each
+    row's last prompt token (b, V), the model output, the padded length)."""
+    dev = target.device
+    lens = [len(prompts[i]) for i in rows]
+    P = max(lens)
+    ids = torch.zeros((len(rows), P), dtype=torch.long)
+    for j, i in enumerate(rows):
+        ids[j, : lens[j]] = torch.tensor(prompts[i])
+    ids = ids.to(dev)
+    pos = torch.arange(P, device=dev)[None].expand(len(rows), P)  # (b, P): slot = position
+    causal = torch.ones((P, P), dtype=torch.bool, device=dev).tril()[None, None].expand(len(rows), 1, P, P)
+    lasts = sorted(set(n - 1 for n in lens))
+    slots.set_step(pos, rows=torch.tensor(rows, device=dev), prefill=True)
+    out = _forward(target, slots, ids, pos, causal, logits_to_keep=torch.tensor(lasts, device=dev),
+                   output_hidden_states=hidden)
+    which = torch.tensor([lasts.index(n - 1) for n in lens], device=dev)
+    return out.logits[torch.arange(len(rows), device=dev), which], out, P  # (b, V)
+
+
+def _pick(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
+    """(b, V) -> (b,): argmax, or a sample at `temperature` (on the logits' device)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=gen)[:, 0]
+
+
+def accept(block: torch.Tensor, logits: torch.Tensor, vs: torch.Tensor, temperature: float,
+           gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(accepted drafts (B,), the token after them (B,)) for blocks (B, Q) of which the first vs[b]
+    slots are real, given the target's logits (B, Q, V) after each slot. Greedy: the longest prefix of
+    drafts equal to the target's argmax. Sampled: draft d at slot i kept with probability p_i(d);
+    at the first rejection a draw from p_i without d; all kept: the bonus from p at slot vs-1."""
+    B, Q = block.shape
+    dev = block.device
+    drafts = block[:, 1:]  # (B, Q-1)
+    live = torch.arange(Q - 1, device=dev)[None] < (vs - 1)[:, None]  # (B, Q-1): drafted slots
+    if temperature <= 0:
+        post = logits.argmax(-1)  # (B, Q)
+        acc = ((drafts == post[:, :-1]) & live).long().cumprod(1).sum(1)  # (B,)
+        return acc, post.gather(1, acc[:, None])[:, 0]
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (B, Q, V)
+    p_d = probs[:, :-1].gather(2, drafts[..., None])[..., 0]  # (B, Q-1)
+    u = torch.rand(p_d.shape, generator=gen, device=dev)
+    acc = ((u < p_d) & live).long().cumprod(1).sum(1)  # (B,)
+    row = probs[torch.arange(B, device=dev), acc]  # (B, V): p at the first rejected slot, or the bonus row
+    rejected = acc < vs - 1
+    d = drafts.gather(1, acc.clamp(max=Q - 2)[:, None])  # (B, 1): the rejected draft
+    residual = row.scatter(1, d, 0.0)
+    residual = torch.where((rejected & (residual.sum(1) > 0))[:, None], residual, row)  # p one-hot on d: keep d
+    return acc, torch.multinomial(residual, 1, generator=gen)[:, 0]
+
+
+def device_generator(gen: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """`gen` when it draws on `device`, else a generator there seeded with `gen`'s seed."""
+    if gen is None or gen.device.type == device.type:
+        return gen
+    return torch.Generator(device=device).manual_seed(gen.initial_seed())
+
+
+class _Batch:
+    """The rows in the batch (finished ones until they are dropped) and what is indexed by them."""
+
+    def __init__(self, rows: list[_Row], caches: list, runners: list[StepRunner], graphs: bool,
+                 device: torch.device) -> None:
+        self.rows, self.caches, self.runners, self.graphs, self.device = rows, caches, runners, graphs, device
+
+    def live(self) -> int:
+        return sum(not r.done for r in self.rows)
+
+    def compact(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Drop finished rows when due (eagerly: at once; graphs: when half are done); return
+        `tensors` (row-indexed) for the rows that stay."""
+        live = self.live()
+        if live == len(self.rows) or live == 0 or (self.graphs and live > len(self.rows) // 2):
+            return tensors
+        keep = [b for b, r in enumerate(self.rows) if not r.done]
+        idx = torch.tensor(keep, device=self.device)
+        for c in self.caches:
+            c.select(idx)
+        for r in self.runners:
+            r.reset()
+        self.rows = [self.rows[b] for b in keep]
+        return tuple(t.index_select(0, idx) for t in tensors)
+
+
+def _finish(row: _Row, produced: list[int], eos: set[int]) -> None:
+    """Append a round's tokens, cut at the first EOS and at the budget (the reference's cuts), record
+    the round's acceptance length, and mark the row finished when it is."""
+    for i, t in enumerate(produced):
+        if t in eos:
+            produced = produced[: i + 1]
+            break
+    produced = produced[: row.max_len - len(row.tokens)]
+    row.tokens += produced
+    row.acceptance.append(len(produced))
+    row.done = len(row.tokens) >= row.max_len or row.tokens[-1] in eos
+
+
+@torch.no_grad()
+def speculative_batch(drafter, target, prompts: list[list[int]], max_new_tokens: int, block_size: int,
+                      temperature: float = 0.0, generator: torch.Generator | None = None,
+                      use_graphs: bool | None = None, on_done: Callable[[int], None] | None = None) -> BatchDecode:
+    """Speculative decoding of every prompt at once (module docstring). `on_done(n)`: n rows finished."""
+    _check_prompts(prompts)
+    dev, eos, bs = target.device, set(target.eos_ids), block_size
+    spec = drafter.spec
+    graphs = graphs_available(dev) if use_graphs is None else use_graphs and graphs_available(dev)
+    gen = device_generator(generator, dev)
+    t0 = time.perf_counter()
+    rows = [_Row(i, list(p), len(p) + max_new_tokens, len(p)) for i, p in enumerate(prompts)]
+    if not rows:
+        return BatchDecode((), 0.0, 0, graphs)
+    L = max(len(p) for p in prompts) + max_new_tokens + bs
+    att = drafter.layers[0].self_attn
+    param = next(drafter.parameters())
+    slots = TargetSlots(len(rows), L)
+    ctx = ContextSlots(len(drafter.layers), len(rows), L, att.nkv, att.d, param.dtype, dev)
+    sliding = "sliding_attention" in spec.layer_types
+    ar = torch.arange(bs, device=dev)
+    masks_id = torch.full((1, bs - 1), spec.mask_token_id, dtype=torch.long, device=dev)
+    drafts = torch.empty((len(rows), bs - 1), dtype=torch.long, device=dev)
+    firsts = torch.empty(len(rows), dtype=torch.long, device=dev)
+    for chunk in _chunks([len(p) for p in prompts]):
+        logits, out, P = _prefill(target, slots, prompts, chunk, hidden=True)
+        first = _pick(logits, temperature, gen)  # (b,)
+        taps = torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)  # (b, P, k·H)
+        del out
+        r_t = torch.tensor(chunk, device=dev)
+        start = torch.tensor([rows[i].start for i in chunk], device=dev)
+        vs = torch.tensor([rows[i].vs(bs) for i in chunk], device=dev)
+        block = torch.cat([first[:, None], masks_id.expand(len(chunk), -1)], 1)  # (b, Q)
+        dl = draft_logits(drafter, target, ctx, block, taps, torch.arange(P, device=dev)[None].expand(len(chunk), P),
+                          start[:, None] + ar, draft_masks(start, vs, bs, P + bs, spec.sliding_window, sliding),
+                          rows=r_t, kv_len=P + bs)
+        drafts[r_t], firsts[r_t] = dl.argmax(-1), first
+    for r, t in zip(rows, firsts.tolist()):
+        r.tokens.append(t)
+        r.done = len(r.tokens) >= r.max_len or t in eos
+
+    def verify(kv: int, block: torch.Tensor, start: torch.Tensor):
+        pos = start[:, None] + ar  # (B, Q)
+        slots.set_step(pos, kv_len=kv)
+        mask = torch.arange(kv, device=dev)[None, None, None, :] <= pos[:, None, :, None]  # (B, 1, Q, KV)
+        out = _forward(target, slots, block, pos, mask, output_hidden_states=True)
+        return out.logits, torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)
+
+    def draft(kv: int, anchor: torch.Tensor, taps: torch.Tensor, prev: torch.Tensor, start: torch.Tensor,
+              vs: torch.Tensor):
+        block = torch.cat([anchor[:, None], masks_id.expand(anchor.shape[0], -1)], 1)
+        masks = draft_masks(start, vs, bs, kv, spec.sliding_window, sliding)
+        return (draft_logits(drafter, target, ctx, block, taps, prev[:, None] + ar, start[:, None] + ar, masks,
+                             kv_len=kv),)
+
+    pool = torch.cuda.graph_pool_handle() if graphs else None
+    runners = [StepRunner("verify", verify, L, graphs, pool), StepRunner("draft", draft, L, graphs, pool)]
+    batch = _Batch(rows, [slots, ctx], runners, graphs, dev)
+    (drafts,) = batch.compact(drafts)
+    steps, finished = 0, sum(r.done for r in rows)
+    while batch.live():
+        host = torch.tensor([[r.start for r in batch.rows], [r.vs(bs) for r in batch.rows],
+                             [r.tokens[-1] for r in batch.rows]], device=dev)
+        start, vs, anchor = host[0], host[1], host[2]
+        kv = max(r.start for r in batch.rows) + bs
+        block = torch.cat([anchor[:, None], drafts], 1)  # (B, Q)
+        logits, taps = runners[0](kv, block, start)
+        acc, last = accept(block, logits, vs, temperature, gen)
+        got = torch.cat([block, acc[:, None], last[:, None]], 1).tolist()  # the round's one sync
+        steps += 1
+        for r, g in zip(batch.rows, got):
+            if r.done:
+                continue
+            a, n = g[bs], r.vs(bs)
+            r.accepted.append(a)
+            r.drafted.append(n - 1)
+            _finish(r, g[1: a + 1] + [g[bs + 1]], eos)
+            r.prev_start, r.start = r.start, r.start + a + 1
+        if on_done is not None and sum(r.done for r in rows) != finished:
+            finished = sum(r.done for r in rows)
+            on_done(finished)
+        if not batch.live():
+            break
+        taps, drafts = batch.compact(taps, drafts)
+        host = torch.tensor([[r.tokens[-1] for r in batch.rows], [r.prev_start for r in batch.rows],
+                             [r.start for r in batch.rows], [r.vs(bs) for r in batch.rows]], device=dev)
+        kv = max(r.start for r in batch.rows) + bs
+        (dl,) = runners[1](kv, host[0], taps, host[1], host[2], host[3])
+        drafts = dl.argmax(-1)
+    sync(dev)
+    seconds = time.perf_counter() - t0
+    gens = tuple(Generation(tokens=r.tokens[len(prompts[r.index]):], acceptance=r.acceptance, seconds=seconds,
+                            accepted=r.accepted, drafted=r.drafted) for r in rows)
+    return BatchDecode(gens, seconds, steps, graphs and all(x.use_graphs for x in runners),
+                       tuple(x.note for x in runners if x.note))
+
+
+@torch.no_grad()
+def plain_batch(target, prompts: list[list[int]], max_new_tokens: int, use_graphs: bool | None = None,
+                on_done: Callable[[int], None] | None = None) -> BatchDecode:
+    """Greedy decoding of every prompt at once with the target alone, one token per row per step."""
+    _check_prompts(prompts)
+    dev, eos = target.device, set(target.eos_ids)
+    graphs = graphs_available(dev) if use_graphs is None else use_graphs and graphs_available(dev)
+    t0 = time.perf_counter()
+    rows = [_Row(i, list(p), len(p) + max_new_tokens, len(p)) for i, p in enumerate(prompts)]
+    if not rows:
+        return BatchDecode((), 0.0, 0, graphs)
+    L = max(len(p) for p in prompts) + max_new_tokens + 1
+    slots = TargetSlots(len(rows), L)
+    firsts = torch.empty(len(rows), dtype=torch.long, device=dev)
+    for chunk in _chunks([len(p) for p in prompts]):
+        logits, _, _ = _prefill(target, slots, prompts, chunk, hidden=False)
+        firsts[torch.tensor(chunk, device=dev)] = logits.argmax(-1)
+    for r, t in zip(rows, firsts.tolist()):
+        r.tokens.append(t)
+        r.done = len(r.tokens) >= r.max_len or t in eos
+
+    def step(kv: int, tok: torch.Tensor, pos: torch.Tensor):
+        slots.set_step(pos[:, None], kv_len=kv)
+        mask = torch.arange(kv, device=dev)[None, None, None, :] <= pos[:, None, None, None]  # (B, 1, 1, KV)
+        return (_forward(target, slots, tok[:, None], pos[:, None], mask).logits[:, -1],)  # (B, V)
+
+    runner = StepRunner("plain", step, L, graphs, torch.cuda.graph_pool_handle() if graphs else None)
+    batch = _Batch(rows, [slots], [runner], graphs, dev)
+    steps, finished = 0, sum(r.done for r in rows)
+    while batch.live():
+        batch.compact()
+        host = torch.tensor([[r.tokens[-1] for r in batch.rows], [len(r.tokens) - 1 for r in batch.rows]], device=dev)
+        (logits,) = runner(max(len(r.tokens) for r in batch.rows), host[0], host[1])
+        steps += 1
+        for r, t in zip(batch.rows, logits.argmax(-1).tolist()):
+            if not r.done:
+                r.tokens.append(t)
+                r.done = len(r.tokens) >= r.max_len or t in eos
+        if on_done is not None and sum(r.done for r in rows) != finished:
+            finished = sum(r.done for r in rows)
+            on_done(finished)
+    sync(dev)
+    seconds = time.perf_counter() - t0
+    gens = tuple(Generation(tokens=r.tokens[len(prompts[r.index]):], acceptance=[], seconds=seconds) for r in rows)
+    return BatchDecode(gens, seconds, steps, graphs and runner.use_graphs, (runner.note,) if runner.note else ())
+
+
+def evaluate_batched(drafter, target, prompts: list[list[int]], max_new_tokens: int, block_size: int,
+                     progress: Callable[[int, int], None] | None = None,
+                     use_graphs: bool | None = None) -> tuple[EvalResult, tuple[str, ...]]:
+    """Plain and speculative greedy decoding of all prompts, each pass batched; compared and timed.
+    Speedup = plain batch wall time / speculative batch wall time (same prompts, same batch, same
+    token budget; graph captures counted in each). `progress(done, total)`: (0, total) first, then as
+    rows finish (done = the mean of the two passes' finished rows). Returns (result, notes)."""
+    n = len(prompts)
+    if progress:
+        progress(0, n)
+    if prompts:  # warm both paths once (allocator, kernels, first-call overheads) outside the timing
+        plain_batch(target, prompts[:1], 2, use_graphs=False)
+        speculative_batch(drafter, target, prompts[:1], 2, block_size, use_graphs=False)
+    done = [0, 0]
+
+    def report(which: int):
+        def on_done(k: int) -> None:
+            done[which] = k
+            if progress:
+                progress((done[0] + done[1]) // 2, n)
+        return on_done
+
+    plain = plain_batch(target, prompts, max_new_tokens, use_graphs=use_graphs, on_done=report(0))
+    spec = speculative_batch(drafter, target, prompts, max_new_tokens, block_size, use_graphs=use_graphs,
+                             on_done=report(1))
+    if progress and (done[0] + done[1]) // 2 < n:
+        progress(n, n)
+    result = summarize(list(plain.generations), list(spec.generations), plain.seconds, spec.seconds, block_size)
+    return result, plain.notes + spec.notes

@@ -1,0 +1,87 @@
+"""A decode step run eagerly, or replayed as a CUDA graph where the device allows.
+
+Batched decoding repeats the same few steps (the target's verify forward, the drafter's block, a
+plain decode token) at fixed shapes over preallocated slots (dflash.eval.slots): every round is the
+same kernels on the same addresses, which is what a CUDA graph replays without the Python and launch
+overhead of an eager transformers forward (tens of milliseconds per forward at 8B).
+
+- A step is `fn(kv_len, *tensors) -> tuple of tensors`. Eager calls pass the slots it needs to read
+  (`kv_len`, the longest row so far); a graph reads all of them (fixed shapes).
+- One graph per batch size, captured the first time that size is run: a warm-up call on a side stream
+  (it runs the step for real: writing the same K/V to the same slots twice is harmless), the capture,
+  one replay. The replay's outputs are checked against the warm-up's; a capture that fails or
+  disagrees turns graphs off for this step (`note` says why) and the warm-up's result is used.
+- Replays return the graph's own output tensors: read them before the step runs again.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+GRAPH_RTOL = 2e-2  # replay vs warm-up: the same kernels on the same inputs; bf16 rounding at most
+GRAPH_ATOL = 2e-2
+
+
+def graphs_available(device: torch.device) -> bool:
+    """CUDA graphs need a CUDA device; everything else runs eagerly."""
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
+class StepRunner:
+    """`fn` run eagerly or as CUDA graphs captured per batch size (module docstring)."""
+
+    def __init__(self, name: str, fn: Callable[..., tuple[torch.Tensor, ...]], full_len: int,
+                 use_graphs: bool, pool=None) -> None:
+        self.name, self.fn, self.full_len = name, fn, full_len
+        self.use_graphs = use_graphs
+        self.pool = pool
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+        self.note: str | None = None  # why graphs were turned off
+        self.replays = 0
+
+    def reset(self) -> None:
+        """Forget captured graphs (the slots they read were reallocated: rows left the batch)."""
+        self.graphs.clear()
+
+    def __call__(self, kv_len: int, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if not self.use_graphs:
+            return self.fn(kv_len, *inputs)
+        key = int(inputs[0].shape[0])
+        entry = self.graphs.get(key)
+        if entry is None:
+            return self._capture(key, inputs)
+        graph, static, outputs = entry
+        for s, x in zip(static, inputs):
+            s.copy_(x)
+        graph.replay()
+        self.replays += 1
+        return outputs
+
+    def _capture(self, key: int, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        dev = inputs[0].device
+        static = [x.clone() for x in inputs]
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            ref = self.fn(self.full_len, *static)  # the warm-up: a real step
+        torch.cuda.current_stream(dev).wait_stream(side)
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = self.fn(self.full_len, *static)
+            graph.replay()
+        except Exception as e:  # noqa: BLE001 - anything the capture cannot take: run this step eagerly
+            self.use_graphs = False
+            self.note = f"{self.name}: CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); ran eagerly"
+            torch.cuda.synchronize(dev)
+            return ref
+        bad = [i for i, (a, b) in enumerate(zip(outputs, ref)) if a.is_floating_point() and not torch.allclose(
+            a.float(), b.float(), rtol=GRAPH_RTOL, atol=GRAPH_ATOL)]
+        if bad:
+            self.use_graphs = False
+            self.note = f"{self.name}: CUDA graph replay differed from the eager step (outputs {bad}); ran eagerly"
+            return ref
+        self.graphs[key] = (graph, static, outputs)
+        return outputs

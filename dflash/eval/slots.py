@@ -1,0 +1,93 @@
+"""Preallocated K/V for batched decoding: one slot per position, written in place, never grown.
+
+A row's token at position p lives in slot p of its row (prompts are right-padded, so every row starts
+at slot 0). A forward writes each of its tokens' K/V at the slots its positions name (`write_pos`,
+(b, T)); attention reads the whole buffer and an attention mask keeps each query to the slots that
+hold that row's committed tokens and the block itself. What a rejected draft or a prompt's padding
+wrote stays in its slot, masked, until a later round writes over it: nothing is cropped or copied,
+so the buffers' addresses never change (what a CUDA graph needs) except when finished rows are
+dropped (`select`).
+
+- `TargetSlots` is what the target's attention layers see as their cache: the one method transformers'
+  Qwen3/Llama attention calls, `update(key_states, value_states, layer_idx, ...)` (5.17 passes no
+  more, 5.24 a `kwargs=` mapping), and `get_seq_length`. The model is given every layer's mask
+  itself (an `attention_mask` dict), so no other Cache method is needed. Buffers are made at the
+  first write, from the key states' shape and dtype.
+- `ContextSlots` is the drafter's context: per draft layer the K/V of the target taps it has seen,
+  and the block being drafted right after them (dflash.eval.draft_step).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def write(buf: torch.Tensor, rows: torch.Tensor | None, pos: torch.Tensor, x: torch.Tensor) -> None:
+    """buf (B, nkv, L, D)[rows[b], :, pos[b, t]] = x (b, nkv, T, D)[b, :, t]; rows None = every row."""
+    x = x.transpose(1, 2)  # (b, T, nkv, D): the indexed dims first, as advanced indexing lays them out
+    if rows is None:
+        rows = torch.arange(buf.shape[0], device=buf.device)
+    buf[rows[:, None], :, pos] = x.to(buf.dtype)
+
+
+class TargetSlots:
+    """The target's K/V cache for `rows` rows of `length` slots (duck-typed transformers Cache)."""
+
+    is_compileable = False  # read by transformers' generate only; this cache is never given to it
+
+    def __init__(self, rows: int, length: int) -> None:
+        self.rows, self.length = rows, length
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+        self.write_pos: torch.Tensor | None = None  # (b, T) slots of this forward's tokens
+        self.write_rows: torch.Tensor | None = None  # (b,) rows of this forward (None: every row)
+        self.kv_len: int | None = None  # slots attention reads (None: all); eager forwards read fewer
+        self.prefill = False  # the rows were empty: attention needs only this forward's own K/V
+
+    def set_step(self, write_pos: torch.Tensor, *, rows: torch.Tensor | None = None, kv_len: int | None = None,
+                 prefill: bool = False) -> None:
+        """What the next forward writes and reads."""
+        self.write_pos, self.write_rows, self.kv_len, self.prefill = write_pos, rows, kv_len, prefill
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write this forward's K/V (b, nkv, T, D) at `write_pos`; return what attention reads."""
+        if layer_idx not in self.k:
+            b, nkv, _, d = key_states.shape
+            shape = (self.rows, nkv, self.length, d)
+            self.k[layer_idx] = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+            self.v[layer_idx] = torch.zeros(shape, dtype=value_states.dtype, device=value_states.device)
+        kb, vb = self.k[layer_idx], self.v[layer_idx]
+        write(kb, self.write_rows, self.write_pos, key_states)
+        write(vb, self.write_rows, self.write_pos, value_states)
+        if self.prefill:  # nothing before these tokens: their own K/V, causal (transformers' sdpa path)
+            return key_states, value_states
+        n = self.length if self.kv_len is None else self.kv_len
+        return kb[:, :, :n], vb[:, :, :n]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Slots in use as transformers asks (only when no position ids are given: never here)."""
+        return self.kv_len or 0
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only rows `keep` (indices, in their new order): finished rows leave the batch."""
+        for d in (self.k, self.v):
+            for i in d:
+                d[i] = d[i].index_select(0, keep)
+        self.rows = int(keep.numel())
+
+
+class ContextSlots:
+    """The drafter's per-layer context K/V (B, nkv, L, D), allocated once."""
+
+    def __init__(self, num_layers: int, rows: int, length: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (rows, num_kv_heads, length, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.rows, self.length = rows, length
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only rows `keep` (indices, in their new order)."""
+        self.k = [k.index_select(0, keep) for k in self.k]
+        self.v = [v.index_select(0, keep) for v in self.v]
+        self.rows = int(keep.numel())

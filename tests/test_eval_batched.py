@@ -1,0 +1,204 @@
+"""dflash.eval.batched: every prompt decoded together over preallocated K/V slots gives the batch-1
+reference's tokens and per-round acceptance, prompt for prompt (greedy, fp32, CPU).
+
+The drafter here is trained for a few steps on the tiny target's own greedy continuations of the test
+prompts, so it accepts 1 to 8 tokens a round: a random drafter accepts nothing, and identical
+acceptance lengths of all-1 rounds would say little about the accepted-prefix bookkeeping."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dflash.data.dataset import embedded_prompts
+from dflash.eval.batched import batched_unsupported, plain_batch, speculative_batch
+from dflash.eval.evaluate import (DrafterProposer, evaluate, evaluate_drafter, plain_generate, prompt_ids,
+                                  speculative_generate)
+from dflash.model.build import drafter_spec
+from dflash.model.drafter import DFlashDrafter
+from tests.dflash_helpers import tiny_target  # noqa: F401 (fixture)
+from tests.helpers import requires_cuda
+
+NEW = 40  # new tokens per prompt
+TRAIN_STEPS = 15
+
+
+def mixed_prompts(target, n: int = 6) -> list[list[int]]:
+    """Prompts of 5 to 40 tokens (cut from the embedded prompts): rows of different lengths."""
+    return [p[: 5 + 7 * i] for i, p in enumerate(prompt_ids(target.tokenizer, embedded_prompts(n, seed=5)))]
+
+
+def trained_drafter(target, sliding: bool) -> DFlashDrafter:
+    """A tiny drafter fit for TRAIN_STEPS passes to the target's greedy continuations of the test
+    prompts (every anchor of each sequence, plain CE on slots 1..B-1): it accepts a varied number of
+    drafts per round. `sliding`: layer 0 sliding-window (window 12, shorter than the sequences)."""
+    from dflash.config import tiny
+    from dflash.model.loss import make_blocks
+    from dflash.model.mask import build_masks
+
+    spec = drafter_spec(tiny(), target)
+    if sliding:
+        spec = dataclasses.replace(spec, layer_types=("sliding_attention",) + spec.layer_types[1:], sliding_window=12)
+    drafter = DFlashDrafter(spec)
+    drafter.init_weights(torch.Generator().manual_seed(0))
+    bs = spec.block_size
+    data = []
+    for p in mixed_prompts(target):
+        ids = torch.tensor([p + plain_generate(target, p, NEW).tokens])
+        n_pos = ids.shape[1]
+        anchors = torch.arange(2, n_pos - 1)[None]
+        blocks = make_blocks(ids, torch.ones_like(ids, dtype=torch.bool), torch.tensor([n_pos]), anchors,
+                             torch.ones_like(anchors, dtype=torch.bool), bs, target.mask_token_id)
+        masks = build_masks(anchors, n_pos, bs, "sdpa", spec.sliding_window, need_sliding=sliding)
+        data.append((target.taps(ids), blocks, masks, n_pos, anchors.shape[1]))
+    opt = torch.optim.AdamW(drafter.parameters(), lr=1e-2)
+    for _ in range(TRAIN_STEPS):
+        for taps, blocks, masks, n_pos, n in data:
+            h = drafter(target.embed(blocks.ids), taps, blocks.pos, torch.arange(n_pos)[None], masks=masks)
+            logits = target.head(h.view(1, n, bs, -1)[:, :, 1:])  # (1, N, B-1, V)
+            ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                   blocks.labels[:, :, 1:].reshape(-1), reduction="none")
+            w = blocks.label_mask[:, :, 1:].reshape(-1)
+            opt.zero_grad()
+            ((ce * w).sum() / w.sum()).backward()
+            opt.step()
+    return drafter.eval()
+
+
+@pytest.fixture(scope="module", params=["full", "sliding"])
+def drafter(request, tiny_target):
+    return trained_drafter(tiny_target, sliding=request.param == "sliding")
+
+
+def reference(drafter, target, prompts, new=NEW):
+    proposer = DrafterProposer(drafter, target)
+    return [speculative_generate(proposer, target, p, new, drafter.spec.block_size) for p in prompts]
+
+
+def test_batched_greedy_gives_the_reference_tokens_and_acceptance(drafter, tiny_target):
+    prompts = mixed_prompts(tiny_target)
+    ref = reference(drafter, tiny_target, prompts)
+    out = speculative_batch(drafter, tiny_target, prompts, NEW, drafter.spec.block_size)
+    assert len(out.generations) == len(prompts) and not out.graphs  # CPU: eager steps
+    for r, g in zip(ref, out.generations):
+        assert g.tokens == r.tokens and len(g.tokens) == NEW
+        assert (g.acceptance, g.accepted, g.drafted) == (r.acceptance, r.accepted, r.drafted)
+    rounds = [len(r.acceptance) for r in ref]
+    assert len(set(rounds)) > 1 and out.steps == max(rounds)  # rows at their own pace; the batch as long as the longest
+    lengths = {a for r in ref for a in r.acceptance}
+    assert max(lengths) >= 5 and 1 in lengths  # the drafter accepts, and not always: the bookkeeping is exercised
+
+
+def test_plain_batch_gives_plain_greedy_tokens(tiny_target):
+    prompts = mixed_prompts(tiny_target)
+    out = plain_batch(tiny_target, prompts, NEW)
+    assert [g.tokens for g in out.generations] == [plain_generate(tiny_target, p, NEW).tokens for p in prompts]
+    assert out.steps == NEW - 1  # the prefill gives each row its first token
+
+
+def test_rows_that_end_early_leave_the_batch_with_the_reference_tokens(drafter, tiny_target, monkeypatch):
+    """An EOS that some rows reach mid-way (a token of one prompt's continuation made an EOS): those
+    rows stop at it, in both decoders, and leave the batch; the others go on to the budget."""
+    prompts = mixed_prompts(tiny_target)
+    eos = plain_generate(tiny_target, prompts[3], NEW).tokens[12]
+    monkeypatch.setattr(tiny_target.model.config, "eos_token_id", [tiny_target.model.config.eos_token_id, eos])
+    ref = reference(drafter, tiny_target, prompts)
+    ended = [len(r.tokens) < NEW for r in ref]
+    assert any(ended) and not all(ended)
+    out = speculative_batch(drafter, tiny_target, prompts, NEW, drafter.spec.block_size)
+    for r, g in zip(ref, out.generations):
+        assert (g.tokens, g.acceptance, g.accepted, g.drafted) == (r.tokens, r.acceptance, r.accepted, r.drafted)
+    plain = plain_batch(tiny_target, prompts, NEW)
+    assert [g.tokens for g in plain.generations] == [plain_generate(tiny_target, p, NEW).tokens for p in prompts]
+
+
+def test_evaluate_drafter_reports_what_the_reference_evaluate_reports(drafter, tiny_target):
+    prompts = mixed_prompts(tiny_target, 4)
+    seen = []
+    got = evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size,
+                           progress=lambda d, n: seen.append((d, n)))
+    ref = evaluate(DrafterProposer(drafter, tiny_target), tiny_target, prompts, NEW, drafter.spec.block_size)
+    same = ("prompts", "rounds", "tau", "max_tau", "acceptance_histogram", "generated_tokens", "outputs_match",
+            "mismatched_prompts", "acceptance_by_position")
+    assert {k: getattr(got, k) for k in same} == {k: getattr(ref, k) for k in same}
+    assert got.outputs_match and got.tau > 1.5 and got.spec_seconds > 0 and got.plain_seconds > 0
+    assert seen[0] == (0, 4) and seen[-1] == (4, 4) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_eager_attention_targets_get_additive_masks_and_the_same_tokens(drafter, tiny_target, monkeypatch):
+    """transformers' eager attention adds its mask: the batched decoder hands it 0 / -inf, not bools."""
+    monkeypatch.setattr(tiny_target.model.config, "_attn_implementation", "eager")
+    prompts = mixed_prompts(tiny_target, 3)
+    out = speculative_batch(drafter, tiny_target, prompts, 16, drafter.spec.block_size)
+    for r, g in zip(reference(drafter, tiny_target, prompts, 16), out.generations):
+        assert (g.tokens, g.acceptance) == (r.tokens, r.acceptance)
+
+
+def test_near_zero_temperature_sampling_is_greedy_decoding(drafter, tiny_target):
+    """Sampled verification at T → 0 keeps exactly the argmax drafts and draws the argmax: the batched
+    sampling's bookkeeping (accept, residual, bonus) gives the greedy tokens and acceptance."""
+    prompts = mixed_prompts(tiny_target, 4)
+    greedy = speculative_batch(drafter, tiny_target, prompts, NEW, drafter.spec.block_size)
+    cold = speculative_batch(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, temperature=1e-6,
+                             generator=torch.Generator().manual_seed(3))
+    for g, c in zip(greedy.generations, cold.generations):
+        assert (c.tokens, c.acceptance) == (g.tokens, g.acceptance)
+
+
+def test_sampling_at_a_temperature_is_seeded_and_stays_in_bounds(drafter, tiny_target):
+    prompts = mixed_prompts(tiny_target, 3)
+    bs = drafter.spec.block_size
+    runs = [speculative_batch(drafter, tiny_target, prompts, 24, bs, temperature=0.8,
+                              generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert [g.tokens for g in runs[0].generations] == [g.tokens for g in runs[1].generations]
+    for g in runs[0].generations:
+        assert len(g.tokens) == 24 and all(1 <= a <= bs for a in g.acceptance) and sum(g.acceptance) == 23
+        assert all(0 <= a <= d for a, d in zip(g.accepted, g.drafted))
+
+
+def test_what_cannot_be_batched_is_named_and_decoded_one_prompt_at_a_time(drafter, tiny_target, monkeypatch):
+    fake = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"), has_body=True)
+    assert "flash_attention_2" in batched_unsupported(fake)
+    fake.config = SimpleNamespace(_attn_implementation="sdpa", layer_types=["full_attention", "sliding_attention"])
+    assert "sliding-window" in batched_unsupported(fake)
+    assert "drafts nothing" in batched_unsupported(tiny_target, block_size=1)
+    assert batched_unsupported(tiny_target, 8) is None
+    import dflash.eval.evaluate as ev
+
+    monkeypatch.setattr(ev, "batched_unsupported", lambda target, bs: "a reason")
+    notes = []
+    prompts = mixed_prompts(tiny_target, 2)
+    got = evaluate_drafter(drafter, tiny_target, prompts, 12, drafter.spec.block_size, on_note=notes.append)
+    ref = evaluate(DrafterProposer(drafter, tiny_target), tiny_target, prompts, 12, drafter.spec.block_size)
+    assert notes == ["decoded one prompt at a time: a reason"] and got.tau == ref.tau
+
+
+def test_an_empty_prompt_is_bad_input(drafter, tiny_target):
+    from compilewatch import BadInput
+
+    with pytest.raises(BadInput, match="prompt 1 is empty"):
+        speculative_batch(drafter, tiny_target, [[5, 6], []], 4, drafter.spec.block_size)
+
+
+# ----------------------------------------------------------------------------- GPU (run with -m gpu)
+@pytest.mark.gpu
+@requires_cuda()
+def test_cuda_graph_steps_give_the_reference_tokens(tiny_target):
+    """On CUDA (fp32 tiny target): the batched decoder's steps run as CUDA graphs (each checked against
+    its eager run when captured) and give the batch-1 reference's tokens and acceptance."""
+    import copy
+
+    dev = torch.device("cuda:0")
+    target = dataclasses.replace(tiny_target, model=copy.deepcopy(tiny_target.model).to(dev), device=dev)
+    drafter = trained_drafter(tiny_target, sliding=False).to(dev)
+    prompts = mixed_prompts(target)
+    out = speculative_batch(drafter, target, prompts, NEW, drafter.spec.block_size)
+    assert out.graphs and not out.notes, out.notes
+    for r, g in zip(reference(drafter, target, prompts), out.generations):
+        assert (g.tokens, g.acceptance) == (r.tokens, r.acceptance)
+    plain = plain_batch(target, prompts, NEW)
+    assert plain.graphs and [g.tokens for g in plain.generations] == [plain_generate(target, p, NEW).tokens
+                                                                     for p in prompts]
