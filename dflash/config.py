@@ -104,11 +104,17 @@ class DataConfig:
     buckets: tuple[int, ...] = ()
     """Padded sequence lengths (few shapes = few recompiles); empty = powers of two up to max_length.
     Unpacked batches only (`pack = false`)."""
-    pack: bool = True
+    pack: bool = False
     """Pack conversations back to back into `batch_size` rows of `max_length` tokens (document masks),
     and compute only their valid blocks, up to `batch_size` x `num_anchors` a micro-batch
     (dflash/data/packing.py): the same losses per block as padded batches, without their padding.
-    false = one right-padded conversation per row, `num_anchors` block slots each."""
+    false = one right-padded conversation per row, `num_anchors` block slots each. The qwen3_8b recipe
+    packs; the tiny recipe and a bare config do not (yet: their tests pin the padded layout's numbers)."""
+    pack_blocks: int | None = None
+    """Packed: the blocks a micro-batch computes (one drafter shape a run). None = from the data: its
+    blocks per token (anchors per sequence over its tokens) times the micro-batch's tokens, at least
+    `batch_size` x `num_anchors` (what a padded micro-batch computes) and at most 4 x that (memory):
+    on data with short answers the rows then fill before the blocks run out."""
     strict: bool = False
     """Any skipped record (unreadable or oversized line, no assistant turn, one that starts with the
     assistant, refused by the chat template, no anchor position) is bad input (exit 2) instead of a
@@ -128,6 +134,8 @@ class DataConfig:
         _need(self.regen_max_new_tokens >= 1, "data.regen_max_new_tokens", "must be >= 1")
         _need(self.max_record_chars is None or self.max_record_chars >= 1, "data.max_record_chars", "must be >= 1 or none")
         _need(self.workers is None or self.workers >= 1, "data.workers", "must be >= 1 or none")
+        _need(self.pack_blocks is None or self.pack_blocks >= self.num_anchors, "data.pack_blocks",
+              "must be >= data.num_anchors (a sequence's blocks fit one micro-batch) or none")
         _need(self.cache_dir is None or bool(self.cache_dir), "data.cache_dir", 'must be a directory, "off" or none')
         _need(all(b >= 1 for b in self.buckets) and list(self.buckets) == sorted(set(self.buckets)),
               "data.buckets", "must be increasing positive lengths")
@@ -422,7 +430,7 @@ def qwen3_8b() -> Config:
         # 4 sequences per GPU per step as in the reference, as 4 micro-batches of 1: the loss denominator
         # is global, so this is exactly the batch-4 gradient with a quarter of the activation memory
         data=DataConfig(path="data/train.jsonl", max_length=3072, num_anchors=512, batch_size=1,
-                        buckets=(512, 1024, 2048, 3072)),
+                        buckets=(512, 1024, 2048, 3072), pack=True),
         optim=OptimConfig(lr=6e-4, warmup_ratio=0.04, clip=1.0),
         train=TrainConfig(epochs=6, grad_accum=4),
         checkpoint=CheckpointConfig(every=1000),

@@ -15,7 +15,8 @@ COMMON = ["--set", "data.regenerate=false", "--set", "metrics.tensorboard=false"
 TRAIN_KEYS = {"run_dir", "steps", "total_steps", "first_loss", "last_loss", "first_epoch_loss", "last_epoch_loss",
               "last_epoch_tau_estimate", "last_epoch_accuracy", "last", "checkpoints", "seconds", "eval", "notes", "config"}
 STEP_KEYS = {"step", "epoch", "loss", "lr", "grad_norm", "accuracy", "tau_estimate", "tokens", "blocks", "seconds",
-             "tokens_per_s", "time_split", "memory_bytes"}
+             "tokens_per_s", "time_split", "memory_bytes", "block_slots", "valid_block_share", "valid_blocks_per_s",
+             "token_slots", "target_fill"}
 EVAL_KEYS = {"prompts", "rounds", "tau", "max_tau", "acceptance_histogram", "generated_tokens", "plain_seconds",
              "spec_seconds", "speedup", "plain_tokens_per_s", "spec_tokens_per_s", "outputs_match", "mismatched_prompts",
              "acceptance_by_position"}

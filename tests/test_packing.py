@@ -185,7 +185,7 @@ def test_packed_training_computes_fewer_padding_blocks_and_logs_it(tmp_path, tin
 
     shares = {}
     for on in (True, False):
-        cfg = _mixed_dataset(tmp_path / str(on), on, **{"train.max_steps": 3})
+        cfg = _mixed_dataset(tmp_path / str(on), on, **{"train.max_steps": 3, "data.pack_blocks": 96})
         tr = Trainer.from_config(cfg)
         try:
             res = tr.train()

@@ -392,9 +392,26 @@ class ChatDataset:
             lengths = [s.input_ids.numel() for s in samples]
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.packed = cfg.pack
-        self.block_budget = cfg.batch_size * cfg.num_anchors  # packed: blocks a micro-batch computes
         self._blocks: np.ndarray | None = None  # packed: each sample's blocks (its valid anchors)
         self._packs_per_epoch: int | None = None
+        self.block_budget = cfg.batch_size * cfg.num_anchors  # padded: the block slots of a micro-batch
+        if self.packed:
+            self.block_budget = self.packed_block_budget()
+
+    def packed_block_budget(self) -> int:
+        """The blocks of a packed micro-batch: `data.pack_blocks`, else the data's blocks per token times
+        the micro-batch's tokens (+5%: the packer fills both budgets best with a little slack), in
+        multiples of 8 (a flex tile of 128 queries at block size 16), between batch_size x num_anchors
+        and 4 x that."""
+        cfg = self.cfg
+        if cfg.pack_blocks is not None:
+            return cfg.pack_blocks
+        base = cfg.batch_size * cfg.num_anchors
+        if not len(self.samples):
+            return base
+        density = float(self.sample_blocks().sum()) / max(1.0, float(self.lengths.sum()))
+        want = -(-int(1.05 * density * cfg.batch_size * cfg.max_length) // 8) * 8
+        return int(min(4 * base, max(base, want)))
 
     def __len__(self) -> int:
         return len(self.samples)

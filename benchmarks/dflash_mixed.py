@@ -1,0 +1,182 @@
+"""DFlash training throughput on chats of mixed lengths, packed (`data.pack`, the default) and padded.
+
+Real chat data is not 3,072-token sequences: answers run from a few dozen tokens to thousands. This
+benchmark makes such data (`mixed_lengths`: prompts ~150 tokens, answers log-normal with a median of
+700, clipped to 60..3,200, truncated to max_length; `--uniform` for the all-3,072 case) and times the
+`qwen3_8b` recipe's optimizer steps (`Trainer.train_step`: target taps, drafter forward+backward,
+AdamW) with a random Qwen3-8B-shaped target (benchmarks/dflash_e2e.py's), after warming every shape
+the run uses (`Trainer.warm_batches`), so the timed steps hold no compile.
+
+Reports per layout: sequence tokens/s (total tokens / total time of the timed steps), valid blocks/s,
+the share of computed drafter blocks that were valid, the share of the target's tokens that were not
+padding, the median time split, and how long warming took. `--write-jsonl FILE` writes such chats as
+JSONL of tiny-vocabulary words instead (for `dflash train --data FILE` on the embedded tiny target).
+
+GPU (H200):  python benchmarks/dflash_mixed.py --out $OUT            (packed and padded, mixed lengths)
+             python benchmarks/dflash_mixed.py --uniform --out $OUT  (3,072-token sequences)
+CPU smoke:   python benchmarks/dflash_mixed.py --small --out /tmp/mixed
+Data only:   python benchmarks/dflash_mixed.py --write-jsonl mixed.jsonl --n 400 --scale 0.03
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+
+def mixed_lengths(n: int, seed: int = 0, scale: float = 1.0, max_length: int = 3072):
+    """(prompt lengths, answer lengths) of `n` chats: prompts log-normal around 150 tokens (10..1,500),
+    answers log-normal with a median of 700 (60..3,200), both times `scale`, the sum truncated to
+    max_length (the answer loses the excess, as truncation does)."""
+    rng = np.random.default_rng(seed)
+    prompt = np.clip(rng.lognormal(np.log(150), 0.8, n), 10, 1500) * scale
+    answer = np.clip(rng.lognormal(np.log(700), 0.9, n), 60, 3200) * scale
+    prompt = np.maximum(2, prompt.astype(int))
+    answer = np.maximum(2, answer.astype(int))
+    answer = np.minimum(answer, np.maximum(1, max_length - prompt))
+    return prompt, answer
+
+
+def mixed_dataset(n: int, vocab: int, cfg, *, uniform: bool, seed: int = 0, scale: float = 1.0):
+    import torch
+
+    from dflash.data.dataset import ChatDataset, DataStats, Sample
+
+    L = cfg.data.max_length
+    if uniform:
+        prompt, answer = np.full(n, L // 10), np.full(n, L - L // 10)
+    else:
+        prompt, answer = mixed_lengths(n, seed, scale, L)
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for p, a in zip(prompt.tolist(), answer.tolist()):
+        ids = torch.randint(0, vocab - 1, (p + a,), generator=g)
+        lm = torch.zeros(p + a, dtype=torch.bool)
+        lm[p:] = True
+        samples.append(Sample(input_ids=ids, loss_mask=lm))
+    tokens = int(sum(s.input_ids.numel() for s in samples))
+    stats = DataStats(records=n, kept=n, tokens=tokens, loss_tokens=int(answer.sum()))
+    return ChatDataset(samples, cfg.data, cfg.drafter.block_size, seed, stats)
+
+
+def write_jsonl(path: str, n: int, seed: int, scale: float) -> None:
+    import random
+
+    from dflash.model.target import tiny_words
+
+    words = tiny_words()
+    rng = random.Random(seed)
+    prompt, answer = mixed_lengths(n, seed, scale, 10**9)
+    with open(path, "w", encoding="utf-8") as fh:
+        for p, a in zip(prompt.tolist(), answer.tolist()):
+            msgs = [{"role": "user", "content": " ".join(rng.choices(words, k=p))},
+                    {"role": "assistant", "content": " ".join(rng.choices(words, k=a))}]
+            fh.write(json.dumps({"messages": msgs}) + "\n")
+
+
+def run_layout(a, pack: bool) -> dict:
+    import torch
+
+    from dflash.config import apply_overrides, qwen3_8b
+    from dflash.model.build import build_drafter, drafter_spec
+    from dflash.training.trainer import Trainer
+    from dflash_e2e import QWEN3_8B, SMALL, random_target
+
+    fields = SMALL if a.small else QWEN3_8B
+    seq = 128 if a.small else 3072
+    over = {"data.max_length": seq, "data.pack": pack, "checkpoint.every": 10**9, "metrics.log_every": 1,
+            "data.path": "embedded:tiny-chat", "train.max_steps": 10**6}
+    if a.small:
+        over.update({"drafter.num_layers": 2, "drafter.block_size": 8, "data.num_anchors": 8})
+    cfg = apply_overrides(qwen3_8b(), over)
+    device = torch.device(a.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    target = random_target(fields, device, dtype, cfg.drafter.num_layers, compile_taps=cfg.target.compile)
+    scale = 128 / 3072 if a.small else 1.0
+    ds = mixed_dataset(a.n, fields["vocab_size"], cfg, uniform=a.uniform, scale=scale)
+    spec = drafter_spec(cfg, target)
+    drafter = build_drafter(cfg, spec, device)
+    tr = Trainer(cfg, target, ds, drafter, Path(a.out) / f"run-{'packed' if pack else 'padded'}")
+    t0 = time.perf_counter()
+    warm = tr.warm_batches()
+    for i, b in enumerate(warm):
+        b = b.to(device)
+        if i == 0 or not pack:  # packed: one drafter shape; every target shape
+            tr.forward_backward(b, torch.tensor(1.0, device=device))
+        else:
+            target.taps(b.input_ids, getattr(b, "position_ids", None))
+    tr.optimizer.zero_grad(set_to_none=True)
+    tr._sync()
+    warm_s = time.perf_counter() - t0
+    steps = []
+    for s in range(a.warmup + a.steps):
+        m = tr.train_step(tr.micro_batches(s))
+        if s >= a.warmup:
+            steps.append(m)
+    tot = sum(m.seconds for m in steps)
+    tokens, blocks = sum(m.tokens for m in steps), sum(m.blocks for m in steps)
+    split = {k: round(statistics.median(m.time_split.get(k, 0.0) for m in steps), 4)
+             for k in ("target", "drafter", "optim")}
+    return {"layout": "packed" if pack else "padded", "data": "uniform" if a.uniform else "mixed",
+            "tokens_per_s": round(tokens / tot, 1), "valid_blocks_per_s": round(blocks / tot, 1),
+            "valid_block_share": round(blocks / sum(m.block_slots for m in steps), 4),
+            "target_fill": round(tokens / sum(m.token_slots for m in steps), 4),
+            "tokens_per_step": round(tokens / len(steps), 1), "blocks_per_step": round(blocks / len(steps), 1),
+            "median_step_s": round(statistics.median(m.seconds for m in steps), 4), "split_median_s": split,
+            "warm_s": round(warm_s, 2), "warm_shapes": len(warm), "steps": len(steps),
+            "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    p.add_argument("--small", action="store_true", help="tiny shapes on CPU (smoke test)")
+    p.add_argument("--uniform", action="store_true", help="every sequence max_length tokens (the uniform case)")
+    p.add_argument("--layouts", default="packed,padded", help="packed, padded, or both (comma-separated)")
+    p.add_argument("--n", type=int, default=2000, help="conversations generated")
+    p.add_argument("--steps", type=int, default=6, help="timed optimizer steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps after the shape warm-up")
+    p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
+    p.add_argument("--write-jsonl", metavar="FILE", help="write mixed-length chats (tiny words) and stop")
+    p.add_argument("--scale", type=float, default=1.0, help="--write-jsonl: lengths times this")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    if a.write_jsonl:
+        write_jsonl(a.write_jsonl, a.n, a.seed, a.scale)
+        print(json.dumps({"wrote": a.write_jsonl, "conversations": a.n}))
+        return 0
+    import torch
+
+    a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.device == "cpu":
+        torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    results = []
+    for layout in a.layouts.split(","):
+        r = run_layout(a, layout.strip() == "packed")
+        print(json.dumps(r), flush=True)
+        results.append(r)
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    name = f"dflash_mixed{'_uniform' if a.uniform else ''}{'_small' if a.small else ''}.json"
+    (Path(a.out) / name).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
