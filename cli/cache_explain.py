@@ -82,8 +82,22 @@ def render_run(r: Any, console, *, header: bool = False, limit: int = 8) -> None
         console.print(f"  [bold]{c.misses}×[/] {escape(c.cause)}: {escape(c.example)}")
     if len(r.causes) > limit:
         console.print(f"  ... {len(r.causes) - limit} more cause(s) (--json has all)")
+    render_compile_times(r, console)
     for w in r.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def render_compile_times(r: Any, console, *, limit: int = 4) -> None:
+    """Where each watched process's compile time went (issue 38, part 4), worst phase first."""
+    times = getattr(r, "compile_times", ())
+    for ct in times[:limit]:
+        who = f"pid {ct.pid} " if len(times) > 1 else ""
+        console.print(f"  {escape(who + ct.text)}")
+        steps = [f"{name} {s:.2f} s" for name, _, s, _ in ct.top[:3] if s >= 0.005]
+        if steps:
+            console.print(f"    torch's slowest steps: {escape(', '.join(steps))}")
+    if len(times) > limit:
+        console.print(f"  ... {len(times) - limit} more process(es) (--json has all)")
 
 
 def _render_against(r: Any) -> None:

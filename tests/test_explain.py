@@ -129,14 +129,19 @@ def test_watcher_installs_the_hooks_and_removes_them_at_close(tmp_path):
     from compilewatch.explain import record
     from compilewatch.tracing.watcher import Watcher
 
-    before = (cc.FxGraphCache.__dict__["load_with_key"], ac.AOTAutogradCache.__dict__["_lookup"])
+    from torch._dynamo.utils import ChromiumEventLogger as logger
+
+    before = (cc.FxGraphCache.__dict__["load_with_key"], ac.AOTAutogradCache.__dict__["_lookup"],
+              logger.__dict__["log_event_start"], logger.__dict__["log_event_end"])
     w = Watcher(tmp_path / "w.jsonl").install()
     try:
         assert record.installed()
         assert hasattr(cc.FxGraphCache.load_with_key, "__compilewatch_original__")
+        assert hasattr(logger.log_event_start, "__compilewatch_original__")  # compile time by phase (part 4)
     finally:
         w.close()
     assert not record.installed()
-    assert (cc.FxGraphCache.__dict__["load_with_key"], ac.AOTAutogradCache.__dict__["_lookup"]) == before
+    assert (cc.FxGraphCache.__dict__["load_with_key"], ac.AOTAutogradCache.__dict__["_lookup"],
+            logger.__dict__["log_event_start"], logger.__dict__["log_event_end"]) == before
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "w.jsonl").read_text().splitlines()]
     assert "cache_lookups" in kinds

@@ -12,6 +12,9 @@ miss explained by the parts that changed.
 - `explain`: a miss compared with its closest recorded entries; causes grouped and counted; the
   last run of a store; doctor's one line.
 - `against`: `cache explain --against OTHER`: why another cache dir's entries would not be hit here.
+- `timing`: warm but slow: where a watched process's compile time went, phase by phase (dynamo tracing,
+  AOTAutograd lookup, FX-graph load, kernel load, autotune, ...), from the steps torch times itself
+  (`dynamo_timed` through its ChromiumEventLogger); a phase a torch does not time is "not available".
 
 May import: compilewatch's top-level basics (`errors`, `fsutil`, `inputs`, `torchinfo`, `serialize`)
 and `compilewatch.cache.*`; never `compilewatch.tracing` (the watcher calls into this room, so the

@@ -55,6 +55,23 @@ class Cause:
 
 
 @dataclass(frozen=True, slots=True)
+class CompileTime:
+    """Where one watched process's compile time went (compilewatch.explain.timing), worst phase first."""
+
+    pid: int
+    torch: str | None
+    warm: bool  # every cache lookup of the process hit
+    total_s: float  # the time a timed compile step was open, summed over threads
+    wall_s: float
+    threads: int
+    phases: dict[str, float]  # phase -> seconds, worst first ("other" last)
+    unavailable: tuple[str, ...]  # phases this torch does not time
+    unmeasured: tuple[str, ...]  # torch steps of an available phase that this torch does not time
+    top: tuple[tuple[str, str, float, int], ...]  # (torch's event, phase, own seconds, count), worst first
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunExplanation:
     store: str
     cache_dir: str
@@ -68,6 +85,7 @@ class RunExplanation:
     explanations: tuple[Explanation, ...]
     causes: tuple[Cause, ...]  # grouped, worst first
     warnings: tuple[str, ...] = ()
+    compile_times: tuple[CompileTime, ...] = ()  # per watched process (issue 38, part 4: warm but slow)
 
 
 @dataclass(slots=True)
@@ -253,7 +271,34 @@ def explain_run(cache_dir: str | os.PathLike[str], *, run: str | None = None, pi
     hits = sum(1 for i in idx if looks[i].get("hit"))
     return RunExplanation(str(pool.own.path), cache_dir, run, tuple(sorted({looks[i].get("pid", 0) for i in idx})),
                           looks[idx[-1]].get("t") if idx else None, len(idx), hits, len(idx) - hits,
-                          round(hits / len(idx), 4) if idx else None, tuple(expls), group_causes(expls), tuple(warnings))
+                          round(hits / len(idx), 4) if idx else None, tuple(expls), group_causes(expls), tuple(warnings),
+                          compile_times(pool.own, run, pids))
+
+
+def compile_time(rec: dict) -> CompileTime:
+    """A store's `timing` line in words (compilewatch.explain.timing)."""
+    from compilewatch.explain import timing as T
+
+    raw = {p: float(v) for p, v in (rec.get("phases") or {}).items() if isinstance(v, (int, float))}
+    phases = dict(sorted(((p, v) for p, v in raw.items() if p != T.OTHER), key=lambda kv: -kv[1]))
+    if T.OTHER in raw:
+        phases[T.OTHER] = raw[T.OTHER]
+    looks = rec.get("lookups") or {}
+    warm = bool(looks.get("hit")) and not looks.get("miss")
+    top = tuple((str(e[0]), str(e[1]), float(e[2]), int(e[3])) for e in rec.get("top") or ()
+                if isinstance(e, list) and len(e) == 4)
+    return CompileTime(int(rec.get("pid", 0)), rec.get("torch"), warm, float(rec.get("total_s") or 0),
+                       float(rec.get("wall_s") or 0), int(rec.get("threads") or 0), phases,
+                       tuple(rec.get("unavailable") or ()), tuple(rec.get("unmeasured") or ()), top,
+                       T.line(rec, warm=warm))
+
+
+def compile_times(data: S.StoreData, run: str | None, pids: tuple[int, ...] | None) -> tuple[CompileTime, ...]:
+    last: dict[int, dict] = {}
+    for t in data.timings:
+        if run is not None and t.get("run") == run and (not pids or t.get("pid") in pids):
+            last[t.get("pid", 0)] = t
+    return tuple(compile_time(t) for _, t in sorted(last.items()))
 
 
 def explain_report(path: str | os.PathLike[str]) -> list[RunExplanation]:

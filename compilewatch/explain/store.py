@@ -6,6 +6,10 @@
     {"v":1,"type":"group","id":"<16 hex>","group":"config","parts":{"inductor_config[max_autotune]":["esstihe2nyydk4mh","False"], ...}}
     {"v":1,"type":"lookup","t":1733.1,"pid":42,"run":"...","kind":"fxgraph","key":"f...","hit":false,
      "name":"f","backward":false,"compile_id":"0/0","cache_dir":"/tmp/x","torch":"2.13.0+cpu","groups":{"graph":"<id>",...}}
+    {"v":1,"type":"timing","t":1733.9,"pid":42,"run":"...","torch":"2.13.0+cpu","total_s":1.8,"wall_s":1.8,
+     "threads":1,"phases":{"kernel load":1.41,...},"unavailable":[],"unmeasured":[],"top":[...],"lookups":{...}}
+
+(a `timing` line: where one watched process's compile time went, by phase: compilewatch.explain.timing.)
 
 A group is written once per store (content addressed), a lookup refers to its groups: ~0.3-0.6 KB a
 lookup. An append is one `write` of one line on an O_APPEND descriptor (whole, even with several
