@@ -183,6 +183,28 @@ def test_an_empty_prompt_is_bad_input(drafter, tiny_target):
         speculative_batch(drafter, tiny_target, [[5, 6], []], 4, drafter.spec.block_size)
 
 
+def test_the_benchmark_prints_a_json_line_per_case(capsys):
+    """benchmarks/dflash_eval_batched.py on the embedded tiny target: both decoders timed, same τ."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "dflash_eval_batched.py"
+    spec = importlib.util.spec_from_file_location("dflash_eval_batched", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    before = torch.get_num_threads()
+    try:
+        assert bench.main(["--cases", "2x8,3x5"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["case"] for r in rows] == ["2x8", "3x5"]
+    for r in rows:
+        assert r["batched"]["tau"] == r["old"]["tau"] and r["batched"]["rounds"] == r["old"]["rounds"]
+        assert r["same_as_batched"].startswith(f"{r['prompts']}/{r['prompts']} ") and r["batched"]["spec_s"] > 0
+
+
 # ----------------------------------------------------------------------------- GPU (run with -m gpu)
 @pytest.mark.gpu
 @requires_cuda()

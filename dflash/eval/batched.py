@@ -1,6 +1,6 @@
 """Batched decoding for eval: every prompt of an eval decoded together, speculative and plain.
 
-The loop is the reference's (dflash.eval.evaluate: draft a block, verify it, keep the longest
+The loop is the reference's (dflash.eval.reference: draft a block, verify it, keep the longest
 accepted prefix plus the target's next token), run for B rows at once:
 - **Slots, not caches that grow.** The target's K/V and the drafter's context live in buffers made
   once for the longest prompt + max_new_tokens + a block (dflash.eval.slots); a row's token at
@@ -15,10 +15,12 @@ accepted prefix plus the target's next token), run for B rows at once:
   (a chunk's hidden states of every layer are live at once); each chunk's taps become the drafter's
   context and its first drafts.
 - **Steps as CUDA graphs where the device allows** (dflash.eval.graphs): the verify forward, the
-  drafter's block and the plain decode step, each checked against its eager run once. Elsewhere
-  (CPU) they run eagerly, reading only the slots in use.
+  drafter's block and the plain decode step, each checked against eager runs when captured and on
+  the next call. Elsewhere (CPU) they run eagerly, reading only the slots in use.
 - **Same tokens, same acceptance.** Greedy: identical generated tokens and per-round acceptance to the
-  batch-1 reference on the same prompts (tests/test_eval_batched.py, fp32 CPU). Temperature > 0: the
+  batch-1 reference on the same prompts (tests/test_eval_batched.py, fp32 CPU; in bf16 two logits
+  within rounding of each other may tie the other way, as they may between the reference's own
+  speculative and plain decoding). Temperature > 0: the
   same speculative sampling (accept draft d with probability p(d); else draw from p without d), drawn
   on the device from a generator seeded like the caller's, so the draws differ from the
   reference's (which draws on the CPU, one prompt after another) while following the same
@@ -64,8 +66,12 @@ def batched_unsupported(target, block_size: int = 2) -> str | None:
         return "the target holds no decoder (an embedding + head view)"
     if impl not in ("sdpa", "eager"):
         return f"attention implementation {impl!r} (batched decoding passes 4-D masks: sdpa or eager)"
-    if any(t != "full_attention" for t in (getattr(target.config, "layer_types", None) or ())):
+    types = getattr(target.config, "layer_types", None)
+    if any(t != "full_attention" for t in (types or ())):
         return "the target has sliding-window layers"
+    if types is None and getattr(target.config, "sliding_window", None) and \
+            getattr(target.config, "use_sliding_window", True):  # Mistral-style: one window for every layer
+        return "the target has sliding-window attention"
     if block_size < 2:
         return f"block size {block_size} drafts nothing"
     return None
@@ -280,8 +286,7 @@ def speculative_batch(drafter, target, prompts: list[list[int]], max_new_tokens:
         return (draft_logits(drafter, target, ctx, block, taps, prev[:, None] + ar, start[:, None] + ar, masks,
                              kv_len=kv),)
 
-    pool = torch.cuda.graph_pool_handle() if graphs else None
-    runners = [StepRunner("verify", verify, L, graphs, pool), StepRunner("draft", draft, L, graphs, pool)]
+    runners = [StepRunner("verify", verify, L, graphs), StepRunner("draft", draft, L, graphs)]
     batch = _Batch(rows, [slots, ctx], runners, graphs, dev)
     (drafts,) = batch.compact(drafts)
     steps, finished = 0, sum(r.done for r in rows)
@@ -348,7 +353,7 @@ def plain_batch(target, prompts: list[list[int]], max_new_tokens: int, use_graph
         mask = torch.arange(kv, device=dev)[None, None, None, :] <= pos[:, None, None, None]  # (B, 1, 1, KV)
         return (_forward(target, slots, tok[:, None], pos[:, None], mask).logits[:, -1],)  # (B, V)
 
-    runner = StepRunner("plain", step, L, graphs, torch.cuda.graph_pool_handle() if graphs else None)
+    runner = StepRunner("plain", step, L, graphs)
     batch = _Batch(rows, [slots], [runner], graphs, dev)
     steps, finished = 0, sum(r.done for r in rows)
     while batch.live():

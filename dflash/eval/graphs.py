@@ -8,9 +8,12 @@ overhead of an eager transformers forward (tens of milliseconds per forward at 8
 - A step is `fn(kv_len, *tensors) -> tuple of tensors`. Eager calls pass the slots it needs to read
   (`kv_len`, the longest row so far); a graph reads all of them (fixed shapes).
 - One graph per batch size, captured the first time that size is run: a warm-up call on a side stream
-  (it runs the step for real: writing the same K/V to the same slots twice is harmless), the capture,
-  one replay. The replay's outputs are checked against the warm-up's; a capture that fails or
-  disagrees turns graphs off for this step (`note` says why) and the warm-up's result is used.
+  (it runs the step for real: writing the same K/V to the same slots twice is harmless), the capture
+  (`thread_local` errors: another thread's CUDA work, a background checkpoint copy, is not this
+  capture's business), one replay. The replay is checked against the warm-up, and the next call's
+  replay (new inputs: nothing of the first call's may be baked in) against an eager run of it; a
+  capture that fails or a replay that disagrees turns graphs off for this step (`note` says why) and
+  the eager result is used from then on.
 - Replays return the graph's own output tensors: read them before the step runs again.
 """
 
@@ -20,7 +23,7 @@ from typing import Callable
 
 import torch
 
-GRAPH_RTOL = 2e-2  # replay vs warm-up: the same kernels on the same inputs; bf16 rounding at most
+GRAPH_RTOL = 2e-2  # replay vs eager: the same kernels on the same inputs; bf16 rounding at most
 GRAPH_ATOL = 2e-2
 
 
@@ -33,17 +36,18 @@ class StepRunner:
     """`fn` run eagerly or as CUDA graphs captured per batch size (module docstring)."""
 
     def __init__(self, name: str, fn: Callable[..., tuple[torch.Tensor, ...]], full_len: int,
-                 use_graphs: bool, pool=None) -> None:
+                 use_graphs: bool) -> None:
         self.name, self.fn, self.full_len = name, fn, full_len
         self.use_graphs = use_graphs
-        self.pool = pool
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+        self.checked: set[int] = set()  # batch sizes whose graph replayed a second call's inputs correctly
         self.note: str | None = None  # why graphs were turned off
         self.replays = 0
 
     def reset(self) -> None:
         """Forget captured graphs (the slots they read were reallocated: rows left the batch)."""
         self.graphs.clear()
+        self.checked.clear()
 
     def __call__(self, kv_len: int, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if not self.use_graphs:
@@ -57,7 +61,22 @@ class StepRunner:
             s.copy_(x)
         graph.replay()
         self.replays += 1
+        if key not in self.checked:
+            self.checked.add(key)
+            ref = self.fn(self.full_len, *inputs)  # the same step eagerly (its writes repeat the replay's)
+            if not self._agree(outputs, ref, "a second call"):
+                return ref
         return outputs
+
+    def _agree(self, outputs: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...], what: str) -> bool:
+        """Whether a replay's floating outputs match the eager ones; else graphs off, with a note."""
+        bad = [i for i, (a, b) in enumerate(zip(outputs, ref)) if a.is_floating_point() and not torch.allclose(
+            a.float(), b.float(), rtol=GRAPH_RTOL, atol=GRAPH_ATOL)]
+        if bad:
+            self.use_graphs = False
+            self.graphs.clear()
+            self.note = f"{self.name}: CUDA graph replay of {what} differed from the eager step (outputs {bad}); ran eagerly"
+        return not bad
 
     def _capture(self, key: int, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         dev = inputs[0].device
@@ -69,7 +88,7 @@ class StepRunner:
         torch.cuda.current_stream(dev).wait_stream(side)
         try:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 outputs = self.fn(self.full_len, *static)
             graph.replay()
         except Exception as e:  # noqa: BLE001 - anything the capture cannot take: run this step eagerly
@@ -77,11 +96,7 @@ class StepRunner:
             self.note = f"{self.name}: CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); ran eagerly"
             torch.cuda.synchronize(dev)
             return ref
-        bad = [i for i, (a, b) in enumerate(zip(outputs, ref)) if a.is_floating_point() and not torch.allclose(
-            a.float(), b.float(), rtol=GRAPH_RTOL, atol=GRAPH_ATOL)]
-        if bad:
-            self.use_graphs = False
-            self.note = f"{self.name}: CUDA graph replay differed from the eager step (outputs {bad}); ran eagerly"
+        if not self._agree(outputs, ref, "its capture's inputs"):
             return ref
         self.graphs[key] = (graph, static, outputs)
         return outputs

@@ -1,0 +1,178 @@
+"""Eval decoding, batch-1 reference vs batched (issue 39 part 3, issue 40's 8B bound): seconds, rounds, τ.
+
+For each case (P prompts × N new tokens), the same drafter and prompts through
+- `old`: dflash.eval.reference's loop (what its `evaluate` runs), what `dflash eval`/`check` and periodic eval ran before:
+  one prompt at a time, plain then speculative, transformers DynamicCache, eager (on at most
+  --old-prompts prompts: at 8B it costs ~75 ms a round);
+- `batched`: what they run now (dflash.eval.evaluate.evaluate_drafter's batched path): the warm-up,
+  plain_batch and speculative_batch over all P prompts at once (CUDA graphs on CUDA unless
+  --no-graphs). `eval_wall_s` is all of it: what a periodic eval or `dflash eval` waits for decoding.
+One JSON line per case on stdout: seconds (plain, speculative, the whole eval), verify rounds summed
+over prompts, batched forwards (`steps`), τ, and on how many of the prompts both decoders gave the
+same tokens (bf16 on a GPU may differ where two logits tie within rounding).
+
+Targets: the embedded tiny one (default; CPU), `--target DIR` (a local Hugging Face directory), or
+`--random-8b` (a Qwen3-8B-shaped model with random weights, bf16 on CUDA, built from its config on the device:
+no download). The drafter is a random one of the recipe's shape (τ ≈ 1: the time per round is what
+is measured), or `--drafter EXPORT` (a trained export). Prompts: the embedded chat prompts through the
+target's template when it has a tokenizer, else random token ids of --prompt-tokens/2 .. --prompt-tokens.
+
+    CPU:        python benchmarks/dflash_eval_batched.py
+    GPU (8B):   python benchmarks/dflash_eval_batched.py --random-8b --device cuda
+                python benchmarks/dflash_eval_batched.py --target /models/Qwen3-8B --device cuda --drafter RUN
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+
+
+def random_8b(device: torch.device, num_draft_layers: int):
+    """A frozen Qwen3-8B-shaped target with random weights made on `device` in the dtype `load_target`
+    would use there (bf16 on CUDA, made straight in bf16: no fp32 copy; fp32 on CPU)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from dflash.model.drafter import default_layer_ids
+    from dflash.model.target import Target, resolve_dtype
+
+    cfg = Qwen3Config(**QWEN3_8B)
+    dtype = resolve_dtype("auto", device)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            torch.manual_seed(0)
+            model = Qwen3ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    model.requires_grad_(False).eval()
+    return Target(model=model, tokenizer=None, layer_ids=default_layer_ids(cfg.num_hidden_layers, num_draft_layers),
+                  mask_token_id=cfg.vocab_size - 1, device=device, dtype=dtype, source="benchmark:random-8b")
+
+
+def build(a):
+    """(target, drafter) as the arguments ask: the drafter on the target's device, in its dtype."""
+    from dflash.config import apply_overrides, qwen3_8b, tiny
+    from dflash.model.build import build_drafter, drafter_spec
+    from dflash.model.target import load_target
+
+    dev = torch.device(a.device)
+    base = tiny() if not (a.random_8b or a.target) else qwen3_8b()
+    cfg = apply_overrides(base, {"train.compile_layers": False, **({"target.path": a.target} if a.target else {})})
+    if a.drafter:
+        from dflash.checkpoint.store import load_export, read_export_spec, resolve_checkpoint
+
+        ck = resolve_checkpoint(a.drafter)
+        spec = read_export_spec(ck)
+        n_layers = spec.num_hidden_layers
+    else:
+        ck, spec, n_layers = None, None, cfg.drafter.num_layers
+    target = random_8b(dev, n_layers) if a.random_8b else load_target(cfg.target, n_layers, dev)
+    if ck is not None:
+        target.layer_ids = tuple(spec.target_layer_ids)
+        drafter = load_export(ck, spec=spec)
+    else:
+        drafter = build_drafter(cfg, drafter_spec(cfg, target), dev)
+    return target, drafter.to(dev, target.dtype).eval()
+
+
+def make_prompts(target, n: int, max_tokens: int) -> list[list[int]]:
+    if target.tokenizer is not None:
+        from dflash.data.dataset import embedded_prompts
+        from dflash.eval.evaluate import prompt_ids
+
+        ids = prompt_ids(target.tokenizer, embedded_prompts(n, seed=0))
+        return [ids[i % len(ids)] for i in range(n)]
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(max(1, max_tokens // 2), max_tokens + 1, (n,), generator=g).tolist()
+    return [torch.randint(0, target.vocab_size - 1, (k,), generator=g).tolist() for k in lens]
+
+
+def case(target, drafter, prompts: list[list[int]], new: int, old_prompts: int, use_graphs: bool | None) -> dict:
+    from dflash.eval.batched import batched_unsupported, plain_batch, speculative_batch
+    from dflash.eval.generation import summarize, sync
+    from dflash.eval.reference import DrafterProposer, plain_generate, speculative_generate
+
+    bs = drafter.spec.block_size
+    why = batched_unsupported(target, bs)
+    if why is not None:
+        return {"error": f"cannot batch this target: {why}"}
+    row: dict = {"prompts": len(prompts), "new_tokens": new, "block_size": bs,
+                 "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))]}
+    t0 = time.perf_counter()
+    plain_batch(target, prompts[:1], 2, use_graphs=False)  # the warm-up evaluate_drafter runs
+    speculative_batch(drafter, target, prompts[:1], 2, bs, use_graphs=False)
+    plain = plain_batch(target, prompts, new, use_graphs=use_graphs)
+    spec = speculative_batch(drafter, target, prompts, new, bs, use_graphs=use_graphs)
+    sync(target.device)
+    wall = time.perf_counter() - t0
+    r = summarize(list(plain.generations), list(spec.generations), plain.seconds, spec.seconds, bs)
+    row["batched"] = {"eval_wall_s": round(wall, 3), "spec_s": round(spec.seconds, 3), "plain_s": round(plain.seconds, 3),
+                      "rounds": r.rounds, "steps": spec.steps, "plain_steps": plain.steps, "tau": round(r.tau, 4),
+                      "speedup": round(r.speedup, 3), "outputs_match": r.outputs_match,
+                      "graphs": spec.graphs and plain.graphs, "notes": list(plain.notes + spec.notes)}
+    k = min(old_prompts, len(prompts))
+    if k:  # what dflash.eval.reference.evaluate runs, prompt by prompt (its tokens kept for the comparison)
+        proposer = DrafterProposer(drafter, target)
+        plain_generate(target, prompts[0], 2)  # its warm-up
+        speculative_generate(proposer, target, prompts[0], 2, bs)
+        t0 = time.perf_counter()
+        plains, specs = [], []
+        for p in prompts[:k]:
+            plains.append(plain_generate(target, p, new))
+            specs.append(speculative_generate(proposer, target, p, new, bs))
+        wall = time.perf_counter() - t0
+        o = summarize(plains, specs, sum(g.seconds for g in plains), sum(g.seconds for g in specs), bs)
+        row["old"] = {"prompts": k, "eval_wall_s": round(wall, 3), "spec_s": round(o.spec_seconds, 3),
+                      "plain_s": round(o.plain_seconds, 3), "rounds": o.rounds, "tau": round(o.tau, 4),
+                      "speedup": round(o.speedup, 3), "outputs_match": o.outputs_match,
+                      "spec_s_per_prompt": round(o.spec_seconds / k, 3)}
+        same = sum(g.tokens == b.tokens and g.acceptance == b.acceptance for g, b in zip(specs, spec.generations))
+        row["same_as_batched"] = f"{same}/{k} prompts (tokens and acceptance)"
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", help="a local Hugging Face model directory (default: the embedded tiny target)")
+    ap.add_argument("--random-8b", action="store_true", help="a random-weight Qwen3-8B-shaped target (no download)")
+    ap.add_argument("--drafter", help="a trained export, checkpoint or run directory (default: a random drafter)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--cases", default="4x256,64x128",
+                    help="PROMPTSxNEW_TOKENS, comma-separated (default: a periodic eval and `dflash eval -n 64`)")
+    ap.add_argument("--prompt-tokens", type=int, default=300, help="longest random prompt (targets without a tokenizer)")
+    ap.add_argument("--old-prompts", type=int, default=None,
+                    help="prompts the batch-1 reference decodes per case (default: all on CPU, 4 on CUDA)")
+    ap.add_argument("--no-graphs", action="store_true", help="run the batched steps eagerly on CUDA too")
+    ap.add_argument("--threads", type=int, default=1, help="CPU torch threads (the tiny recipe uses 1)")
+    a = ap.parse_args(argv)
+    if a.device == "cpu":
+        torch.set_num_threads(a.threads)
+    cases = [tuple(int(x) for x in c.lower().split("x")) for c in a.cases.split(",")]
+    t0 = time.perf_counter()
+    target, drafter = build(a)
+    print(f"built target {target.source} and drafter on {a.device} in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr)
+    for n, new in cases:
+        old = a.old_prompts if a.old_prompts is not None else (n if target.device.type == "cpu" else min(n, 4))
+        row = {"case": f"{n}x{new}", "target": target.source, "device": str(target.device),
+               **case(target, drafter, make_prompts(target, n, a.prompt_tokens), new, old,
+                      False if a.no_graphs else None)}
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
