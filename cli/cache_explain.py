@@ -23,7 +23,7 @@ EXIT_RULE = ("0 when every lookup hit or every miss was a graph never compiled b
 
 def explain_cmd(
     report: Annotated[Optional[Path], typer.Argument(help="A watch report (`compilewatch run --report FILE`); default: the last watched run on the cache dir.")] = None,
-    against: Annotated[Optional[Path], typer.Option("--against", help="Explain why the entries of this other cache dir would not be hit here.")] = None,
+    against: Annotated[Optional[Path], typer.Option("--against", help="Explain why the entries of this other cache dir or archive (`cache save`) would not be hit here.")] = None,
     dir: Annotated[Optional[Path], typer.Option("--dir", help="The inductor cache dir (default: the one torch uses).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -42,6 +42,8 @@ def explain_cmd(
       compilewatch cache explain watch.jsonl --json
 
       compilewatch cache explain --against /mnt/shared/inductor-cache
+
+      compilewatch cache explain --against h200-torch2.11.tar.zst
     """
     from compilewatch import torchinfo
 
@@ -152,7 +154,12 @@ def print_after(runs: list, console) -> None:
 
 class recording:
     """`with recording() as explained:` records the cache lookups of the block (probe runs in this
-    process) and fills `explained` with the run's explanations when it ends."""
+    process) and fills `explained` with the run's explanations when it ends. `temp_caches`: the name
+    prefix of the block's own temp cache dirs (`probe --threads` without --keep-cache, removed when it
+    ends): their key stores are explained, then removed too, once their cache dir is gone."""
+
+    def __init__(self, temp_caches: str | None = None) -> None:
+        self.temp_caches = temp_caches
 
     def __enter__(self) -> list:
         from compilewatch.explain import record
@@ -174,3 +181,15 @@ class recording:
                 self.explained.append(explain_lib.explain_run(S.cache_dir_of(Path(st)), run=summary["run"]))
             except Exception as e:  # noqa: BLE001 - the probe's own report comes first
                 output.err.print(f"[yellow]cache explain:[/] {escape(getattr(e, 'message', str(e)))}")
+            self._forget_temp(Path(st))
+
+    def _forget_temp(self, store: Path) -> None:
+        import shutil
+        import tempfile
+
+        from compilewatch.explain import store as S
+
+        cache = S.cache_dir_of(store)
+        if self.temp_caches and cache.parent == Path(tempfile.gettempdir()) and \
+                cache.name.startswith(self.temp_caches) and not cache.exists():
+            shutil.rmtree(store, ignore_errors=True)  # the store of our own temp cache dir, already removed

@@ -60,21 +60,26 @@ def probe_cmd(
     if threads < 0:
         raise BadInput(f"--threads must be >= 0, got {threads}")
     watcher = _timeline_watcher(timeline, stall_after=max(1.0, timeout / 2) if threads else 300.0)
+    from cli import cache_explain  # issue 38: the probe's cache misses explained, its compile time by phase
+
     if threads:
-        report = probe_lib.probe_threads(target, threads, devices=device, backend=backend, timeout=timeout,
-                                         fresh_cache=not keep_cache)
+        with cache_explain.recording(temp_caches="compilewatch-threads-" if not keep_cache else None) as explained:
+            report = probe_lib.probe_threads(target, threads, devices=device, backend=backend, timeout=timeout,
+                                             fresh_cache=not keep_cache)
         if watcher is not None:
             watcher.close()
-        output.emit(report, as_json, _render_threads)
+        if as_json:
+            output.print_json({**output.jsonable(report), "cache_explain": output.jsonable(explained)})
+        else:
+            output.emit(report, False, _render_threads)
+            cache_explain.print_after(explained, output.out)
         hung = any(t.outcome == "hang" for t in report.threads)
         if hung:  # hung daemon threads can block interpreter shutdown inside torch: leave now
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
         raise typer.Exit(1 if report.failed else 0)
-    from cli import cache_explain  # issue 38: the probe's cache misses explained
-
-    with cache_explain.recording() as explained:
+    with cache_explain.recording(temp_caches="compilewatch-probe-" if fresh_cache else None) as explained:
         report = probe_lib.probe(target, device=device.split(",")[0], backend=backend, reset=not no_reset,
                                  fresh_cache=fresh_cache)
     if watcher is not None:

@@ -77,6 +77,18 @@ def test_same_key_again_means_the_entry_is_gone(tmp_path):
     assert r.run == "r2" and r.explanations[0].verdict == "entry_gone" and "is gone from" in r.explanations[0].text
 
 
+def test_same_key_missed_again_in_one_process_means_not_saved_yet(tmp_path):
+    """Threads compiling one graph at once (`probe --threads`): the second lookup misses the key the
+    first is still compiling; its entry is not gone, it was never written yet."""
+    cache = tmp_path / "c"
+    _write_store(cache, [{"v": 1, "type": "group", "id": "g1", "parts": {"gm": ["a", None]}},
+                         _lookup("k1", "r1", False), _lookup("k1", "r1", False, t=1.4)])
+    r = explain_run(cache)
+    e = r.explanations[1]
+    assert e.verdict == "not_saved" and "missed 0.4 s before in this process" in e.text
+    assert r.explanations[0].verdict == "new_graph"
+
+
 @pytest.mark.parametrize("what", ["dir", "file"])
 def test_a_store_others_can_write_is_refused(tmp_path, what):
     cache = tmp_path / "c"
@@ -105,7 +117,7 @@ def test_writer_appends_whole_lines_and_compacts_within_bounds(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["cache", "explain", "--dir", "NOPE"], "no key store"),
     (["cache", "explain", "REPORT_NOT_THERE.jsonl"], "REPORT_NOT_THERE"),
-    (["cache", "explain", "--against", "NOPE_OTHER"], "no cache dir at"),
+    (["cache", "explain", "--against", "NOPE_OTHER"], "no cache dir or archive at"),
     (["cache", "explain", "r.jsonl", "--against", "x"], "not both"),
 ])
 def test_cli_bad_input_is_one_message_and_exit_2(tmp_path, monkeypatch, args, message):

@@ -199,3 +199,62 @@ def test_against_a_dir_without_records_reads_the_stamps_torch_left_in_entries(sc
     # the copied entries were made here by this torch with several configs: some match, the others name the flag
     assert rep.would_hit >= 1
     assert any("max_autotune" in r.text or "size_asserts" in r.text for r in rep.results if not r.would_hit)
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def _retar(src: Path, dst: Path, *, drop: str | None = None, add: tuple[str, bytes] | None = None) -> None:
+    """A copy of archive `src` (test-side), less member `drop`, with member `add` after the header."""
+    import io
+    import tarfile
+
+    with tarfile.open(src, "r:gz") as tin, tarfile.open(dst, "w:gz") as tout:
+        for i, m in enumerate(tin):
+            if m.name != drop:
+                tout.addfile(m, tin.extractfile(m) if m.isfile() else None)
+            if i == 0 and add is not None:
+                info = tarfile.TarInfo(add[0])
+                info.size = len(add[1])
+                tout.addfile(info, io.BytesIO(add[1]))
+
+
+def test_against_an_archive_reads_its_entries_stamps_through_the_verified_reader(scenarios, tmp_path):
+    from compilewatch.explain.against import explain_against
+
+    a, _, _ = scenarios
+    arch = tmp_path / "a.tar.gz"
+    res = _cli("cache", "save", str(arch), "--dir", str(a))
+    assert res.exit_code == 0, res.output
+    rep = explain_against(arch, a)
+    assert rep.source == "archive entry stamps" and rep.entries >= 2 and rep.warnings == ()
+    assert rep.would_hit >= 1  # the same entries, made here: those of this config match
+    assert any("max_autotune" in r.text or "size_asserts" in r.text for r in rep.results if not r.would_hit)
+    res = _cli("cache", "explain", "--against", str(arch), "--dir", str(a), "--json")
+    assert res.exit_code == 1 and json.loads(res.stdout)["source"] == "archive entry stamps"  # some would miss
+    # an unsigned copy is foreign: read all the same (nothing of it is run), and said so
+    foreign = tmp_path / "foreign.tar.gz"
+    _retar(arch, foreign, drop="signature.json")
+    rep = explain_against(foreign, a)
+    assert rep.entries >= 2 and "is foreign" in rep.warnings[0] and "only what its maker claims" in rep.warnings[0]
+
+
+@pytest.mark.parametrize("bad", ["traversal", "not an archive"])
+def test_against_a_bad_archive_is_one_clear_message_and_exit_2(scenarios, tmp_path, bad):
+    a, _, _ = scenarios
+    arch = tmp_path / "a.tar.gz"
+    assert _cli("cache", "save", str(arch), "--dir", str(a)).exit_code == 0
+    evil = tmp_path / "evil.tar.gz"
+    if bad == "traversal":
+        _retar(arch, evil, add=("cache/fxgraph/../../../escape", b"x"))
+    else:
+        evil.write_bytes(b"\x1f\x8b not really gzip")
+    res = _cli("cache", "explain", "--against", str(evil), "--dir", str(a))
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and str(evil) in res.output
+    assert not (tmp_path / "escape").exists()

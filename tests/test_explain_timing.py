@@ -208,3 +208,18 @@ def test_compaction_keeps_the_timing_of_the_runs_it_keeps(warm, tmp_path):
     w.close()
     after = S.read(st)
     assert {t["run"] for t in after.timings} == {"hidden"} and after.skipped == 0
+
+
+@pytest.mark.slow
+def test_probe_threads_records_its_lookups_and_compile_time_and_leaves_no_store_behind():
+    from tests.limits import cli
+
+    o = cli("probe", "compile", "--threads", "2", "--timeout", "300", "--json", timeout=420, mem=None)
+    assert o.rc == 0, o.stderr[-3000:]
+    data = json.loads(o.stdout)
+    (r,) = data["cache_explain"]
+    assert r["lookups"] >= 3 and r["cache_dir"] == data["cache_dir"]
+    (ct,) = r["compile_times"]
+    assert ct["threads"] >= 2 and ct["wall_s"] <= ct["total_s"] + 1e-3 and ct["total_s"] > 0
+    assert sum(ct["phases"].values()) <= ct["total_s"] + 1e-3
+    assert not S.store_dir(data["cache_dir"]).exists()  # the probe's temp cache dir and its store: gone

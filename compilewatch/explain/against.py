@@ -7,6 +7,13 @@ Two sources, best first:
 - the debug lines torch stamps into OTHER's FX-graph entries (`_fx_graph_cache_debug_lines`, see
   compilewatch.cache.content.stamps), read as bytes, never unpickled: their settings and config parts are
   compared with the newest entry recorded here, else only the system key and torch build with this machine's.
+
+OTHER may be an archive (`compilewatch cache save`): it is read in one pass by the archive reader
+(compilewatch.cache.archive.reader.inspect_archive: every member checked by tarsafe and hashed against
+what was signed; nothing extracted, unpickled or run), its `cache/fxgraph/` entries' stamps read from the
+bytes as they stream by. An archive holds no key store (the store lives beside a cache dir), so its
+entries are read by their stamps; a foreign archive's stamps are only what its maker claims, and the
+report says so.
 """
 
 from __future__ import annotations
@@ -63,10 +70,11 @@ def stamped_parts(content: bytes) -> dict[str, list]:
 def explain_against(other: str | os.PathLike[str], here: str | os.PathLike[str]) -> AgainstReport:
     other_p, here_p = Path(os.path.abspath(other)), Path(os.path.abspath(here))
     if other_p.is_file():
-        raise BadInput(f"{other_p} is a file: --against takes a cache dir (archives are not read yet)",
-                       hint=f"load it into an empty dir first: compilewatch cache load {other_p} --dir /tmp/other")
+        return _from_archive(other_p, here_p)
     if not other_p.is_dir():
-        raise BadInput(f"no cache dir at {other_p}", hint="give the inductor cache dir whose entries you want explained")
+        raise BadInput(f"no cache dir or archive at {other_p}",
+                       hint="give the inductor cache dir or the `compilewatch cache save` archive whose entries you "
+                            "want explained")
     mine = S.read(S.store_dir(here_p))
     theirs = S.read(S.store_dir(other_p))
     fx_mine = [r for r in mine.lookups if r.get("kind") == "fxgraph"]
@@ -119,54 +127,105 @@ def _from_store(other: Path, here: Path, theirs: S.StoreData, mine: S.StoreData,
     return _report(other, here, "key store", results, [])
 
 
+class _StampJudge:
+    """One FX-graph entry's stamps against what was recorded here (or, with no run here, this machine)."""
+
+    def __init__(self, mine: S.StoreData, fx_mine: list[dict]) -> None:
+        self.ref = mine.parts_of(fx_mine[-1]) if fx_mine else None
+        self._here: tuple[str | None, str | None] | None = None
+
+    def here(self) -> tuple[str | None, str | None]:
+        if self._here is None:
+            from compilewatch.cache.content import stamps
+
+            try:
+                from compilewatch import torchinfo
+
+                cur_sys = torchinfo.system_key()
+            except Exception:  # noqa: BLE001
+                cur_sys = None
+            self._here = (stamps.current_torch_hash(), cur_sys)
+        return self._here
+
+    def entry(self, key: str, rel: str, content: bytes) -> AgainstEntry:
+        from compilewatch.cache.content import stamps
+
+        parts = stamped_parts(content)
+        if not parts:
+            return AgainstEntry(key, None, False, "not recorded", (),
+                                f"{key[:12]}: the entry carries no key parts (written by a torch that does not stamp them)")
+        if self.ref is not None:
+            diffs = diff_parts(_without_graph(parts), _without_graph(self.ref))
+        else:
+            diffs = []
+            st = stamps.stamp_of(rel, content)
+            cur_torch, cur_sys = self.here()
+            if st.torch_hash and cur_torch and st.torch_hash != cur_torch:
+                diffs.append(Diff("torch_version", P.words("torch_version"), st.torch_hash[:8], cur_torch[:8],
+                                  f"{P.words('torch_version')} [{st.torch_hash[:8]}] → [{cur_torch[:8]}]"))
+            if st.system_key and cur_sys and st.system_key != cur_sys:
+                diffs.append(Diff("system_info[hash]", "system hash", st.system_key[:12], cur_sys[:12],
+                                  f"system hash {st.system_key[:12]} → {cur_sys[:12]}"))
+        if diffs:
+            return AgainstEntry(key, None, False, diffs[0].words, tuple(diffs),
+                                f"{key[:12]}: would miss: " + "; ".join(d.text for d in diffs[:3]))
+        return AgainstEntry(key, None, True, "settings match", (),
+                            f"{key[:12]}: its torch build, system and config match here"
+                            + ("" if self.ref is not None else " (torch build and system key only: no run recorded here)"))
+
+
 def _from_stamps(other: Path, here: Path, mine: S.StoreData, fx_mine: list[dict]) -> AgainstReport:
-    from compilewatch.cache.content import stamps
     from compilewatch.inputs import read_bytes
 
-    ref = mine.parts_of(fx_mine[-1]) if fx_mine else None
+    judge = _StampJudge(mine, fx_mine)
     warnings: list[str] = []
     results = []
     fx = other / "fxgraph"
     for dirpath, _dirs, files in os.walk(fx):
         for fn in files:
             p = Path(dirpath) / fn
-            key = p.parent.name
             try:
                 content = read_bytes(p, limit=ENTRY_LIMIT, what="cache entry")
             except BadInput as e:
                 warnings.append(f"{p}: {e.message}")
                 continue
-            parts = stamped_parts(content)
-            if not parts:
-                results.append(AgainstEntry(key, None, False, "not recorded", (),
-                                            f"{key[:12]}: the entry carries no key parts (written by a torch that does not stamp them)"))
-                continue
-            if ref is not None:
-                diffs = diff_parts(_without_graph(parts), _without_graph(ref))
-            else:
-                diffs = []
-                st = stamps.stamp_of(p.relative_to(other).as_posix(), content)
-                cur_torch = stamps.current_torch_hash()
-                if st.torch_hash and cur_torch and st.torch_hash != cur_torch:
-                    diffs.append(Diff("torch_version", P.words("torch_version"), st.torch_hash[:8], cur_torch[:8],
-                                      f"{P.words('torch_version')} [{st.torch_hash[:8]}] → [{cur_torch[:8]}]"))
-                try:
-                    from compilewatch import torchinfo
-
-                    cur_sys = torchinfo.system_key()
-                except Exception:  # noqa: BLE001
-                    cur_sys = None
-                if st.system_key and cur_sys and st.system_key != cur_sys:
-                    diffs.append(Diff("system_info[hash]", "system hash", st.system_key[:12], cur_sys[:12],
-                                      f"system hash {st.system_key[:12]} → {cur_sys[:12]}"))
-            if diffs:
-                results.append(AgainstEntry(key, None, False, diffs[0].words, tuple(diffs),
-                                            f"{key[:12]}: would miss: " + "; ".join(d.text for d in diffs[:3])))
-            else:
-                results.append(AgainstEntry(key, None, True, "settings match", (),
-                                            f"{key[:12]}: its torch build, system and config match here"
-                                            + ("" if ref is not None else " (torch build and system key only: no run recorded here)")))
+            results.append(judge.entry(p.parent.name, p.relative_to(other).as_posix(), content))
     return _report(other, here, "entry stamps", results, warnings)
+
+
+def _from_archive(archive: Path, here: Path) -> AgainstReport:
+    """An archive's FX-graph entries by their stamps, read as the verified one-pass reader streams them."""
+    from compilewatch.cache.archive import reader
+
+    mine = S.read(S.store_dir(here))
+    judge = _StampJudge(mine, [r for r in mine.lookups if r.get("kind") == "fxgraph"])
+    results: list[AgainstEntry] = []
+    warnings: list[str] = []
+    prefix = reader.PREFIX + "fxgraph/"
+
+    def on_member(name: str, data) -> None:
+        if not name.startswith(prefix):
+            return
+        rel = name[len(reader.PREFIX):]
+        parts = rel.split("/")
+        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):  # what `cache load` never extracts
+            from compilewatch.inputs import one_line
+
+            raise BadInput(f"{archive}: member {one_line(name, 200)} is not a plain relative path: refused",
+                           hint="make archives with `compilewatch cache save`; check this one with "
+                                "`compilewatch cache verify`")
+        if len(parts) < 4:  # fxgraph/<xx>/<key>/<file>
+            return
+        if isinstance(data, (bytes, bytearray)) and len(data) <= ENTRY_LIMIT:
+            results.append(judge.entry(rel.split("/")[-2], rel, bytes(data)))
+        else:  # over ENTRY_LIMIT (or streamed): left out, as a dir's oversized entry is
+            warnings.append(f"{archive}:{name}: more than {ENTRY_LIMIT} bytes for a cache entry: left out")
+
+    verdict, _ = reader.inspect_archive(archive, on_member=on_member)
+    if verdict.verdict == "foreign":
+        warnings.insert(0, f"{archive} is foreign ({verdict.reason}): its entries' stamps are only what its maker "
+                           f"claims")
+    return _report(archive, here, "archive entry stamps", results, warnings)
 
 
 def _report(other: Path, here: Path, source: str, results: list[AgainstEntry], warnings: list[str]) -> AgainstReport:

@@ -1,6 +1,8 @@
 """Every miss explained by the parts of its key that changed.
 
 A miss is compared with the records before it, closest first:
+0. the same key missed just before in the same process and run: its entry was not written yet (threads
+   compiling one graph at once: `probe --threads`) or torch did not save it;
 1. the same key recorded before in this store: the key did not change, the entry is gone (cleared,
    pruned, evicted) or its shape guards did not pass;
 2. the same key recorded in another store of the same parent folder: the cache dir moved;
@@ -40,7 +42,7 @@ class Explanation:
     name: str | None
     backward: bool | None
     compile_id: str | None
-    verdict: str  # changed | entry_gone | moved | new_graph | not_recorded
+    verdict: str  # changed | not_saved | entry_gone | moved | new_graph | not_recorded
     cause: str  # the first-named cause, used to group misses
     diffs: tuple[Diff, ...]
     text: str
@@ -159,6 +161,12 @@ def explain_miss(rec: dict, index: int, pool: _Pool) -> Explanation:
     key, kind = rec["key"], rec.get("kind", "fxgraph")
     base = dict(kind=kind, key=key, name=rec.get("name"), backward=rec.get("backward"), compile_id=rec.get("compile_id"))
     same = [r for r in before if r["key"] == key and r.get("kind") == kind]
+    if same and not same[-1].get("hit") and same[-1].get("pid") == rec.get("pid") and same[-1].get("run") == rec.get("run"):
+        ago = max(0.0, float(rec.get("t") or 0) - float(same[-1].get("t") or 0))
+        text = (f"cache miss {_label(rec)} ({kind}): the same key missed {ago:.1f} s before in this process: its entry was "
+                f"not written yet (another thread compiling the same graph at the same time), or torch did not save it")
+        return Explanation(**base, verdict="not_saved", cause="same key missed before in this process (not saved yet)",
+                           diffs=(), text=text, compared_with=key)
     if same:
         r = same[-1]
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("t", 0)))

@@ -11,7 +11,7 @@ their nesting, so nested steps would be counted twice there.
 
 Each step's own time goes to its phase (`PHASES`, by torch's event name); a step torch times that is
 not in the table goes to the phase of its closest timed parent that is, else to "other" (dynamo's
-`dynamo`, `entire_frame_compile`, `compile_attempt_N` wrappers, `gc`). The phases of a process add up
+`dynamo`, `entire_frame_compile`, `compile_attempt_N`, `entire_backward_compile` wrappers, `gc`). The phases of a process add up
 to its total: the time some timed step was open, summed over threads (`wall_s`: the same, counted
 once however many threads compiled at once).
 
@@ -41,9 +41,7 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("AOTAutograd tracing", ("create_aot_dispatcher_function", "aot_collect_metadata", "aot_trace_joint_graph",
                              "min_cut_rematerialization_partition", "_recursive_joint_graph_passes",
                              "_recursive_pre_grad_passes")),
-    ("FX-graph load", ("AOTAutogradCache.inductor_load", "inductor_compile", "fx_codegen_and_compile",
-                       "compile_fx.<locals>.fw_compiler_base", "compile_fx.<locals>.bw_compiler",
-                       "entire_backward_compile")),
+    ("FX-graph load", ("AOTAutogradCache.inductor_load", "inductor_compile", "fx_codegen_and_compile")),
     ("inductor codegen", ("additional_fake_tensor_prop", "_recursive_post_grad_passes", "GraphLowering.run",
                           "GraphLowering.compile_to_fn", "GraphLowering.compile_to_module", "code_gen",
                           "GraphLowering.codegen", "Scheduler.__init__", "Scheduler.codegen",
