@@ -61,9 +61,9 @@ class BatchDecode:
 
 def batched_unsupported(target, block_size: int = 2) -> str | None:
     """Why `target` cannot be decoded batched here (None: it can)."""
-    impl = getattr(target.config, "_attn_implementation", None)
     if not getattr(target, "has_body", True):
         return "the target holds no decoder (an embedding + head view)"
+    impl = getattr(target.config, "_attn_implementation", None)
     if impl not in ("sdpa", "eager"):
         return f"attention implementation {impl!r} (batched decoding passes 4-D masks: sdpa or eager)"
     types = getattr(target.config, "layer_types", None)

@@ -53,13 +53,14 @@ class StepRunner:
         if not self.use_graphs:
             return self.fn(kv_len, *inputs)
         key = int(inputs[0].shape[0])
-        entry = self.graphs.get(key)
-        if entry is None:
-            return self._capture(key, inputs)
-        graph, static, outputs = entry
-        for s, x in zip(static, inputs):
-            s.copy_(x)
-        graph.replay()
+        with torch.cuda.device(inputs[0].device):  # the graph's device, whatever this thread's current one is
+            entry = self.graphs.get(key)
+            if entry is None:
+                return self._capture(key, inputs)
+            graph, static, outputs = entry
+            for s, x in zip(static, inputs):
+                s.copy_(x)
+            graph.replay()
         self.replays += 1
         if key not in self.checked:
             self.checked.add(key)
