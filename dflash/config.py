@@ -115,6 +115,10 @@ class DataConfig:
     blocks per token (anchors per sequence over its tokens) times the micro-batch's tokens, at least
     `batch_size` x `num_anchors` (what a padded micro-batch computes) and at most 4 x that (memory):
     on data with short answers the rows then fill before the blocks run out."""
+    pack_chunks: int = 1
+    """Packed: the drafter runs a micro-batch's blocks in this many equal chunks, each with the
+    micro-batch's whole context and its own backward: the activation memory of one chunk, the same
+    gradient. The block budget is rounded to a multiple of 8 x this."""
     strict: bool = False
     """Any skipped record (unreadable or oversized line, no assistant turn, one that starts with the
     assistant, refused by the chat template, no anchor position) is bad input (exit 2) instead of a
@@ -136,6 +140,9 @@ class DataConfig:
         _need(self.workers is None or self.workers >= 1, "data.workers", "must be >= 1 or none")
         _need(self.pack_blocks is None or self.pack_blocks >= self.num_anchors, "data.pack_blocks",
               "must be >= data.num_anchors (a sequence's blocks fit one micro-batch) or none")
+        _need(self.pack_chunks >= 1, "data.pack_chunks", "must be >= 1")
+        _need(self.pack_blocks is None or self.pack_blocks % self.pack_chunks == 0, "data.pack_chunks",
+              "must divide data.pack_blocks")
         _need(self.cache_dir is None or bool(self.cache_dir), "data.cache_dir", 'must be a directory, "off" or none')
         _need(all(b >= 1 for b in self.buckets) and list(self.buckets) == sorted(set(self.buckets)),
               "data.buckets", "must be increasing positive lengths")
@@ -427,12 +434,13 @@ def qwen3_8b() -> Config:
         recipe="qwen3_8b",
         target=TargetConfig(path="Qwen3-8B"),
         drafter=DrafterConfig(num_layers=5, block_size=16),
-        # 4 sequences per GPU per step as in the reference, as 4 micro-batches of 1: the loss denominator
-        # is global, so this is exactly the batch-4 gradient with a quarter of the activation memory
-        data=DataConfig(path="data/train.jsonl", max_length=3072, num_anchors=512, batch_size=1,
-                        buckets=(512, 1024, 2048, 3072), pack=True),
+        # 4 x 3,072 tokens per GPU per step as in the reference (4 sequences there), packed: one micro-batch
+        # of 4 rows, its drafter blocks run in 4 chunks (the loss denominator is global, so this is
+        # exactly the whole step's gradient with a quarter of the drafter's activation memory)
+        data=DataConfig(path="data/train.jsonl", max_length=3072, num_anchors=512, batch_size=4,
+                        buckets=(512, 1024, 2048, 3072), pack=True, pack_chunks=4),
         optim=OptimConfig(lr=6e-4, warmup_ratio=0.04, clip=1.0),
-        train=TrainConfig(epochs=6, grad_accum=4),
+        train=TrainConfig(epochs=6, grad_accum=1),
         checkpoint=CheckpointConfig(every=1000),
         metrics=MetricsConfig(log_every=10),
         eval=EvalConfig(at_end=False),

@@ -30,17 +30,23 @@ def test_pack_places_every_sample_once_within_both_budgets():
     lengths = rng.integers(20, 400, n)
     blocks = np.minimum(rng.integers(1, 200, n), lengths // 2)
     order = rng.permutation(n).tolist()
-    packs = pack(order, lengths, blocks, rows=4, row_len=400, block_budget=256)
+    budget = int(blocks.sum() / lengths.sum() * 1600)  # the data's blocks per token: as the dataset sets it
+    packs = pack(order, lengths, blocks, rows=4, row_len=400, block_budget=budget)
     placed = [i for p in packs for i in p.samples]
     assert sorted(placed) == list(range(n))
     for p in packs:
         assert 1 <= len(p.rows) <= 4
         assert all(lengths[list(r)].sum() <= 400 for r in p.rows)
-        assert blocks[p.samples].sum() <= 256
-    # all but the last few packs are nearly full in the budget that binds
-    fill = [max(sum(lengths[list(r)].sum() for r in p.rows) / 1600, blocks[p.samples].sum() / 256) for p in packs]
-    assert np.mean(fill[:-3]) > 0.95, fill
-    assert pack(order, lengths, blocks, rows=4, row_len=400, block_budget=256) == packs  # deterministic
+        assert blocks[p.samples].sum() <= budget
+    # all but the last few packs are nearly full in both budgets
+    tokens = [sum(lengths[list(r)].sum() for r in p.rows) / 1600 for p in packs]
+    blks = [blocks[p.samples].sum() / budget for p in packs]
+    assert np.mean(tokens[:-3]) > 0.93 and np.mean(blks[:-3]) > 0.93, (np.mean(tokens[:-3]), np.mean(blks[:-3]))
+    # a budget that binds first (fewer blocks than the tokens bring) is still filled
+    tight_budget = max(int(blocks.max()), budget // 3)
+    tight = pack(order, lengths, blocks, rows=4, row_len=400, block_budget=tight_budget)
+    assert np.mean([blocks[p.samples].sum() / tight_budget for p in tight][:-3]) > 0.9
+    assert pack(order, lengths, blocks, rows=4, row_len=400, block_budget=budget) == packs  # deterministic
 
 
 def test_pack_refuses_a_sample_that_fits_no_micro_batch():
@@ -277,3 +283,43 @@ def test_packed_step_on_cuda_flex_matches_the_padded_step(tmp_path, compiled):
     p, u = outs
     assert float(p.weight) == pytest.approx(float(u.weight), rel=1e-6)
     assert float(p.weighted_ce) == pytest.approx(float(u.weighted_ce), rel=2e-2)
+
+
+def test_chunked_drafter_pass_gives_the_whole_micro_batchs_numbers(tmp_path, tiny_target):
+    """data.pack_chunks: the blocks in chunks, a backward after each: the same outputs and gradients."""
+    from dflash.model import build_drafter, loss_backward, loss_weights
+    from dflash.model.build import drafter_spec
+
+    cfg = _mixed_dataset(tmp_path, True, **{"data.pack_blocks": 96, "data.pack_chunks": 4})
+    ds = _dataset(cfg, tiny_target)
+    assert ds.block_budget == 96
+    b = ds.make_batch(ds.epoch_plan(0)[0], 0)
+    spec = drafter_spec(cfg, tiny_target)
+    w = loss_weights(cfg.drafter.block_size, cfg.gamma)
+    taps = tiny_target.taps(b.input_ids, b.position_ids)
+    res = []
+    for chunks in (1, 4):
+        torch.manual_seed(0)
+        d = build_drafter(cfg, spec, torch.device("cpu"))
+        o = loss_backward(d, tiny_target.embed, tiny_target.head, taps, b, chunks=chunks,
+                          mask_token_id=tiny_target.mask_token_id, weights=w, denominator=1.0, backend="sdpa",
+                          compute_dtype=torch.float32)
+        res.append((o, {k: p.grad.clone() for k, p in d.named_parameters() if p.grad is not None}))
+    (o1, g1), (o4, g4) = res
+    torch.testing.assert_close(o4.weighted_ce, o1.weighted_ce, atol=ATOL, rtol=RTOL)
+    assert torch.equal(o4.correct, o1.correct) and float(o4.weight) == pytest.approx(float(o1.weight), rel=1e-6)
+    for k in g1:
+        torch.testing.assert_close(g4[k], g1[k], atol=ATOL, rtol=RTOL, msg=k)
+
+
+def test_block_budget_follows_the_data_and_pack_chunks_must_divide_it(tmp_path, tiny_target):
+    from compilewatch import BadInput
+
+    cfg = _mixed_dataset(tmp_path, True, **{"data.pack_chunks": 3})
+    ds = _dataset(cfg, tiny_target)
+    base = -(-8 * 12 // 24) * 24  # batch_size x num_anchors, rounded to 8 x pack_chunks
+    density = ds.sample_blocks().sum() / ds.lengths.sum()
+    assert ds.block_budget % 24 == 0 and base <= ds.block_budget <= 4 * base
+    assert ds.block_budget >= min(4 * base, density * 8 * 96)  # dense data: more blocks than a padded batch
+    with pytest.raises((BadInput, ValueError), match="pack_chunks"):
+        _mixed_dataset(tmp_path, True, **{"data.pack_blocks": 100, "data.pack_chunks": 3})

@@ -400,17 +400,17 @@ class ChatDataset:
 
     def packed_block_budget(self) -> int:
         """The blocks of a packed micro-batch: `data.pack_blocks`, else the data's blocks per token times
-        the micro-batch's tokens (+5%: the packer fills both budgets best with a little slack), in
-        multiples of 8 (a flex tile of 128 queries at block size 16), between batch_size x num_anchors
-        and 4 x that."""
+        the micro-batch's tokens, in multiples of 8 x data.pack_chunks (a flex tile of 128 queries at
+        block size 16, per chunk), between batch_size x num_anchors and 4 x that."""
         cfg = self.cfg
         if cfg.pack_blocks is not None:
             return cfg.pack_blocks
-        base = cfg.batch_size * cfg.num_anchors
+        quantum = 8 * cfg.pack_chunks
+        base = -(-cfg.batch_size * cfg.num_anchors // quantum) * quantum
         if not len(self.samples):
             return base
         density = float(self.sample_blocks().sum()) / max(1.0, float(self.lengths.sum()))
-        want = -(-int(1.05 * density * cfg.batch_size * cfg.max_length) // 8) * 8
+        want = -(-int(density * cfg.batch_size * cfg.max_length) // quantum) * quantum
         return int(min(4 * base, max(base, want)))
 
     def __len__(self) -> int:

@@ -35,7 +35,7 @@ import torch
 from dflash.config import TopologyConfig
 from dflash.engine.engine import Engine, EngineConfig, Program, Replica
 from dflash.engine.report import EngineReport, StepRecord
-from dflash.model import DFlashDrafter, build_drafter, drafter_loss
+from dflash.model import DFlashDrafter, build_drafter, loss_backward
 from dflash.training.result import TrainResult
 from dflash.training.schedule import lr_at
 from dflash.training.trainer import Trainer
@@ -144,14 +144,15 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
         return Replica(index, device, tr.drafter, tr.optimizer, {"trainer": tr, "outs": []})
 
     def loss(tr: Trainer, batch, taps: torch.Tensor):
-        return drafter_loss(tr.drafter, tr.target.embed, tr.target.head, taps, batch,
-                            mask_token_id=tr.target.mask_token_id, weights=tr.weights, denominator=one[tr.device],
-                            backend=tr.backend, compute_dtype=tr.compute_dtype)  # loss = Σ w·CE (denominator 1)
+        """Forward and backward of one micro-batch (packed: chunk by chunk, data.pack_chunks)."""
+        return loss_backward(tr.drafter, tr.target.embed, tr.target.head, taps, batch,
+                             chunks=tr.cfg.data.pack_chunks, mask_token_id=tr.target.mask_token_id,
+                             weights=tr.weights, denominator=one[tr.device], backend=tr.backend,
+                             compute_dtype=tr.compute_dtype)  # loss = Σ w·CE (denominator 1)
 
     def forward_backward(rep: Replica, item: dict[str, Any]) -> tuple[float, float]:
         tr: Trainer = rep.state["trainer"]
         out = loss(tr, item["batch"], item["taps"])
-        out.loss.backward()
         rep.state["outs"].append((out, int(item["batch"].anchor_valid.sum())))
         w = float(out.weight)
         return (float(out.weighted_ce) / w if w > 0 else 0.0), w
@@ -168,7 +169,7 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
         for b in batches:
             b = b.to(tr.device)
             taps = torch.zeros(*b.input_ids.shape, k_h, dtype=trainer.target.dtype, device=tr.device)  # as produced
-            loss(tr, b, taps).loss.backward()
+            loss(tr, b, taps)
 
     def warm_producer(device: str) -> None:
         target = targets[device]

@@ -24,6 +24,7 @@ _LAZY = {
     "drafter_loss": "dflash.model.loss",
     "estimated_tau": "dflash.model.loss",
     "loss_weights": "dflash.model.loss",
+    "loss_backward": "dflash.model.loss",
     "make_blocks": "dflash.model.loss",
     "weight_sum": "dflash.model.loss",
     "detect_backend": "dflash.model.mask",

@@ -183,3 +183,28 @@ def _packed_drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: t
     with autocast:
         hidden = drafter(embeds, ctx, blocks.pos, ctx_pos, masks=masks)  # (1, N*bs, H)
         return draft_loss(hidden, head, blocks, weights, denominator)
+
+
+def loss_backward(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.Module, taps: torch.Tensor,
+                  batch: Batch | PackedBatch, *, chunks: int = 1, **kwargs) -> LossOutput:
+    """`drafter_loss` and its backward (the gradients add up in `.grad`). A packed micro-batch with
+    `chunks` > 1 runs its blocks chunk by chunk (`PackedBatch.chunk`), a backward after each, so only
+    one chunk's activations are alive at once; the outputs are summed (the same numbers as one pass,
+    to float rounding: the denominator is the global one)."""
+    if not getattr(batch, "packed", False) or chunks <= 1:
+        out = drafter_loss(drafter, embed, head, taps, batch, **kwargs)
+        out.loss.backward()
+        return out
+    total: LossOutput | None = None
+    for c in range(chunks):
+        out = drafter_loss(drafter, embed, head, taps, batch.chunk(c, chunks), **kwargs)
+        out.loss.backward()
+        part = LossOutput(loss=out.loss.detach(), weighted_ce=out.weighted_ce, weight=out.weight, correct=out.correct,
+                          count=out.count, accepted=out.accepted, full_blocks=out.full_blocks)
+        total = part if total is None else LossOutput(*(a + b for a, b in zip(_fields(total), _fields(part))))
+    assert total is not None
+    return total
+
+
+def _fields(o: LossOutput) -> tuple:
+    return (o.loss, o.weighted_ce, o.weight, o.correct, o.count, o.accepted, o.full_blocks)

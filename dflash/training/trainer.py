@@ -35,8 +35,8 @@ from dflash.model import (
     Target,
     blocks_of,
     detect_backend,
-    drafter_loss,
     estimated_tau,
+    loss_backward,
     loss_weights,
     resolve_dtype,
     weight_sum,
@@ -130,10 +130,10 @@ class Trainer:
         taps = self.target.taps(batch.input_ids, getattr(batch, "position_ids", None))  # (B, S, k·H)
         self._sync()
         t1 = time.perf_counter()
-        out = drafter_loss(self.drafter, self.target.embed, self.target.head, taps, batch,
-                           mask_token_id=self.target.mask_token_id, weights=self.weights, denominator=denominator,
-                           backend=self.backend, compute_dtype=self.compute_dtype)
-        out.loss.backward()
+        out = loss_backward(self.drafter, self.target.embed, self.target.head, taps, batch,
+                            chunks=self.cfg.data.pack_chunks, mask_token_id=self.target.mask_token_id,
+                            weights=self.weights, denominator=denominator, backend=self.backend,
+                            compute_dtype=self.compute_dtype)
         self._sync()
         timer["target"] = timer.get("target", 0.0) + (t1 - t0)
         timer["drafter"] = timer.get("drafter", 0.0) + (time.perf_counter() - t1)
