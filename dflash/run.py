@@ -13,7 +13,9 @@ Modes (`pick_mode`):
   run, so it is not in the config: it is read from torchrun's environment (or forced by the caller).
 
 The function returns data and never prints; the Trainer is always closed. torch is imported only
-when training starts (`dflash --help` stays light).
+when training starts (`dflash --help` stays light): once the data file is checked, torch and
+transformers' model stack are imported in a thread (dflash.training.preload) while this one goes on
+(devices, the rendezvous, the run directory, the reads of dflash.training.build).
 """
 
 from __future__ import annotations
@@ -87,12 +89,13 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
     Trainer's notes, single and engine modes); then the Trainer's progress. `until`: stop after that
     step (the schedule still spans the whole run). `info`: this rank (default: torchrun's
     environment). Raises BadInput for bad input."""
-    from dflash.training.trainer import Trainer
-
     from dflash.data.dataset import check_data_path
+    from dflash.training.preload import start_imports
 
     on_event = on_event or (lambda kind, data: None)
     check_data_path(cfg.data)  # inputs before anything heavy (Trainer.from_config checks it again)
+    start_imports(cfg.target)  # torch and transformers' model stack, in a thread from here on (issue 39)
+    from dflash.training.trainer import Trainer  # waits for torch, which the imports' thread is importing
     if cfg.cache.remote:  # before anything compiles, in every mode (each torchrun rank runs this)
         from compilewatch import enable_remote_cache
 

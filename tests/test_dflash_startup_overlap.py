@@ -1,5 +1,5 @@
-"""The overlapped start (issue 28, fast restart): on --resume the checkpoint is read in a thread
-beside the target and the data (dflash.training.build, dflash.training.startup.Background). It must
+"""The overlapped start (issue 28, fast restart; issue 39): on --resume the checkpoint is read in a
+thread beside the target, the data and the drafter (dflash.training.build, dflash.training.startup.Background). It must
 give exactly the sequential start's run, and its failures must surface as the sequential start's
 errors, never as a hang. CPU, the small config of tests/dflash_helpers.py. Threads are ordered with
 Events, never sleeps."""
@@ -80,10 +80,11 @@ def test_overlapped_resume_trains_bit_identically_to_the_sequential_one(tmp_path
     (l1, w1, ev1), (l0, w0, ev0) = out[True], out[False]
     assert len(l1) == 2 and l1 == l0
     assert w1.keys() == w0.keys() and all((w1[k] == w0[k]).all() for k in w1)
-    done = lambda ev: [d for k, d in ev if k == "phase-done"]  # noqa: E731
-    assert [d["name"] for d in done(ev1)] == [d["name"] for d in done(ev0)] == [
-        "target", "data", "resume state", "drafter", "first step"]
-    assert next(d for d in done(ev1) if d["name"] == "resume state")["beside"] == ["target", "data"]
+    done = lambda ev: [d for k, d in ev if k == "phase-done" and d["name"] != "imports"]  # noqa: E731 - once per process
+    assert [d["name"] for d in done(ev0)] == ["target", "data", "resume state", "drafter", "first step"]
+    # overlapped (issue 39): the data and the drafter from the target's shape, while the target loads
+    assert [d["name"] for d in done(ev1)] == ["data", "drafter", "target", "resume state", "trainer", "first step"]
+    assert {"target", "data"} <= set(next(d for d in done(ev1) if d["name"] == "resume state")["beside"])
     assert "beside" not in next(d for d in done(ev0) if d["name"] == "resume state")
     assert _no_start_threads()
 

@@ -290,32 +290,14 @@ def build_tiny_target():
 
 
 # ---------------------------------------------------------------- loading
-def _check_dir(path: Path) -> None:
-    if not path.is_dir():
-        raise BadInput(f"target directory {str(path)!r} does not exist",
-                       hint="pass a local Hugging Face model directory (target.path); nothing is downloaded")
-    if not (path / "config.json").is_file():
-        raise BadInput(f"{str(path)!r} has no config.json: not a Hugging Face model directory",
-                       hint="point target.path at the folder holding config.json, tokenizer and weights")
+# A target loads in stages (issue 39), each its own function: the tokenizer (with the mask token), the
+# config, what the drafter and the data need of it (`TargetShape`), the model (weights straight from
+# safetensors onto the device: dflash.model.weights), then the frozen Target. `load_target` runs them
+# one after another; dflash.model.target_load runs them in threads, beside the start's other work.
+from dflash.model.target_dir import check_dir, check_target  # noqa: E402 - the loading section's own imports
+from dflash.model.weights import BUILDING  # noqa: E402
 
-
-def _load_dir(path: Path, dtype: torch.dtype, device: torch.device | None = None):
-    """(model, tokenizer) from a local HF directory. On a GPU with transformers 5, the weights are read
-    straight onto `device` (`device_map`: no full copy in host memory, then a second one to the GPU);
-    transformers 4 needs accelerate for that, so there the model is loaded on the CPU and moved."""
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    _check_dir(path)
-    where = {}
-    if device is not None and device.type == "cuda" and int(transformers.__version__.split(".")[0]) >= 5:
-        where = {"device_map": {"": device}}
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype, **where)
-    except (OSError, ValueError) as e:
-        raise BadInput(f"could not load the target from {str(path)!r}: {e}") from None
-    return model, tok
+_check_dir = check_dir  # dflash.model.target_dir: the torch-free check a start runs first
 
 
 def _check_template(tok, source: str) -> None:
@@ -324,25 +306,47 @@ def _check_template(tok, source: str) -> None:
                        hint="DFlash data is rendered through the target's chat template; add one to tokenizer_config.json")
 
 
-def load_tokenizer(cfg: TargetConfig):
-    """The target's tokenizer alone (no weights), with the mask token added exactly as load_target
-    adds it: what `dflash prepare` tokenizes with, so its cache key matches the trainer's."""
+def _target_dir(cfg: TargetConfig) -> Path:
+    """The target's directory, checked (BadInput for an unknown embedded name or a bad directory)."""
+    check_target(cfg)
+    return Path(cfg.path).expanduser()
+
+
+def tokenizer_with_mask(cfg: TargetConfig):
+    """(tokenizer, mask token id, notes): the target's tokenizer (no weights) with its chat template
+    checked and the mask token added when missing; the notes say what was added."""
     if cfg.path == EMBEDDED_TARGET:
         tok = build_tiny_tokenizer()
-    elif cfg.path.startswith("embedded:"):
-        raise BadInput(f"unknown embedded target {cfg.path!r}", hint=f"the embedded target is {EMBEDDED_TARGET}")
     else:
         from transformers import AutoTokenizer
 
-        path = Path(cfg.path).expanduser()
-        _check_dir(path)
+        path = _target_dir(cfg)
         try:
             tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as e:
             raise BadInput(f"could not load the target's tokenizer from {str(path)!r}: {e}") from None
     _check_template(tok, cfg.path)
-    add_mask_token(tok, cfg.mask_token)
-    return tok
+    mask_id, notes = add_mask_token(tok, cfg.mask_token)
+    return tok, mask_id, notes
+
+
+def load_tokenizer(cfg: TargetConfig):
+    """The target's tokenizer alone (no weights), with the mask token added exactly as load_target
+    adds it: what `dflash prepare` tokenizes with, so its cache key matches the trainer's."""
+    return tokenizer_with_mask(cfg)[0]
+
+
+def load_config(cfg: TargetConfig):
+    """The target's transformers config (its config.json; embedded:tiny's own), no weights."""
+    if cfg.path == EMBEDDED_TARGET:
+        return tiny_target_config(len(build_tiny_tokenizer()))  # the expression build_tiny_target uses
+    from transformers import AutoConfig
+
+    path = _target_dir(cfg)
+    try:
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise BadInput(f"could not load the target from {str(path)!r}: {e}") from None
 
 
 def add_mask_token(tokenizer, mask_token: str) -> tuple[int, list[str]]:
@@ -384,22 +388,150 @@ def choose_taps(requested: tuple[int, ...] | None, num_layers: int, num_draft_la
     return tuple(requested)
 
 
-def load_target(cfg: TargetConfig, num_draft_layers: int, device: torch.device,
-                dtype_spec: str | None = None) -> Target:
-    """Load (or build) the target, freeze it, choose the taps, make sure the mask token exists."""
-    dtype = resolve_dtype(dtype_spec or cfg.dtype, device)
+@dataclass(frozen=True)
+class TargetShape:
+    """What the drafter and the data need of a target before its weights are in: the values the
+    loaded Target will have (its config, tokenizer, taps, mask token, embedding rows), so a start can
+    build the drafter and open the data cache while the weights load (dflash.model.target_load)."""
+
+    config: object
+    tokenizer: object
+    layer_ids: tuple[int, ...]
+    mask_token_id: int
+    vocab_size: int  # embedding rows once the mask token is in (ensure_mask_token's resize rule)
+    source: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+
+def target_shape(cfg: TargetConfig, num_draft_layers: int) -> TargetShape:
+    """The target's tokenizer, config, taps and mask token, no weights (BadInput for a bad target)."""
+    tok, mask_id, notes = tokenizer_with_mask(cfg)
+    config = load_config(cfg)
+    layer_ids = choose_taps(cfg.layer_ids, int(config.num_hidden_layers), num_draft_layers)
+    rows = int(config.vocab_size)
+    return TargetShape(config=config, tokenizer=tok, layer_ids=layer_ids, mask_token_id=mask_id,
+                       vocab_size=rows if mask_id < rows else len(tok), source=cfg.path, notes=tuple(notes))
+
+
+def weight_files(cfg: TargetConfig) -> list[Path] | None:
+    """The safetensors files a directory target's weights are read from straight onto a device (None:
+    embedded, transformers 4, or no safetensors checkpoint: the model loads through from_pretrained)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from dflash.model.weights import safetensors_files
+
+    if cfg.path.startswith("embedded:"):
+        return None
+    try:
+        if int(version("transformers").split(".")[0]) < 5:
+            return None
+    except (PackageNotFoundError, ValueError):
+        return None
+    return safetensors_files(Path(cfg.path).expanduser())
+
+
+def _load_dir(path: Path, dtype: torch.dtype, device: torch.device | None = None, *, config=None,
+              weights: dict[str, torch.Tensor] | None = None) -> nn.Module:
+    """The model of a local HF directory. With transformers 5 and a safetensors checkpoint: the
+    weights read straight onto `device` (`weights`, read already beside other work, or read here) and
+    assigned as the parameters of a model built without allocating or initializing any
+    (dflash.model.weights); otherwise from_pretrained, which on a GPU with transformers 5 reads onto
+    `device` (`device_map`: needs accelerate) and elsewhere loads on the CPU (moved by the caller)."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    _check_dir(path)
+    device = torch.device(device or "cpu")
+    major = int(transformers.__version__.split(".")[0])
+    if major >= 5 and config is not None:
+        model = _from_weights(path, config, dtype, device, weights)
+        if model is not None:
+            return model
+    where = {}
+    if device.type == "cuda" and major >= 5:
+        where = {"device_map": {"": device}}
+    try:
+        with BUILDING:
+            return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype, **where)
+    except (OSError, ValueError) as e:
+        raise BadInput(f"could not load the target from {str(path)!r}: {e}") from None
+
+
+def read_target_weights(path: Path, files: list[Path], device: torch.device,
+                        stop: threading.Event | None = None) -> dict[str, torch.Tensor]:
+    """dflash.model.weights.read_weights of a target's files; a damaged file is BadInput naming the target."""
+    from safetensors import SafetensorError
+
+    from dflash.model.weights import read_weights
+
+    try:
+        return read_weights(files, device, stop)
+    except (OSError, ValueError, SafetensorError) as e:
+        raise BadInput(f"could not load the target from {str(path)!r}: {e}") from None
+
+
+def _from_weights(path: Path, config, dtype: torch.dtype, device: torch.device,
+                  weights: dict[str, torch.Tensor] | None):
+    """dflash.model.weights' path, with what from_pretrained also sets (the config's name, the
+    generation config of generation_config.json); None when that path does not apply."""
+    from transformers import GenerationConfig
+
+    from dflash.model.weights import model_from_weights, safetensors_files
+
+    if weights is None:
+        files = safetensors_files(path)
+        if files is None:
+            return None
+        weights = read_target_weights(path, files, device)
+    config = copy.deepcopy(config)  # as from_pretrained: the caller's config is not changed
+    config.name_or_path = str(path)
+    try:
+        model = model_from_weights(config, weights, dtype, device)
+    finally:
+        weights.clear()  # a fallback reads again: never two copies on the device
+    if model is not None and model.can_generate():  # as from_pretrained (adjust_generation_fn) does
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(str(path), local_files_only=True)
+        except OSError:  # no generation_config.json: one made from config.json
+            model.generation_config = GenerationConfig.from_pretrained(
+                str(path), config_file_name="config.json", _from_model_config=True, local_files_only=True)
+    return model
+
+
+def load_model(cfg: TargetConfig, config, dtype: torch.dtype, device: torch.device,
+               weights: dict[str, torch.Tensor] | None = None) -> nn.Module:
+    """The target's model in `dtype` (`config`: load_config's; `weights`: read_weights' of its files)."""
     if cfg.path == EMBEDDED_TARGET:
-        model, tok = build_tiny_target()
-        model = model.to(dtype)
-    elif cfg.path.startswith("embedded:"):
-        raise BadInput(f"unknown embedded target {cfg.path!r}", hint=f"the embedded target is {EMBEDDED_TARGET}")
-    else:
-        model, tok = _load_dir(Path(cfg.path).expanduser(), dtype, device)
-    _check_template(tok, cfg.path)
-    layer_ids = choose_taps(cfg.layer_ids, int(model.config.num_hidden_layers), num_draft_layers)
-    mask_id, notes = ensure_mask_token(model, tok, cfg.mask_token)
+        with BUILDING:
+            return build_tiny_target()[0].to(dtype)
+    return _load_dir(_target_dir(cfg), dtype, device, config=config, weights=weights)
+
+
+def finish_target(cfg: TargetConfig, shape: TargetShape, model: nn.Module, device: torch.device,
+                  dtype: torch.dtype) -> Target:
+    """The frozen Target of `model` and its shape's tokenizer and taps (embedding rows added if the
+    mask token needs them)."""
+    mask_id, notes = ensure_mask_token(model, shape.tokenizer, cfg.mask_token)
     model.requires_grad_(False)
     model.eval()
     model.to(device)
-    return Target(model=model, tokenizer=tok, layer_ids=layer_ids, mask_token_id=mask_id, device=device,
-                  dtype=dtype, source=cfg.path, notes=notes, compile_taps=cfg.compile and device.type == "cuda")
+    return Target(model=model, tokenizer=shape.tokenizer, layer_ids=shape.layer_ids, mask_token_id=mask_id,
+                  device=device, dtype=dtype, source=cfg.path, notes=[*shape.notes, *notes],
+                  compile_taps=cfg.compile and device.type == "cuda")
+
+
+def load_target(cfg: TargetConfig, num_draft_layers: int, device: torch.device,
+                dtype_spec: str | None = None) -> Target:
+    """Load (or build) the target, freeze it, choose the taps, make sure the mask token exists: the
+    stages above, one after another (a start runs them beside its other work: target_load)."""
+    dtype = resolve_dtype(dtype_spec or cfg.dtype, device)
+    shape = target_shape(cfg, num_draft_layers)
+    return finish_target(cfg, shape, load_model(cfg, shape.config, dtype, device), device, dtype)

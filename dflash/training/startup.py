@@ -53,6 +53,16 @@ class Phases:
         self.spans[name] = (t0, t1)
         self.mark(name, t1 - t0)
 
+    def record(self, name: str, span: tuple[float, float]) -> None:
+        """Report phase `name` that ran in another thread over `span` (perf_counter start, end): its
+        seconds, when it ended (since process start) and `beside`: the phases recorded so far that
+        overlapped it."""
+        t0, t1 = span
+        beside = [n for n, (a, b) in self.spans.items() if a < t1 and b > t0 and n != name]
+        self.spans[name] = span
+        at = seconds_since_process_start() - max(0.0, time.perf_counter() - t1)
+        self.mark(name, t1 - t0, beside=beside, at=at)
+
     def mark(self, name: str, seconds: float, *, beside: list[str] | None = None, at: float | None = None) -> None:
         """Report phase `name` done; `beside`: the phases it ran concurrently with (a Background
         phase), `at`: when it ended (default now)."""
@@ -80,7 +90,6 @@ class Background:
         self._result: Any = None
         self._error: BaseException | None = None
         self._span = (time.perf_counter(), 0.0)
-        self._at = 0.0
         self._thread = threading.Thread(target=self._run, args=(fn,), name=f"dflash-start-{name}", daemon=True)
         self._thread.start()
 
@@ -91,7 +100,6 @@ class Background:
             self._error = e
         finally:
             self._span = (self._span[0], time.perf_counter())
-            self._at = seconds_since_process_start()
 
     def join(self) -> Any:
         """Wait for the phase; its result, or its exception raised here. Reported once it succeeded."""
@@ -99,10 +107,7 @@ class Background:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        t0, t1 = self._span
-        beside = [n for n, (a, b) in self.phases.spans.items() if a < t1 and b > t0]  # the phases it overlapped
-        self.phases.spans[self.name] = self._span
-        self.phases.mark(self.name, t1 - t0, beside=beside, at=self._at)
+        self.phases.record(self.name, self._span)
         return self._result
 
     def wait_quietly(self) -> None:

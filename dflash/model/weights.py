@@ -1,0 +1,180 @@
+"""A Hugging Face checkpoint's safetensors straight onto a device, and the model built around them
+(issue 39): no random init of weights that are overwritten anyway, no full copy in host memory, and
+the read can start before transformers' model stack is imported.
+
+    files = safetensors_files(path)                 # None: not a safetensors checkpoint (the loader falls back)
+    state = read_weights(files, device)             # name -> tensor on `device`, in the stored dtype
+    model = model_from_weights(config, state, dtype, device)   # None: not a layout this path handles
+
+- read_weights memory-maps each file (safetensors' own `safe_open`: a CPU tensor is a view of the
+  mapping, nothing is copied) and copies each tensor to the device in a few threads, as transformers
+  5 does; a copy releases the GIL, so the read runs beside imports. For the CPU it returns the views
+  themselves: model_from_weights copies them out of the mapping (weights never alias a file someone
+  may rewrite), in the model's dtype, in one copy.
+- model_from_weights builds the model with its parameters on the meta device (a parameter
+  registration hook, for the calling thread only) and its buffers computed for real on the CPU as
+  its `__init__` computes them (RoPE frequencies: the same bits as transformers' loader), then
+  assigns the read tensors as the parameters (`load_state_dict(assign=True)`), casting only those
+  whose dtype differs from the model's, ties tied weights and moves the buffers to the device.
+  Anything it does not handle exactly as `from_pretrained` would (renamed or missing keys, other
+  shapes, fp32-kept modules, quantized or remote-code models) returns None: the caller loads with
+  `from_pretrained` instead. tests/test_fast_start.py holds both paths to bit-identical weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+BUILDING = threading.Lock()
+"""Held while a thread builds modules whose dtype comes from torch's default: transformers sets the
+process's default dtype (torch.set_default_dtype, global) while it builds a model, so a drafter built
+at that moment in another thread would come out in the target's bf16. Every model a start builds
+beside another (the target's, the drafter) is built under it; nothing else waits on it."""
+WORKERS = 4  # copy threads; transformers 5 uses min(4, cpus): more contend on the host's page cache
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+def safetensors_files(path: Path) -> list[Path] | None:
+    """The checkpoint's safetensors files (one, or the shards its index names), or None when the
+    directory holds no safetensors checkpoint (a .bin one: from_pretrained reads it)."""
+    index = path / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        except (OSError, ValueError, AttributeError):
+            return None
+        if not isinstance(weight_map, dict) or not weight_map:
+            return None
+        files = [path / f for f in dict.fromkeys(weight_map.values()) if isinstance(f, str)]
+        return files if files and all(f.is_file() for f in files) else None
+    single = path / SINGLE
+    return [single] if single.is_file() else None
+
+
+class Stopped(Exception):
+    """read_weights was told to stop (the start failed elsewhere)."""
+
+
+def read_weights(files: list[Path], device: torch.device, stop: threading.Event | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of `files` on `device`, in the dtype it is stored in (on the CPU: views of the
+    files' mappings, see the module doc). `stop` set: Stopped is raised before the next tensor.
+    Raises what safetensors raises for a damaged file (the caller names the target)."""
+    from safetensors import safe_open
+
+    device = torch.device(device)
+    out: dict[str, torch.Tensor] = {}
+
+    def copy(view: torch.Tensor) -> torch.Tensor:
+        return view if device.type == "cpu" else view.to(device)
+
+    with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="dflash-start-weights") as pool:
+        for f in files:
+            with safe_open(str(f), framework="pt", device="cpu") as fh:
+                futures = {}
+                for n in fh.keys():
+                    if stop is not None and stop.is_set():
+                        raise Stopped("the weights read was stopped")
+                    futures[n] = pool.submit(copy, fh.get_tensor(n))
+                for n, fut in futures.items():
+                    if n in out:
+                        raise ValueError(f"tensor {n!r} is stored twice ({f.name} and an earlier shard)")
+                    out[n] = fut.result()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out
+
+
+_META = threading.local()  # .active: parameters registered by this thread go to the meta device
+_HOOK_LOCK = threading.Lock()
+_HOOK: list = []  # [handle, users]: one global registration hook, shared by every thread that builds
+
+
+def _to_meta(module: nn.Module, name: str, param: nn.Parameter | None):
+    if param is None or not getattr(_META, "active", False) or type(param) is not nn.Parameter:
+        return None
+    if param.device.type == "meta":
+        return None
+    return nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+
+@contextlib.contextmanager
+def params_on_meta() -> Iterator[None]:
+    """While open, every nn.Parameter this thread registers is moved to the meta device (buffers stay
+    where they are made). Other threads building modules meanwhile are untouched. The hook is
+    installed once for all users and removed when the last one leaves."""
+    from torch.nn.modules.module import register_module_parameter_registration_hook
+
+    with _HOOK_LOCK:
+        if not _HOOK:
+            _HOOK[:] = [register_module_parameter_registration_hook(_to_meta), 0]
+        _HOOK[1] += 1
+    before = getattr(_META, "active", False)
+    _META.active = True
+    try:
+        yield
+    finally:
+        _META.active = before
+        with _HOOK_LOCK:
+            _HOOK[1] -= 1
+            if _HOOK[1] == 0:
+                _HOOK[0].remove()
+                _HOOK.clear()
+
+
+def _direct_class(config):
+    """The causal-LM class for `config`, when this path can build it; None otherwise."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if getattr(config, "auto_map", None) or getattr(config, "quantization_config", None):
+        return None
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if cls is None or getattr(cls, "_keep_in_fp32_modules", None) or getattr(cls, "_keep_in_fp32_modules_strict", None):
+        return None
+    return cls
+
+
+def model_from_weights(config, state: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+    """The model of `config` holding `state` as its parameters, on `device` in `dtype` (see the
+    module doc); None when `state` is not exactly the model's parameters by name and shape (the
+    caller falls back to from_pretrained). `state` is consumed."""
+    cls = _direct_class(config)
+    if cls is None:
+        return None
+    with BUILDING, params_on_meta():
+        model = cls._from_config(config, dtype=dtype)
+    expected = model.state_dict(keep_vars=True)
+    tied = _tied_names(model)
+    if not set(state) <= set(expected) or set(expected) - set(state) - tied:
+        return None
+    if any(tuple(state[k].shape) != tuple(expected[k].shape) for k in state):
+        return None
+    for k, t in state.items():  # CPU views of the file are always copied; device tensors only to cast
+        state[k] = t.to(expected[k].dtype, copy=t.device.type == "cpu")
+    model.load_state_dict(state, strict=False, assign=True)
+    state.clear()
+    model.tie_weights()
+    model.to(device)
+    if any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers())):
+        return None
+    return model.eval()
+
+
+def _tied_names(model: nn.Module) -> set[str]:
+    """State-dict names that share their tensor with an earlier name (a tied LM head)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        else:
+            seen[id(p)] = name
+    return tied
