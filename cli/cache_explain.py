@@ -31,7 +31,9 @@ def explain_cmd(
 
     compilewatch records, for each FX-graph / AOTAutograd cache lookup of a watched process, its key and
     the digests of the key's parts (beside the cache dir, never inside torch's entries); each miss is
-    compared with the closest recorded entry.
+    compared with the closest recorded entry. For each watched process it also says where the compile
+    time went, from the steps torch times itself (dynamo tracing, AOTAutograd lookup, FX-graph load,
+    kernel load, autotune, ...): why a warm start is not instant.
 
     Exit code: EXIT_RULE
 

@@ -19,8 +19,8 @@ What a torch does not time is reported as not available on it, never guessed: a 
 when torch's source (the files in `SOURCES`, read as text, never imported) names one of its events, or
 when one was seen. Seen on CPU with real compiles (tests/test_explain_timing.py) and read from each
 release's source: 2.11.0, 2.13.0 and 2.15.0 time every phase in `PHASES`; 2.11.0 does not time the
-triton key hashing (`CacheBase.get_system.triton_key`, in 2.13.0 and 2.15.0): its time goes to its
-caller's phase there.
+triton key hashing (`CacheBase.get_system.triton_key`) nor `CachingAutotuner.combo_sequential_autotune`
+(both timed in 2.13.0 and 2.15.0): there their time goes to the caller's phase.
 """
 
 from __future__ import annotations
