@@ -31,6 +31,17 @@ def mixed_prompts(target, n: int = 6) -> list[list[int]]:
     return [p[: 5 + 7 * i] for i, p in enumerate(prompt_ids(target.tokenizer, embedded_prompts(n, seed=5)))]
 
 
+def late_eos(target, prompts, rows: int) -> list[int]:
+    """A token from each of the first `rows` prompts' greedy continuations that no prompt's
+    continuation holds before its 5th token: as EOS ids they end those rows mid-way, at different
+    rounds, and no row at its first tokens."""
+    gens = [plain_generate(target, p, NEW).tokens for p in prompts]
+    out: list[int] = []
+    for g in gens[:rows]:
+        out.append(next(x for x in g[6:] if x not in out and all(x not in h[:5] for h in gens)))
+    return out
+
+
 def trained_drafter(target, sliding: bool) -> DFlashDrafter:
     """A tiny drafter fit for TRAIN_STEPS passes to the target's greedy continuations of the test
     prompts (every anchor of each sequence, plain CE on slots 1..B-1): it accepts a varied number of
@@ -205,22 +216,75 @@ def test_the_benchmark_prints_a_json_line_per_case(capsys):
         assert r["same_as_batched"].startswith(f"{r['prompts']}/{r['prompts']} ") and r["batched"]["spec_s"] > 0
 
 
+class CPUReplay:
+    """A stand-in for a captured CUDA graph on the CPU: fixed input and output tensors, a replay reruns
+    the step on the inputs and overwrites the outputs in place (what a replay does to a graph's
+    outputs), so the batched loop's graph mode (every slot read, finished rows kept until half the
+    batch is done, outputs reused between replays) runs here as it does on a GPU."""
+
+    def __init__(self, fn, full_len, static):
+        self.fn, self.full_len, self.static = fn, full_len, static
+        self.outputs = tuple(o.clone() for o in fn(full_len, *static))
+
+    def replay(self):
+        for o, new in zip(self.outputs, self.fn(self.full_len, *self.static)):
+            o.copy_(new)
+
+
+def test_graph_mode_bookkeeping_gives_the_reference_tokens(drafter, tiny_target, monkeypatch):
+    import dflash.eval.batched as batched
+    from dflash.eval.graphs import StepRunner
+
+    captured = []
+
+    def capture(self, key, inputs):
+        captured.append((self.name, key))
+        static = [x.clone() for x in inputs]
+        graph = CPUReplay(self.fn, self.full_len, static)
+        self.graphs[key] = (graph, static, graph.outputs)
+        return graph.outputs
+
+    monkeypatch.setattr(StepRunner, "_capture", capture)
+    monkeypatch.setattr(batched, "graphs_available", lambda device: True)
+    prompts = mixed_prompts(tiny_target)
+    eos = late_eos(tiny_target, prompts, 4)
+    monkeypatch.setattr(tiny_target.model.config, "eos_token_id", [tiny_target.model.config.eos_token_id, *eos])
+    ref = reference(drafter, tiny_target, prompts)
+    assert sum(len(r.tokens) < NEW for r in ref) >= 4  # more than half end early: the batch shrinks once
+    out = speculative_batch(drafter, tiny_target, prompts, NEW, drafter.spec.block_size)
+    assert out.graphs and not out.notes
+    for r, g in zip(ref, out.generations):
+        assert (g.tokens, g.acceptance, g.accepted, g.drafted) == (r.tokens, r.acceptance, r.accepted, r.drafted)
+    sizes = [k for name, k in captured if name == "verify"]
+    assert sizes[0] == 6 and len(sizes) > 1 and all(k <= 3 for k in sizes[1:])  # rows left at half: captured again
+    plain = plain_batch(tiny_target, prompts, NEW)
+    assert plain.graphs and [g.tokens for g in plain.generations] == [plain_generate(tiny_target, p, NEW).tokens
+                                                                     for p in prompts]
+
+
 # ----------------------------------------------------------------------------- GPU (run with -m gpu)
 @pytest.mark.gpu
 @requires_cuda()
-def test_cuda_graph_steps_give_the_reference_tokens(tiny_target):
+def test_cuda_graph_steps_give_the_reference_tokens(tiny_target, monkeypatch):
     """On CUDA (fp32 tiny target): the batched decoder's steps run as CUDA graphs (each checked against
-    its eager run when captured) and give the batch-1 reference's tokens and acceptance."""
+    its eager run when captured) and give the batch-1 reference's tokens and acceptance; again when
+    most rows end early at an EOS (the batch shrinks: graphs captured again for the smaller size)."""
     import copy
 
     dev = torch.device("cuda:0")
     target = dataclasses.replace(tiny_target, model=copy.deepcopy(tiny_target.model).to(dev), device=dev)
     drafter = trained_drafter(tiny_target, sliding=False).to(dev)
     prompts = mixed_prompts(target)
-    out = speculative_batch(drafter, target, prompts, NEW, drafter.spec.block_size)
-    assert out.graphs and not out.notes, out.notes
-    for r, g in zip(reference(drafter, target, prompts), out.generations):
-        assert (g.tokens, g.acceptance) == (r.tokens, r.acceptance)
-    plain = plain_batch(target, prompts, NEW)
-    assert plain.graphs and [g.tokens for g in plain.generations] == [plain_generate(target, p, NEW).tokens
-                                                                     for p in prompts]
+    for ending_early in (False, True):
+        if ending_early:
+            eos = late_eos(target, prompts, 4)
+            monkeypatch.setattr(target.model.config, "eos_token_id", [target.model.config.eos_token_id, *eos])
+        out = speculative_batch(drafter, target, prompts, NEW, drafter.spec.block_size)
+        assert out.graphs and not out.notes, out.notes
+        ref = reference(drafter, target, prompts)
+        for r, g in zip(ref, out.generations):
+            assert (g.tokens, g.acceptance) == (r.tokens, r.acceptance)
+        assert sum(len(r.tokens) < NEW for r in ref) >= (4 if ending_early else 0)
+        plain = plain_batch(target, prompts, NEW)
+        assert plain.graphs and [g.tokens for g in plain.generations] == [plain_generate(target, p, NEW).tokens
+                                                                         for p in prompts]

@@ -19,6 +19,7 @@ overhead of an eager transformers forward (tens of milliseconds per forward at 8
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -53,7 +54,8 @@ class StepRunner:
         if not self.use_graphs:
             return self.fn(kv_len, *inputs)
         key = int(inputs[0].shape[0])
-        with torch.cuda.device(inputs[0].device):  # the graph's device, whatever this thread's current one is
+        dev = inputs[0].device  # the graph's device, whatever this thread's current one is
+        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
             entry = self.graphs.get(key)
             if entry is None:
                 return self._capture(key, inputs)
