@@ -122,7 +122,10 @@ def setup(a):
     seq = 64 if a.small else a.seq
     over = {"train.max_steps": a.warmup + a.steps, "metrics.log_every": 1, "data.max_length": seq,
             "data.buckets": [seq], "checkpoint.every": 10**9, "target.compile": not a.no_target_compile,
-            "data.path": "embedded:tiny-chat"}  # never read: the loaders are swapped (random_loaders)
+            "data.path": "embedded:tiny-chat",  # never read: the loaders are swapped (random_loaders)
+            # the padded layout of uniform sequences, 4 micro-batches of one a step (what this benchmark has
+            # always measured; packed training on mixed lengths: benchmarks/dflash_mixed.py)
+            "data.pack": False, "data.batch_size": 1, "train.grad_accum": 4, "data.pack_chunks": 1}
     if a.small:
         over.update({"drafter.num_layers": 2, "drafter.block_size": 8, "data.num_anchors": 4})
     return apply_overrides(qwen3_8b(), over), fields, seq

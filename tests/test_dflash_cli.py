@@ -134,14 +134,15 @@ def test_eval_refuses_a_mismatched_target(trained_run, local_target_dir):
 
 def test_qwen3_8b_dry_run_on_the_meta_device(tmp_path):
     """The full-scale recipe end to end without weights: taps, spec, masks, loss and backward at Qwen3-8B
-    shapes (batch 1 × 3072 tokens, 512 anchors × 16), an export config that reads back; nothing written."""
+    shapes (the recipe's micro-batch: 4 rows × 3072 tokens, 512 anchors × 16 a row), an export config
+    that reads back; nothing written."""
     data = invoke_json(app, ["train", "--recipe", "qwen3_8b", "--dry-run", "--out", str(tmp_path / "run")])
     assert data["target_source"] == "Qwen3-8B shape (built in)" and data["layer_ids"] == [1, 9, 17, 25, 33]
     h, ffn, layers = 4096, 12288, 5
     per_layer = 2 * h * h + 2 * h * 1024 + 2 * 128 + 3 * h * ffn + 2 * h  # q,o + k,v + qk-norm + MLP + norms
     assert data["drafter_params"] == layers * per_layer + 5 * h * h + 2 * h  # + fc (5 taps) + hidden_norm, norm
     assert data["grads"] == 5 * 11 + 3  # every parameter got a gradient
-    assert data["taps_shape"] == [1, 3072, 5 * h] and data["hidden_shape"] == [1, 512 * 16, h]
+    assert data["taps_shape"] == [4, 3072, 5 * h] and data["hidden_shape"] == [4, 512 * 16, h]
     assert data["export_config"]["dflash_config"]["target_layer_ids"] == [1, 9, 17, 25, 33]
     assert data["notes"] == [] and not (tmp_path / "run").exists()
 
