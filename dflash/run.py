@@ -94,8 +94,10 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
 
     on_event = on_event or (lambda kind, data: None)
     check_data_path(cfg.data)  # inputs before anything heavy (Trainer.from_config checks it again)
-    start_imports(cfg.target)  # torch and transformers' model stack, in a thread from here on (issue 39)
-    from dflash.training.trainer import Trainer  # waits for torch, which the imports' thread is importing
+    # torch and transformers' model stack in a thread from here on (issue 39); torch and the trainer's own
+    # modules are its first stage, which this thread waits for rather than import them beside it
+    start_imports(cfg.target, first=("dflash.training.trainer",)).wait("torch")
+    from dflash.training.trainer import Trainer
     if cfg.cache.remote:  # before anything compiles, in every mode (each torchrun rank runs this)
         from compilewatch import enable_remote_cache
 

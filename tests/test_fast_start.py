@@ -6,6 +6,7 @@ save_pretrained. Threads are ordered with Events, never sleeps."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -200,16 +201,20 @@ def test_a_bad_target_fails_the_staged_load_as_it_fails_load_target(tmp_path):
     assert _no_start_threads()
 
 
-def test_an_import_that_fails_in_the_thread_is_raised_where_the_stage_is_needed(monkeypatch):
-    """A model-stack import that raises: the stages before it are fine, the model stage raises that
-    very exception (the sequential start's error), every time it is asked for."""
-    imports = preload.Imports("qwen3")
-    monkeypatch.setattr(preload, "_MODEL_STACK", ("transformers", "dflash_no_such_module_for_this_test"))
-    imports.start()
+def test_an_import_that_fails_in_the_thread_is_raised_where_the_stage_is_needed(tmp_path, monkeypatch):
+    """A model-stack module whose import raises: the stages before it are fine, the model stage raises
+    that very exception (what the sequential start's import gives), every time it is asked for."""
+    (tmp_path / "dflash_broken_module_for_this_test.py").write_text("raise RuntimeError('injected: broken install')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(preload, "_MODEL_STACK", ("transformers", "dflash_broken_module_for_this_test"))
+    imports = preload.Imports("qwen3").start()
     imports.wait("tokenizer")
+    errors = []
     for _ in range(2):
-        with pytest.raises(ModuleNotFoundError, match="dflash_no_such_module_for_this_test"):
+        with pytest.raises(RuntimeError, match="injected: broken install") as e:
             imports.wait("model")
+        errors.append(e.value)
+    assert errors[0] is errors[1]
     with pytest.raises(ValueError, match="unknown import stage"):
         imports.wait("nope")
     imports.thread.join()
@@ -276,3 +281,40 @@ def test_bad_input_found_while_the_imports_run_exits_2_without_a_traceback(tmp_p
         assert p.returncode == 2, p.stderr
         assert "Traceback" not in p.stderr and "error:" in p.stderr and words in p.stderr
     assert not (tmp_path / "r1").exists()
+
+
+_AUDIT = r"""
+import json, sys, threading, time
+loads = []
+sys.addaudithook(lambda ev, args: loads.append((threading.current_thread().name, args[0], time.perf_counter()))
+                 if ev == "import" else None)
+import dflash
+from dflash.training import preload
+cfg = dflash.build_config("tiny", None, {"target.path": sys.argv[1], "data.path": sys.argv[2],
+                                          "data.regenerate": False, "checkpoint.out_dir": sys.argv[3],
+                                          "train.max_steps": 1, "eval.at_end": False, "metrics.tensorboard": False})
+dflash.train(cfg)
+imports = preload.imports()
+t0, t1 = imports.span
+print(json.dumps({"span": [t0, t1], "loads": [l for l in loads if t0 <= l[2] <= t1]}))
+"""
+
+
+def test_no_two_threads_import_one_library_at_once(tmp_path, chat_file):
+    """While the imports' thread runs, no other thread of the start (the caller's, the target's, the
+    weights', the resume read) loads a module of a library that thread loads: two threads inside one
+    library's import graph can deadlock on its cycles. A fresh interpreter, a real `dflash.train`."""
+    target = _save_qwen3(tmp_path / "q")
+    p = subprocess.run([sys.executable, "-c", _AUDIT, str(target), str(chat_file), str(tmp_path / "run")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    loads = json.loads(p.stdout.strip().splitlines()[-1])["loads"]
+    ours = {"dflash", "compilewatch", "cli", "tests"}
+    by_library: dict[str, set[str]] = {}
+    for thread, module, _ in loads:
+        top = module.split(".")[0]
+        if top not in sys.stdlib_module_names and top not in ours:
+            by_library.setdefault(top, set()).add(thread)
+    assert any("dflash-start-imports" in t for t in by_library.get("transformers", ())), by_library
+    shared = {lib: sorted(t) for lib, t in by_library.items() if len(t) > 1}
+    assert shared == {}

@@ -9,6 +9,7 @@ does not need something else starts at once and overlaps (issue 39), each taken 
 
 - imports: torch and transformers' tokenizer and model stacks, one thread (dflash.training.preload,
   started by dflash.train at the top of the command; here if it was not);
+- cuda: on a GPU, the driver, each device's context and a cuBLAS handle (a thread);
 - resume state: on --resume, the checkpoint's verified training state (a thread: ~12 GB beside a
   ~16 GB target at 8B);
 - target (dflash.model.target_load): the weights read straight onto the device (a thread, at once),
@@ -71,18 +72,24 @@ def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: 
     if device.type == "cpu" and cfg.train.cpu_threads:
         torch.set_num_threads(cfg.train.cpu_threads)  # restored by close()
     phases = Phases(on_event)
-    reading = loading = None
+    reading = loading = warming = None
     try:
         notes = owned.clean()
         home = resolve_device(target_device) if target_device is not None else device
         if overlap:
             imports = preload.start_imports(cfg.target)
+            imports.wait("torch")  # torch's own lazy imports are in before this thread meets any (preload's doc)
             if start is not None:
                 reading = Background(phases, "resume state", lambda: load_resume_state(start))
+            gpus = sorted({str(d) for d in (device, home) if d.type == "cuda"})
+            warming = Background(phases, "cuda", lambda: _warm_cuda(gpus)) if gpus else None
             on_event("phase", {"name": "target", "source": cfg.target.path})
             loading = _start_target(cfg, home, imports.wait)
             full_target, dataset, eval_convs, data_notes, spec, drafter = _overlapped(cfg, loading, phases, on_event,
                                                                                       device, start)
+            if warming is not None:
+                warming.join()  # a CUDA error, if it had one, is raised here
+                warming = None
             _report_threads(phases, imports, loading)
         else:
             on_event("phase", {"name": "target", "source": cfg.target.path})
@@ -122,8 +129,9 @@ def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: 
     except BaseException:  # every failure once the lock is held: release it (the next --resume must work)
         if loading is not None:
             loading.stop()  # the target's threads end (the weights read cut short) before the lock is released
-        if reading is not None:
-            reading.wait_quietly()  # the checkpoint's reads end before the lock is released
+        for thread in (reading, warming):
+            if thread is not None:
+                thread.wait_quietly()  # the checkpoint's reads end before the lock is released
         torch.set_num_threads(threads_before)
         owned.release_after_failure()
         raise
@@ -131,6 +139,15 @@ def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: 
     trainer.resumed_from = start
     trainer.phases = phases
     return trainer
+
+
+def _warm_cuda(devices: list[str]) -> None:
+    """CUDA's start on each device, in a thread: the driver, the device's context, and a cuBLAS handle
+    with its workspace (one small bf16 matmul; the handle goes back to torch's pool when the thread
+    ends, for the thread that steps)."""
+    for d in devices:
+        x = torch.ones(16, 16, device=d, dtype=torch.bfloat16)
+        (x @ x).sum().item()
 
 
 def _start_target(cfg: Config, home: torch.device, wait) -> TargetLoad:

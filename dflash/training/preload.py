@@ -12,10 +12,13 @@ raised (its type, message and traceback: what the sequential start gives) when t
 before it failed; a later stage's failure is not raised to a caller that needs less. Never started
 (a library caller that built a Trainer directly): `wait` imports inline, in the calling thread.
 
-One thread owns these imports: code that touches transformers waits for the stage it needs first, so
-two threads never import its modules at once (they import each other in cycles; two threads entering
-one from both ends is an import deadlock). The thread is a daemon: bad input found while it runs
-exits at once (exit 2), without waiting for transformers.
+One thread owns these imports: code that touches transformers waits for the stage it needs first, and
+the thread that started them waits for the "torch" stage (torch, dynamo, triton, and its own next
+modules: `first`) before it goes on, so two threads never import one library's modules at once
+(torch's and transformers' modules import each other in cycles; two threads entering one from both
+ends is an import deadlock: tests/test_fast_start.py checks what the start's other threads still
+import). The thread is a daemon: bad input found while it runs exits at once (exit 2), without
+waiting for transformers.
 """
 
 from __future__ import annotations
@@ -29,8 +32,13 @@ from pathlib import Path
 from typing import Any
 
 STAGES = ("torch", "tokenizer", "model")
+# torch's heavy lazy imports (dynamo pulls fx, sympy, functorch, the decompositions; triton where there
+# is one): the caller's thread meets them anyway (meta-device builds, compiles), so they are imported
+# here, before it goes on; and safetensors, which the weights' reader imports before transformers is in
+_TORCH_STACK = ("torch", "torch._dynamo", "triton", "safetensors")
 _TOKENIZER_STACK = ("transformers", "transformers.models.auto.tokenization_auto",
-                    "transformers.models.auto.configuration_auto", "tokenizers")
+                    "transformers.models.auto.configuration_auto", "transformers.tokenization_utils_tokenizers",
+                    "tokenizers")
 _MODEL_STACK = ("transformers.modeling_utils", "transformers.models.auto.modeling_auto", "safetensors.torch")
 _EMBEDDED_MODEL_TYPE = "qwen3"  # embedded:tiny is a Qwen3
 
@@ -50,6 +58,17 @@ def model_type_of(target: Any) -> str | None:
     return model_type if isinstance(model_type, str) and model_type.isidentifier() else None
 
 
+def _present(names: tuple[str, ...]) -> tuple[str, ...]:
+    out = []
+    for name in names:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                out.append(name)
+        except (ImportError, ValueError):
+            pass
+    return tuple(out)
+
+
 def _modeling_module(model_type: str | None) -> str | None:
     if model_type is None:
         return None
@@ -64,8 +83,9 @@ class Imports:
     """The staged imports of one process (see the module doc). `span`: perf_counter (start, end) of the
     thread; `at`: seconds since process start when it ended; `seconds`: each stage's own time."""
 
-    def __init__(self, model_type: str | None = None) -> None:
+    def __init__(self, model_type: str | None = None, first: tuple[str, ...] = ()) -> None:
         self.model_type = model_type
+        self.first = first  # imported with torch, before the caller's thread goes on (see start_imports)
         self.seconds: dict[str, float] = {}
         self.span = (time.perf_counter(), 0.0)
         self.at = 0.0
@@ -82,12 +102,15 @@ class Imports:
         return self
 
     def _modules(self, stage: str) -> tuple[str, ...]:
+        """The stage's modules (run in the thread: finding a submodule imports its parents). torch,
+        transformers and `first` are required (their ImportError is the start's); the rest only where
+        this install has them (module names move between transformers releases)."""
         if stage == "torch":
-            return ("torch",)
+            return ("torch", *_present(_TORCH_STACK[1:]), *self.first)
         if stage == "tokenizer":
-            return _TOKENIZER_STACK
+            return ("transformers", *_present(_TOKENIZER_STACK[1:]))
         own = _modeling_module(self.model_type)
-        return _MODEL_STACK + ((own,) if own else ())
+        return _present(_MODEL_STACK + ((own,) if own else ()))
 
     def _run(self, upto: str = STAGES[-1]) -> None:
         from dflash.training.startup import seconds_since_process_start
@@ -132,13 +155,15 @@ _LOCK = threading.Lock()
 _IMPORTS: Imports | None = None
 
 
-def start_imports(target: Any = None) -> Imports:
+def start_imports(target: Any = None, first: tuple[str, ...] = ()) -> Imports:
     """This process's imports, started now in a thread unless they already were (`target`: the
-    TargetConfig, whose modeling module is imported with the model stack)."""
+    TargetConfig, whose modeling module is imported with the model stack; `first`: modules imported
+    with torch, in the "torch" stage: what the caller's thread imports next, which then waits for
+    that stage rather than import torch's modules beside this thread)."""
     global _IMPORTS
     with _LOCK:
         if _IMPORTS is None:
-            _IMPORTS = Imports(model_type_of(target) if target is not None else None).start()
+            _IMPORTS = Imports(model_type_of(target) if target is not None else None, first).start()
         return _IMPORTS
 
 
