@@ -117,7 +117,7 @@ def run_layout(a, pack: bool) -> dict:
     warm = tr.warm_batches()
     for i, b in enumerate(warm):
         b = b.to(device)
-        if i == 0 or not pack:  # packed: one drafter shape; every target shape
+        if i in (0, len(warm) // 2) or not pack:  # packed: the drafter's two shapes; every target shape
             tr.forward_backward(b, torch.tensor(1.0, device=device))
         else:
             target.taps(b.input_ids, getattr(b, "position_ids", None))

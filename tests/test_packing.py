@@ -294,6 +294,8 @@ def test_chunked_drafter_pass_gives_the_whole_micro_batchs_numbers(tmp_path, tin
     ds = _dataset(cfg, tiny_target)
     assert ds.block_budget == 96
     b = ds.make_batch(ds.epoch_plan(0)[0], 0)
+    windows = [b.chunk(c, 4)[0].rows_total for c in range(4)]
+    assert min(windows) == b.chunk_rows(4) < 8  # chunks read a window of rows (here 3 of 8), not all of them
     spec = drafter_spec(cfg, tiny_target)
     w = loss_weights(cfg.drafter.block_size, cfg.gamma)
     taps = tiny_target.taps(b.input_ids, b.position_ids)

@@ -81,15 +81,33 @@ class PackedBatch:
     def block_slots(self) -> int:
         return int(self.anchor_valid.numel())
 
-    def chunk(self, index: int, chunks: int) -> PackedBatch:
-        """Block slots [index·N/chunks, (index+1)·N/chunks) with the whole micro-batch's rows: the
-        drafter's chunk `index` of `chunks` (N must divide evenly; the budget is made so)."""
+    def chunk(self, index: int, chunks: int) -> tuple[PackedBatch, slice]:
+        """The drafter's chunk `index` of `chunks`: block slots [index·N/chunks, (index+1)·N/chunks)
+        (N divides evenly: the budget is made so) with the rows its blocks read, and which rows of the
+        micro-batch (of its taps) those are. Blocks are in row order, so a chunk's blocks mostly sit in
+        one or two rows: it reads a window of `chunk_rows(chunks)` rows from its first block's row when
+        they hold all of its blocks (a smaller context: less of the fused context to compute, shorter
+        keys), else every row. Two drafter shapes a run."""
         n = self.block_slots // chunks
         sl = slice(index * n, (index + 1) * n)
-        return PackedBatch(input_ids=self.input_ids, position_ids=self.position_ids, loss_mask=self.loss_mask,
-                           lengths=self.lengths if index == 0 else self.lengths[:0], anchor_row=self.anchor_row[sl],
-                           anchor_col=self.anchor_col[sl], doc_start=self.doc_start[sl], doc_end=self.doc_end[sl],
-                           anchor_valid=self.anchor_valid[sl], rows_total=self.rows_total)
+        row, valid = self.anchor_row[sl], self.anchor_valid[sl]
+        window = self.chunk_rows(chunks)
+        real = row[valid]
+        r0 = int(real.min()) if real.numel() else 0
+        r1 = int(real.max()) if real.numel() else 0
+        if r1 - r0 + 1 > window:  # spread over more rows than the window: the whole context
+            r0, window = 0, max(self.rows_total, self.input_ids.shape[0])
+        rows = slice(r0, min(r0 + window, self.input_ids.shape[0]))
+        shifted = torch.where(valid, row - r0, torch.zeros_like(row))  # padding slots: row 0, they see nothing
+        return PackedBatch(input_ids=self.input_ids[rows], position_ids=self.position_ids[rows],
+                           loss_mask=self.loss_mask[rows], lengths=self.lengths if index == 0 else self.lengths[:0],
+                           anchor_row=shifted, anchor_col=self.anchor_col[sl], doc_start=self.doc_start[sl],
+                           doc_end=self.doc_end[sl], anchor_valid=valid, rows_total=window), rows
+
+    def chunk_rows(self, chunks: int) -> int:
+        """Rows a chunk's window holds: its share of the rows plus one (a chunk's blocks start mid-row)."""
+        total = max(self.rows_total, self.input_ids.shape[0])
+        return min(total, -(-total // chunks) + 1)
 
 
 def candidate_counts(samples: Sequence, block_size: int) -> np.ndarray:
@@ -213,11 +231,13 @@ def make_packed_batch(samples: Sequence, pack_plan: Pack, anchors_of, rows_total
 def warm_packed_batches(sample, rows_total: int, row_len: int, block_budget: int) -> list[PackedBatch]:
     """Micro-batches at every shape packed training uses, from one sample: for each number of rows
     used (1..rows_total), rows that hold two conversations (a document mask) and rows that one
-    conversation fills (none: the target's plain causal path). The blocks are all valid."""
+    conversation fills (none: the target's plain causal path). The blocks are all valid. The drafter's
+    shapes: the first (blocks in row order) and the `rows_total`-row one without boundaries (blocks
+    spread over every row) cover both of chunked training's (`PackedBatch.chunk`)."""
     out = []
     n = min(row_len, sample.input_ids.numel())
     for full in (False, True):
-        for R in range(1, rows_total + 1):
+        for R in range(rows_total, 0, -1):  # all rows first: its chunks read windows of rows, or all rows
             ids = torch.zeros(R, row_len, dtype=torch.long)
             ids[:, :n] = sample.input_ids[:n]
             pos = torch.arange(row_len).repeat(R, 1)
@@ -225,9 +245,12 @@ def warm_packed_batches(sample, rows_total: int, row_len: int, block_budget: int
                 pos[:, row_len // 2:] = torch.arange(row_len - row_len // 2)  # a second run: a document boundary
             lmask = torch.ones(R, row_len, dtype=torch.bool)
             k = torch.arange(block_budget)
+            # blocks in row order (chunks read a window of rows), except one batch where every row has
+            # blocks all through (chunks read every row): the two drafter shapes of chunked training
+            by_row = k % R if (full and R == rows_total) else k * R // block_budget
             out.append(PackedBatch(
                 input_ids=ids, position_ids=pos, loss_mask=lmask, lengths=torch.full((R,), row_len),
-                anchor_row=k % R, anchor_col=torch.zeros(block_budget, dtype=torch.long),
+                anchor_row=by_row, anchor_col=torch.zeros(block_budget, dtype=torch.long),
                 doc_start=torch.zeros(block_budget, dtype=torch.long),
                 doc_end=torch.full((block_budget,), row_len), anchor_valid=torch.ones(block_budget, dtype=torch.bool),
                 rows_total=rows_total))

@@ -164,8 +164,8 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
         tr: Trainer = rep.state["trainer"]
         k_h = len(trainer.target.layer_ids) * trainer.target.hidden_size
         batches = tr.warm_batches()  # one per bucket length: every shape training will use
-        if tr.dataset.packed:
-            batches = batches[:1]  # packed: one drafter shape whatever the rows used (the taps are padded)
+        if tr.dataset.packed:  # packed: the drafter's shapes do not depend on the rows used (the taps are padded)
+            batches = [batches[0], batches[len(batches) // 2]]  # chunks over a window of rows, and over all rows
         for b in batches:
             b = b.to(tr.device)
             taps = torch.zeros(*b.input_ids.shape, k_h, dtype=trainer.target.dtype, device=tr.device)  # as produced

@@ -197,7 +197,8 @@ def loss_backward(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn
         return out
     total: LossOutput | None = None
     for c in range(chunks):
-        out = drafter_loss(drafter, embed, head, taps, batch.chunk(c, chunks), **kwargs)
+        part_batch, rows = batch.chunk(c, chunks)
+        out = drafter_loss(drafter, embed, head, taps[rows], part_batch, **kwargs)
         out.loss.backward()
         part = LossOutput(loss=out.loss.detach(), weighted_ce=out.weighted_ce, weight=out.weight, correct=out.correct,
                           count=out.count, accepted=out.accepted, full_blocks=out.full_blocks)
