@@ -24,6 +24,7 @@ from dflash.model.target_load import TargetLoad
 from dflash.training import build, preload
 from dflash.training.trainer import Trainer
 from tests.dflash_helpers import chat_file, small_config, tiny_target  # noqa: F401 - fixtures
+from tests.helpers import requires_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT = 120  # seconds: a generous bound on an Event that a correct thread sets at once
@@ -68,7 +69,7 @@ def _assert_same_model(a: nn.Module, b: nn.Module) -> None:
     assert a.config.to_dict() == b.config.to_dict()
     assert a.generation_config.to_dict() == b.generation_config.to_dict()
     assert a.training == b.training and a.dtype == b.dtype
-    ids = torch.tensor([[5, 9, 14, 2, 40, 41]])
+    ids = torch.tensor([[5, 9, 14, 2, 40, 41]], device=next(a.parameters()).device)
     with torch.no_grad():
         assert torch.equal(a(input_ids=ids).logits, b(input_ids=ids).logits)
 
@@ -318,3 +319,43 @@ def test_no_two_threads_import_one_library_at_once(tmp_path, chat_file):
     assert any("dflash-start-imports" in t for t in by_library.get("transformers", ())), by_library
     shared = {lib: sorted(t) for lib, t in by_library.items() if len(t) > 1}
     assert shared == {}
+
+
+def test_the_startup_benchmark_prints_each_runs_phases_and_its_outside_clock():
+    """benchmarks/dflash_startup.py's table: process start -> first step done by its own clock (the
+    stamp of the CLI's "first step" line), then the phases in the order they ended, with beside."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dflash_startup", ROOT / "benchmarks" / "dflash_startup.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    lines = [(3.0, "· target: 2.5 s (at 2.9 s since process start), read beside data, drafter"),
+             (1.5, "· data: 0.1 s (at 1.4 s since process start)"),
+             (6.2, "· first step: 3.1 s (at 6.1 s since process start)")]
+    run = {"name": "warm", "rc": 0, "wall_s": 9.0, "phases": bench.phases_of({"all_lines": lines})}
+    table = bench.phase_table([run]).splitlines()
+    assert table[0] == "warm: rc 0, process start -> first step done 6.2 s (outside clock), process wall 9.0 s"
+    assert [row.split()[0] for row in table[1:]] == ["data", "target", "first"]
+    assert table[2].endswith("beside data, drafter")
+    assert bench.summarize([run])["first_step_outside_s"] == {"warm": 6.2}
+
+
+@pytest.mark.gpu
+@requires_cuda(bf16=True)
+def test_on_cuda_the_weights_go_straight_to_the_device_bit_identical_to_from_pretrained(tmp_path):
+    """On the GPU: the direct path (read onto cuda:0 into one reserved allocation, the model built
+    with no weights, assigned) against from_pretrained with device_map (what the loader did before),
+    bf16; and the staged load's Target against load_target's."""
+    from transformers import AutoModelForCausalLM
+
+    path = _save_qwen3(tmp_path / "q")
+    dev = torch.device("cuda:0")
+    ref = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.bfloat16,
+                                               device_map={"": dev})
+    config = tgt.load_config(TargetConfig(path=str(path)))
+    model = tgt._load_dir(path, torch.bfloat16, dev, config=config)
+    assert all(t.device == dev for t in (*model.parameters(), *model.buffers()))
+    _assert_same_model(model.cpu(), ref.cpu())
+    cfg = TargetConfig(path=str(path))
+    staged = TargetLoad(cfg, 2, dev, wait=preload.imports().wait).result()
+    _same_target(staged, tgt.load_target(cfg, 2, dev))

@@ -7,8 +7,8 @@ the read can start before transformers' model stack is imported.
     model = model_from_weights(config, state, dtype, device)   # None: not a layout this path handles
 
 - read_weights memory-maps each file (safetensors' own `safe_open`: a CPU tensor is a view of the
-  mapping, nothing is copied) and copies each tensor to the device in a few threads, as transformers
-  5 does; a copy releases the GIL, so the read runs beside imports. For the CPU it returns the views
+  mapping, nothing is copied) and copies each tensor to the device in a few threads, into one
+  reserved allocation, as transformers 5 does; a copy releases the GIL, so the read runs beside imports. For the CPU it returns the views
   themselves: model_from_weights copies them out of the mapping (weights never alias a file someone
   may rewrite), in the model's dtype, in one copy.
 - model_from_weights builds the model with its parameters on the meta device (a parameter
@@ -72,6 +72,8 @@ def read_weights(files: list[Path], device: torch.device, stop: threading.Event 
 
     device = torch.device(device)
     out: dict[str, torch.Tensor] = {}
+    if device.type == "cuda":
+        _reserve(device, sum(f.stat().st_size for f in files))
 
     def copy(view: torch.Tensor) -> torch.Tensor:
         return view if device.type == "cpu" else view.to(device)
@@ -91,6 +93,15 @@ def read_weights(files: list[Path], device: torch.device, stop: threading.Event 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return out
+
+
+def _reserve(device: torch.device, nbytes: int) -> None:
+    """One device allocation of the weights' size, freed at once: torch's caching allocator keeps the
+    segment and splits it for the tensors read next (one cudaMalloc instead of one per tensor, as
+    transformers' caching_allocator_warmup does). Skipped when the device has not that much free."""
+    free, _ = torch.cuda.mem_get_info(device)
+    if nbytes < free - (1 << 30):
+        torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 _META = threading.local()  # .active: parameters registered by this thread go to the meta device
@@ -132,10 +143,10 @@ def params_on_meta() -> Iterator[None]:
 
 def _direct_class(config):
     """The causal-LM class for `config`, when this path can build it; None otherwise."""
-    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    if getattr(config, "auto_map", None) or getattr(config, "quantization_config", None):
-        return None
+    if any(getattr(config, k, None) for k in ("auto_map", "quantization_config", "fusion_config")):
+        return None  # remote code, quantized weights, fused modules: from_pretrained's own business
     cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     if cls is None or getattr(cls, "_keep_in_fp32_modules", None) or getattr(cls, "_keep_in_fp32_modules_strict", None):
         return None

@@ -1,5 +1,6 @@
-"""Where a run's start goes: each phase (target, data, drafter, resume state, first step) timed and
-reported as an event, so the CLI shows the user where the seconds before training went.
+"""Where a run's start goes: each phase (imports, cuda, weights, target, data, drafter, resume state,
+trainer, first step: dflash.training.build says what each is) timed and reported as an event, so the
+CLI shows the user where the seconds before training went.
 
     phases = Phases(on_event)
     with phases.phase("target"):   # -> on_event("phase-done", {"name": "target", "seconds": 14.8, "at": 19.7})
@@ -7,8 +8,8 @@ reported as an event, so the CLI shows the user where the seconds before trainin
 
 `at` is seconds since this process started (Linux: /proc; elsewhere since this module was imported),
 so the events line up with a log stamped from process start. A phase that runs in a thread beside
-others (`Background`) is reported when it is joined, with `beside`: the phases it overlapped, so the
-seconds of overlapped phases are not read as a sum.
+others (`Background`, or a span timed elsewhere: `Phases.record`) is reported when it is joined, with
+`beside`: the phases it overlapped, so the seconds of overlapped phases are not read as a sum.
 """
 
 from __future__ import annotations
