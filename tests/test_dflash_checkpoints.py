@@ -176,12 +176,14 @@ def test_periodic_eval_reports_tau_and_its_cost(tmp_path, chat_file):
 def test_startup_phases_are_timed(tmp_path, chat_file):
     events = []
     train(small_config(tmp_path, chat_file, **{"train.max_steps": 2}), events)
-    done = [d["name"] for k, d in events if k == "phase-done"]
-    assert done == ["target", "data", "drafter", "first step"]
+    # the start's phases overlap (issue 39): data and drafter from the target's shape while the target
+    # loads, then the Trainer; "imports" is reported once per process (by whichever start sees it end)
+    done = [d["name"] for k, d in events if k == "phase-done" and d["name"] != "imports"]
+    assert done == ["data", "drafter", "target", "trainer", "first step"]
     events = []
     train(small_config(tmp_path, chat_file, **{"train.max_steps": 3}), events, resume=True)
-    assert [d["name"] for k, d in events if k == "phase-done"] == ["target", "data", "resume state", "drafter",
-                                                                  "first step"]
+    assert [d["name"] for k, d in events if k == "phase-done" and d["name"] != "imports"] == [
+        "data", "drafter", "target", "resume state", "trainer", "first step"]
     assert all(d["at"] >= d["seconds"] >= 0 for k, d in events if k == "phase-done")
 
 
