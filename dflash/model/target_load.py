@@ -61,10 +61,6 @@ class Stage:
         """Wait for the thread, raising nothing (a start that failed elsewhere)."""
         self._thread.join()
 
-    @property
-    def ok(self) -> bool:
-        return not self._thread.is_alive() and self._error is None
-
 
 class TargetLoad:
     """See the module doc. `stages`: the threads, by name ("weights" only for a directory target read
@@ -92,7 +88,7 @@ class TargetLoad:
         """A loader run whole in a thread; its shape is known once its Target is."""
         self = cls.__new__(cls)
         self._shape, self._shape_error = None, None
-        self._shape_ready = threading.Event()
+        self._shape_ready, self._stop = threading.Event(), threading.Event()
 
         def whole() -> Target:
             try:
@@ -140,7 +136,6 @@ class TargetLoad:
     def stop(self) -> None:
         """Wait for every thread, raising nothing, the weights read cut short (the start failed
         elsewhere: nothing keeps loading after it returns)."""
-        if hasattr(self, "_stop"):
-            self._stop.set()
+        self._stop.set()
         for s in self.stages.values():
             s.join()

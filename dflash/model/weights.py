@@ -8,16 +8,16 @@ the read can start before transformers' model stack is imported.
 
 - read_weights memory-maps each file (safetensors' own `safe_open`: a CPU tensor is a view of the
   mapping, nothing is copied) and copies each tensor to the device in a few threads, into one
-  reserved allocation, as transformers 5 does; a copy releases the GIL, so the read runs beside imports. For the CPU it returns the views
-  themselves: model_from_weights copies them out of the mapping (weights never alias a file someone
-  may rewrite), in the model's dtype, in one copy.
+  reserved allocation, as transformers 5 does; a copy releases the GIL, so the read runs beside
+  imports. For the CPU it returns the views themselves: model_from_weights copies them out of the
+  mapping (weights never alias a file someone may rewrite), in the model's dtype, in one copy.
 - model_from_weights builds the model with its parameters on the meta device (a parameter
   registration hook, for the calling thread only) and its buffers computed for real on the CPU as
   its `__init__` computes them (RoPE frequencies: the same bits as transformers' loader), then
   assigns the read tensors as the parameters (`load_state_dict(assign=True)`), casting only those
   whose dtype differs from the model's, ties tied weights and moves the buffers to the device.
   Anything it does not handle exactly as `from_pretrained` would (renamed or missing keys, other
-  shapes, fp32-kept modules, quantized or remote-code models) returns None: the caller loads with
+  shapes, fp32-kept modules, quantized, fused or remote-code models) returns None: the caller loads with
   `from_pretrained` instead. tests/test_fast_start.py holds both paths to bit-identical weights.
 """
 
@@ -64,7 +64,8 @@ class Stopped(Exception):
     """read_weights was told to stop (the start failed elsewhere)."""
 
 
-def read_weights(files: list[Path], device: torch.device, stop: threading.Event | None = None) -> dict[str, torch.Tensor]:
+def read_weights(files: list[Path], device: torch.device,
+                 stop: threading.Event | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of `files` on `device`, in the dtype it is stored in (on the CPU: views of the
     files' mappings, see the module doc). `stop` set: Stopped is raised before the next tensor.
     Raises what safetensors raises for a damaged file (the caller names the target)."""
