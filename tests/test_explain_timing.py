@@ -225,3 +225,24 @@ def test_probe_threads_records_its_lookups_and_compile_time_and_leaves_no_store_
     assert ct["threads"] >= 2 and ct["wall_s"] <= ct["total_s"] + 1e-3 and ct["total_s"] > 0
     assert sum(ct["phases"].values()) <= ct["total_s"] + 1e-3
     assert not S.store_dir(data["cache_dir"]).exists()  # the probe's temp cache dir and its store: gone
+
+
+@pytest.mark.slow
+def test_run_prints_it_and_a_saved_report_explains_it(warm, tmp_path):
+    """`compilewatch run --report FILE` on the warm cache: the run's own line, then `cache explain FILE`
+    (the report's lines hold each event's detail flat, as the watcher writes them)."""
+    from tests.limits import cli
+
+    cache, _ = warm
+    rep = tmp_path / "watch.jsonl"
+    script = cache.parent / "child.py"
+    o = cli("run", "--report", str(rep), "--", sys.executable, str(script), "ignored", "", timeout=420, mem=None,
+            env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    assert o.rc == 0, o.stderr[-3000:]
+    assert "cache lookups: 3 hit / 0 miss" in o.stderr and "warm compile time: " in o.stderr, o.stderr[-3000:]
+    res = CliRunner().invoke(app, ["cache", "explain", str(rep), "--json"])
+    assert res.exit_code == 0, res.output
+    (r,) = json.loads(res.stdout)
+    assert r["misses"] == 0 and r["compile_times"][0]["warm"] and r["compile_times"][0]["text"].startswith("warm")
+    ev = next(json.loads(line) for line in rep.read_text().splitlines() if '"cache_lookups"' in line)
+    assert ev["compile_time"]["lookups"] == {"hit": 3, "miss": 0}

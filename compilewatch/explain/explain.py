@@ -323,9 +323,9 @@ def explain_report(path: str | os.PathLike[str]) -> list[RunExplanation]:
         if not isinstance(ev, dict):
             raise BadInput(f"{path} line {n}: not a watch event (a JSON object)",
                            hint="give a report written by `compilewatch run --report FILE`")
-        if ev.get("kind") != "cache_lookups" or not isinstance(ev.get("detail"), dict):
+        if ev.get("kind") != "cache_lookups":
             continue
-        d = ev["detail"]
+        d = ev["detail"] if isinstance(ev.get("detail"), dict) else ev  # a report's lines hold the detail flat
         for st in d.get("stores") or []:
             if isinstance(st, str) and isinstance(d.get("run"), str):
                 seen.setdefault((st, d["run"]), set()).add(int(ev.get("pid", 0)))
