@@ -246,3 +246,14 @@ def test_run_prints_it_and_a_saved_report_explains_it(warm, tmp_path):
     assert r["misses"] == 0 and r["compile_times"][0]["warm"] and r["compile_times"][0]["text"].startswith("warm")
     ev = next(json.loads(line) for line in rep.read_text().splitlines() if '"cache_lookups"' in line)
     assert ev["compile_time"]["lookups"] == {"hit": 3, "miss": 0}
+
+
+@pytest.mark.slow
+def test_doctors_line_names_the_warm_compile_time_and_its_worst_phase(warm):
+    from compilewatch.explain.explain import last_run_line
+
+    cache, _ = warm
+    level, msg = last_run_line(cache)
+    assert level == "info" and "3/3 cache lookups hit (100%)" in msg
+    worst = next(iter(explain_run(cache).compile_times[0].phases))
+    assert "; warm compile time " in msg and f", most in {worst} (" in msg

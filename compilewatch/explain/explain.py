@@ -348,5 +348,11 @@ def last_run_line(cache_dir: str | os.PathLike[str]) -> tuple[str, str] | None:
     ago = max(0.0, time.time() - (r.when or time.time()))
     top = f"; top miss cause: {r.causes[0].cause} ({r.causes[0].misses} miss{'es' if r.causes[0].misses != 1 else ''})" \
         if r.causes else ""
+    slow = ""
+    if r.compile_times:  # the slowest process: its compile time and where most of it went
+        ct = max(r.compile_times, key=lambda c: c.total_s)
+        worst = next(((p, v) for p, v in ct.phases.items() if v > 0), None)
+        slow = f"; {'warm ' if ct.warm else ''}compile time {ct.total_s:.2f} s" + \
+            (f", most in {worst[0]} ({worst[1]:.2f} s)" if worst else "")
     return ("info", f"last watched run on this cache ({ago / 60:.0f} min ago): {r.hits}/{r.lookups} cache lookups hit "
-                    f"({100 * (r.hit_rate or 0):.0f}%){top} (`compilewatch cache explain`)")
+                    f"({100 * (r.hit_rate or 0):.0f}%){top}{slow} (`compilewatch cache explain`)")
