@@ -31,35 +31,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
-
-
 def random_8b(device: torch.device, num_draft_layers: int):
     """A frozen Qwen3-8B-shaped target with random weights made on `device` in the dtype `load_target`
-    would use there (bf16 on CUDA, made straight in bf16: no fp32 copy; fp32 on CPU)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    would use there (bf16 on CUDA, made straight in bf16: no fp32 copy; fp32 on CPU): dflash_e2e's."""
+    from dflash.model.target import resolve_dtype
+    from dflash_e2e import QWEN3_8B, random_target
 
-    from dflash.model.drafter import default_layer_ids
-    from dflash.model.target import Target, resolve_dtype
-
-    cfg = Qwen3Config(**QWEN3_8B)
-    dtype = resolve_dtype("auto", device)
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            torch.manual_seed(0)
-            model = Qwen3ForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(prev)
-    model.requires_grad_(False).eval()
-    return Target(model=model, tokenizer=None, layer_ids=default_layer_ids(cfg.num_hidden_layers, num_draft_layers),
-                  mask_token_id=cfg.vocab_size - 1, device=device, dtype=dtype, source="benchmark:random-8b")
+    t = random_target(QWEN3_8B, device, resolve_dtype("auto", device), num_draft_layers)
+    t.source = "benchmark:random-8b"
+    return t
 
 
 def build(a):

@@ -42,7 +42,9 @@ def torch_floor() -> str:
     floor = re.search(r">=\s*([\d.]+)", spec)
     assert floor, spec
     ci = (ROOT / ".ci" / "run").read_text()
-    tested = sorted(set(re.findall(r"torch==([\d.]+)", ci)) | set(re.findall(r"for v in ([\d. ]+);", ci)[0].split()),
+    matrix = re.findall(r'^matrix="([\d. ]+)"', ci, re.M)  # the torch matrix's versions (.ci/run)
+    assert matrix, ".ci/run names no matrix=\"...\" of torch versions"
+    tested = sorted(set(re.findall(r"torch==([\d.]+)", ci)) | set(matrix[0].split()),
                     key=lambda v: tuple(int(x) for x in v.split(".")))
     return f"torch ≥ {floor.group(1)}; CI tests {', '.join(tested)}.\n"
 
