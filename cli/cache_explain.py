@@ -23,7 +23,7 @@ EXIT_RULE = ("0 when every lookup hit or every miss was a graph never compiled b
 
 def explain_cmd(
     report: Annotated[Optional[Path], typer.Argument(help="A watch report (`compilewatch run --report FILE`); default: the last watched run on the cache dir.")] = None,
-    against: Annotated[Optional[Path], typer.Option("--against", help="Explain why the entries of this other cache dir or archive (`cache save`) would not be hit here.")] = None,
+    against: Annotated[Optional[str], typer.Option("--against", help="Explain why the entries of this other cache dir, archive (`cache save`) or Redis server (redis://HOST:PORT) would not be hit here.")] = None,
     dir: Annotated[Optional[Path], typer.Option("--dir", help="The inductor cache dir (default: the one torch uses).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -46,6 +46,8 @@ def explain_cmd(
       compilewatch cache explain --against /mnt/shared/inductor-cache
 
       compilewatch cache explain --against h200-torch2.11.tar.zst
+
+      compilewatch cache explain --against redis://cache-host:6379
     """
     from compilewatch import torchinfo
 

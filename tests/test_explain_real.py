@@ -21,6 +21,7 @@ import pytest
 
 from compilewatch.explain import store as S
 from compilewatch.explain.explain import explain_run
+from tests.redis_helpers import redis_server, redis_url  # noqa: F401 - fixtures: a real redis-server
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,3 +259,35 @@ def test_against_a_bad_archive_is_one_clear_message_and_exit_2(scenarios, tmp_pa
     assert res.exit_code == 2, res.output
     assert "Traceback" not in res.output and str(evil) in res.output
     assert not (tmp_path / "escape").exists()
+
+
+def test_against_a_redis_server_reads_its_fxgraph_entries_stamps_never_unpickling(scenarios, redis_url, tmp_path):
+    """A cluster's cold node: the shared Redis cache's FX-graph entries (torch's own value format, pushed
+    here from this run's cache) judged against this machine by their stamps."""
+    import redis
+
+    from compilewatch.cache.remote.keyspace import encode_pickled, redis_key
+    from compilewatch.explain.against import explain_against
+
+    a, _, _ = scenarios
+    client = redis.Redis.from_url(redis_url)
+    pushed = 0
+    for entry in (a / "fxgraph").rglob("*"):
+        if entry.is_file():
+            client.set(redis_key("fxgraph", entry.parent.name), encode_pickled(entry.read_bytes()))
+            pushed += 1
+    bad = "f" + "0" * 51
+    client.set(redis_key("fxgraph", bad), b"\x80\x04 not torch's JSON")  # a malformed value: left out, said
+    client.set("unrelated:key", b"x")
+    client.close()
+    assert pushed >= 2
+    rep = explain_against(redis_url, a)
+    assert rep.source == "remote entry stamps" and rep.entries == pushed
+    assert rep.would_hit >= 1  # this run's entries, made here: those of this config match
+    assert any("max_autotune" in r.text or "size_asserts" in r.text for r in rep.results if not r.would_hit)
+    assert "what its writer claims" in rep.warnings[0] and any(bad in w for w in rep.warnings)
+    res = _cli("cache", "explain", "--against", redis_url, "--dir", str(a), "--json")
+    assert res.exit_code == 1 and json.loads(res.stdout)["source"] == "remote entry stamps"  # some would miss
+    # a server that is not there: one clear message, exit 2
+    res = _cli("cache", "explain", "--against", "redis://127.0.0.1:1", "--dir", str(a))
+    assert res.exit_code == 2 and "Traceback" not in res.output and "127.0.0.1:1" in res.output

@@ -1,4 +1,5 @@
-"""`cache explain --against OTHER`: why the entries of another cache dir would not be hit here.
+"""`cache explain --against OTHER`: why the entries of another cache dir, archive or Redis server would not
+be hit here.
 
 Two sources, best first:
 - OTHER's key store (the lookups a watched run recorded there): each of its keys is looked for among the
@@ -14,6 +15,11 @@ what was signed; nothing extracted, unpickled or run), its `cache/fxgraph/` entr
 bytes as they stream by. An archive holds no key store (the store lives beside a cache dir), so its
 entries are read by their stamps; a foreign archive's stamps are only what its maker claims, and the
 report says so.
+
+OTHER may be a Redis server (`redis://`, `rediss://`, `unix://`): torch's remote FX-graph entries, read
+through the remote cache's reader (compilewatch.cache.remote.server.entries: every value capped and its
+JSON shape bounded, base64-decoded, never unpickled), judged by their stamps like an archive's (a cluster's
+cold node: why the shared cache's entries would not hit this machine).
 """
 
 from __future__ import annotations
@@ -67,7 +73,15 @@ def stamped_parts(content: bytes) -> dict[str, list]:
     return out
 
 
+REMOTE_SCHEMES = ("redis://", "rediss://", "unix://")
+MAX_REMOTE_ENTRIES = 10_000  # FX-graph entries read from a Redis server (each capped by the remote reader)
+
+
 def explain_against(other: str | os.PathLike[str], here: str | os.PathLike[str]) -> AgainstReport:
+    """Why `other`'s entries (a cache dir, a `cache save` archive, or a Redis server's URL) would not
+    be hit by the cache dir `here`."""
+    if isinstance(other, str) and other.startswith(REMOTE_SCHEMES):
+        return _from_remote(other, Path(os.path.abspath(here)))
     other_p, here_p = Path(os.path.abspath(other)), Path(os.path.abspath(here))
     if other_p.is_file():
         return _from_archive(other_p, here_p)
@@ -228,7 +242,33 @@ def _from_archive(archive: Path, here: Path) -> AgainstReport:
     return _report(archive, here, "archive entry stamps", results, warnings)
 
 
-def _report(other: Path, here: Path, source: str, results: list[AgainstEntry], warnings: list[str]) -> AgainstReport:
+def _from_remote(url: str, here: Path) -> AgainstReport:
+    """A Redis server's FX-graph entries (torch's remote cache) by their stamps: every value read through
+    the remote reader's caps (size, JSON shape) and base64-decoded, never unpickled."""
+    from compilewatch.cache.remote import keyspace, server
+
+    mine = S.read(S.store_dir(here))
+    judge = _StampJudge(mine, [r for r in mine.lookups if r.get("kind") == "fxgraph"])
+    results: list[AgainstEntry] = []
+    warnings = [f"{server.redact(url)}: a remote entry's stamps are what its writer claims (`compilewatch cache "
+                "remote verify` checks the entries' signatures)"]
+    client = server.connect(url)  # BadInput (exit 2) when it cannot be used
+    try:
+        for e in server.entries(client, kinds=("fxgraph",), deep=False, keep=True):
+            key = keyspace.parse_key(e.key).key or e.key
+            if e.problem is not None or e.content is None:
+                warnings.append(f"{key}: {e.problem or 'unreadable'}: {e.detail or 'no content'}: left out")
+                continue
+            results.append(judge.entry(key, f"fxgraph/{key[1:3]}/{key}/entry", e.content))
+            if len(results) >= MAX_REMOTE_ENTRIES:
+                warnings.append(f"read the first {MAX_REMOTE_ENTRIES} FX-graph entries; the rest were not read")
+                break
+    finally:
+        client.close()
+    return _report(server.redact(url), here, "remote entry stamps", results, warnings)
+
+
+def _report(other: Path | str, here: Path, source: str, results: list[AgainstEntry], warnings: list[str]) -> AgainstReport:
     causes: dict[str, int] = {}
     for r in results:
         if not r.would_hit:
