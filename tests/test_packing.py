@@ -325,3 +325,29 @@ def test_block_budget_follows_the_data_and_pack_chunks_must_divide_it(tmp_path, 
     assert ds.block_budget >= min(4 * base, density * 8 * 96)  # dense data: more blocks than a padded batch
     with pytest.raises((BadInput, ValueError), match="pack_chunks"):
         _mixed_dataset(tmp_path, True, **{"data.pack_blocks": 100, "data.pack_chunks": 3})
+
+
+def test_the_engine_trains_packed_batches_as_the_single_device_trainer_does(tmp_path):
+    """Packed micro-batches on the engine (CPU "devices": 2 target workers, 2 drafter replicas, chunks):
+    prewarm covers the packed shapes, and step 1 gives the single-device trainer's loss on the same
+    global batch (2 packs: grad_accum 2 there, one per replica here)."""
+    from dflash.config import TopologyConfig
+    from dflash.engine.program import train_multi
+    from dflash.training.trainer import Trainer
+
+    over = {"data.pack_blocks": 96, "data.pack_chunks": 2, "train.max_steps": 2, "topology.device": "cpu"}
+    single = Trainer.from_config(_mixed_dataset(tmp_path / "single", True, **{**over, "train.grad_accum": 2}))
+    losses_single = []
+    single.on_event = lambda kind, d: losses_single.append(d["metrics"].loss) if kind == "step" else None
+    single.train()
+    single.close()
+    multi = Trainer.from_config(_mixed_dataset(tmp_path / "multi", True, **over))
+    losses_multi = []
+    multi.on_event = lambda kind, d: losses_multi.append(d["metrics"].loss) if kind == "step" else None
+    result, report = train_multi(multi, TopologyConfig(target_devices=["cpu", "cpu"], drafter_devices=["cpu", "cpu"],
+                                                       stall_after=120))
+    multi.close()
+    assert report.ok, report.verdicts
+    assert report.prewarm.ok and result.steps == 2
+    # step 1: the same weights, the same blocks; only the summation order differs (fp32)
+    assert losses_multi[0] == pytest.approx(losses_single[0], rel=1e-4)
