@@ -11,6 +11,14 @@ One JSON line per case on stdout: seconds (plain, speculative, the whole eval), 
 over prompts, batched forwards (`steps`), τ, and on how many of the prompts both decoders gave the
 same tokens (bf16 on a GPU may differ where two logits tie within rounding).
 
+`--periodic N`: instead, per case, N consecutive evals as a training run's periodic eval makes them
+(dflash.eval.in_training): one dflash.eval.reuse.EvalState for all of them, the drafter in fp32 as the
+trainer holds it, its weights changed in place between evals (as an optimizer step changes them). One
+JSON line per eval: its wall seconds (`eval_wall_s`: what the periodic_eval event's `seconds` counts
+of decoding), τ, speedup, and what it captured and reused (graphs, the plain baseline, the warm-up);
+`--check-fresh` then decodes the last weights once more without the state and says whether τ, rounds
+and the acceptance histogram are the same.
+
 Targets: the embedded tiny one (default; CPU), `--target DIR` (a local Hugging Face directory), or
 `--random-8b` (a Qwen3-8B-shaped model with random weights, bf16 on CUDA, built from its config on the device:
 no download). The drafter is a random one of the recipe's shape (τ ≈ 1: the time per round is what
@@ -18,7 +26,9 @@ is measured), or `--drafter EXPORT` (a trained export). Prompts: the embedded ch
 target's template when it has a tokenizer, else random token ids of --prompt-tokens/2 .. --prompt-tokens.
 
     CPU:        python benchmarks/dflash_eval_batched.py
+                python benchmarks/dflash_eval_batched.py --cases 4x32 --periodic 3 --check-fresh
     GPU (8B):   python benchmarks/dflash_eval_batched.py --random-8b --device cuda
+                python benchmarks/dflash_eval_batched.py --random-8b --device cuda --cases 4x256 --periodic 3 --check-fresh
                 python benchmarks/dflash_eval_batched.py --target /models/Qwen3-8B --device cuda --drafter RUN
 """
 
@@ -128,6 +138,43 @@ def case(target, drafter, prompts: list[list[int]], new: int, old_prompts: int, 
     return row
 
 
+def periodic(target, drafter, prompts: list[list[int]], new: int, evals: int, use_graphs: bool | None,
+             check_fresh: bool) -> list[dict]:
+    """`evals` periodic evals on one EvalState (module docstring): one row each, then the fresh check."""
+    import copy
+
+    from dflash.eval.evaluate import evaluate_drafter
+    from dflash.eval.generation import sync
+    from dflash.eval.reuse import EvalState
+
+    bs = drafter.spec.block_size
+    training = copy.deepcopy(drafter).float().eval()  # the trainer's fp32 master weights
+    state = EvalState()
+    rows, same = [], ("prompts", "rounds", "tau", "acceptance_histogram", "outputs_match")
+    r = None
+    for i in range(evals):
+        if i:
+            with torch.no_grad():  # an optimizer step's worth of change, in place: the graphs read these tensors
+                for p in training.parameters():
+                    p.mul_(1 - 1e-3)
+        notes: list[str] = []
+        sync(target.device)
+        t0 = time.perf_counter()
+        r = evaluate_drafter(training, target, prompts, new, bs, use_graphs=use_graphs, state=state,
+                             step=i + 1, on_note=notes.append)
+        sync(target.device)
+        rows.append({"eval": i + 1, "eval_wall_s": round(time.perf_counter() - t0, 3), "spec_s": round(r.spec_seconds, 3),
+                     "plain_s": round(r.plain_seconds, 3), "tau": round(r.tau, 4), "rounds": r.rounds,
+                     "speedup": round(r.speedup, 3), "outputs_match": r.outputs_match,
+                     **(state.last.event() if state.last else {}), "notes": notes})
+    if check_fresh and r is not None:
+        t0 = time.perf_counter()
+        fresh = evaluate_drafter(training, target, prompts, new, bs, use_graphs=use_graphs)
+        rows.append({"fresh": True, "eval_wall_s": round(time.perf_counter() - t0, 3), "tau": round(fresh.tau, 4),
+                     "same_as_last_periodic": all(getattr(fresh, k) == getattr(r, k) for k in same)})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", help="a local Hugging Face model directory (default: the embedded tiny target)")
@@ -141,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="prompts the batch-1 reference decodes per case (default: all on CPU, 4 on CUDA)")
     ap.add_argument("--no-graphs", action="store_true", help="run the batched steps eagerly on CUDA too")
     ap.add_argument("--threads", type=int, default=1, help="CPU torch threads (the tiny recipe uses 1)")
+    ap.add_argument("--periodic", type=int, default=0, metavar="N",
+                    help="N consecutive periodic evals per case on one trainer-like EvalState (one line per eval)")
+    ap.add_argument("--check-fresh", action="store_true",
+                    help="with --periodic: decode the last weights again without the state; same τ?")
     a = ap.parse_args(argv)
     if a.device == "cpu":
         torch.set_num_threads(a.threads)
@@ -150,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built target {target.source} and drafter on {a.device} in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
     for n, new in cases:
+        if a.periodic > 0:
+            head = {"case": f"{n}x{new}", "target": target.source, "device": str(target.device)}
+            for row in periodic(target, drafter, make_prompts(target, n, a.prompt_tokens), new, a.periodic,
+                                False if a.no_graphs else None, a.check_fresh):
+                print(json.dumps({**head, **row}), flush=True)
+            continue
         old = a.old_prompts if a.old_prompts is not None else (n if target.device.type == "cpu" else min(n, 4))
         row = {"case": f"{n}x{new}", "target": target.source, "device": str(target.device),
                **case(target, drafter, make_prompts(target, n, a.prompt_tokens), new, old,

@@ -17,6 +17,9 @@ accepted prefix plus the target's next token), run for B rows at once:
 - **Steps as CUDA graphs where the device allows** (dflash.eval.graphs): the verify forward, the
   drafter's block and the plain decode step, each checked against eager runs when captured and on
   the next call. Elsewhere (CPU) they run eagerly, reading only the slots in use.
+- **Kept from one eval to the next.** A `SpecWorkspace` is one decode shape's slots and steps;
+  `speculative_batch` makes one per call unless handed one that fits. A run's evals keep one, with
+  its CUDA graphs, and the first eval's plain decode (dflash.eval.reuse, `evaluate_batched(state=)`).
 - **Same tokens, same acceptance.** Greedy: identical generated tokens and per-round acceptance to the
   batch-1 reference on the same prompts (tests/test_eval_batched.py, fp32 CPU; in bf16 two logits
   within rounding of each other may tie the other way, as they may between the reference's own
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -57,6 +60,15 @@ class BatchDecode:
     steps: int  # batched forwards after the prefill: verify rounds, or plain decode steps
     graphs: bool  # the steps ran as CUDA graphs
     notes: tuple[str, ...] = ()  # why graphs were turned off, when they were
+    captured: int = 0  # CUDA graphs captured by this decode
+    reused: int = 0  # CUDA graphs of an earlier decode (a kept SpecWorkspace) replayed by this one
+    setup_s: float = 0.0  # of `seconds`: graph warm-ups, captures and replay checks
+
+
+def _setup(runners: list[StepRunner]) -> tuple[int, int, float]:
+    """(captured, reused, setup seconds) of a decode's runners (dflash.eval.graphs)."""
+    return (sum(r.captures for r in runners), sum(len(r.reused) for r in runners),
+            sum(r.setup_s for r in runners))
 
 
 def batched_unsupported(target, block_size: int = 2) -> str | None:
@@ -196,8 +208,11 @@ class _Batch:
     """The rows in the batch (finished ones until they are dropped) and what is indexed by them."""
 
     def __init__(self, rows: list[_Row], caches: list, runners: list[StepRunner], graphs: bool,
-                 device: torch.device) -> None:
+                 device: torch.device, reset: bool = True) -> None:
+        """`reset`: dropping rows reallocates the caches' buffers, so the runners forget their graphs
+        (False: the caches keep buffers per batch size, `keep_sizes`, and the graphs stay valid)."""
         self.rows, self.caches, self.runners, self.graphs, self.device = rows, caches, runners, graphs, device
+        self.reset = reset
 
     def live(self) -> int:
         return sum(not r.done for r in self.rows)
@@ -212,7 +227,7 @@ class _Batch:
         idx = torch.tensor(keep, device=self.device)
         for c in self.caches:
             c.select(idx)
-        for r in self.runners:
+        for r in self.runners if self.reset else ():
             r.reset()
         self.rows = [self.rows[b] for b in keep]
         return tuple(t.index_select(0, idx) for t in tensors)
@@ -231,28 +246,93 @@ def _finish(row: _Row, produced: list[int], eos: set[int]) -> None:
     row.done = len(row.tokens) >= row.max_len or row.tokens[-1] in eos
 
 
+class SpecWorkspace:
+    """Speculative decoding's buffers and steps for one drafter, target and batch shape (`rows` rows
+    of `length` slots): the target's and the drafter's slots, and the verify and draft steps over
+    them (StepRunners). `speculative_batch` makes one per call; a run's evals keep one
+    (dflash.eval.reuse; `keep` with graphs: buffers per batch size, so its CUDA graphs stay valid)
+    and hand it to the next decode of the same shape, which then captures nothing."""
+
+    def __init__(self, drafter, target, rows: int, length: int, block_size: int, graphs: bool,
+                 keep: bool = False) -> None:
+        dev, bs = target.device, block_size
+        self.drafter, self.target, self.rows, self.length, self.block_size = drafter, target, rows, length, bs
+        # buffers per batch size only where graphs read them by address: eagerly a smaller batch's are
+        # made anew when rows leave (as without a kept workspace) and the full batch's are kept
+        self.graphs, self.keep_sizes, self.decodes = graphs, keep and graphs, 0
+        att = drafter.layers[0].self_attn
+        self.dtype = next(drafter.parameters()).dtype
+        self.slots = TargetSlots(rows, length, keep_full=keep, keep_sizes=self.keep_sizes)
+        self.ctx = ContextSlots(len(drafter.layers), rows, length, att.nkv, att.d, self.dtype, dev,
+                                keep_full=keep, keep_sizes=self.keep_sizes)
+        self.sliding = "sliding_attention" in drafter.spec.layer_types
+        self.ar = torch.arange(bs, device=dev)
+        self.masks_id = torch.full((1, bs - 1), drafter.spec.mask_token_id, dtype=torch.long, device=dev)
+        self.runners = [StepRunner("verify", self._verify, length, graphs),
+                        StepRunner("draft", self._draft, length, graphs)]
+
+    def fits(self, drafter, target, rows: int, length: int, block_size: int, graphs: bool) -> bool:
+        """Whether a decode of this shape with these models can run here."""
+        return (drafter is self.drafter and target is self.target and (rows, length, block_size, graphs) ==
+                (self.rows, self.length, self.block_size, self.graphs)
+                and next(drafter.parameters()).dtype == self.dtype)
+
+    def begin(self) -> None:
+        """Ready for a decode: the full batch's slots, the runners' counts at 0."""
+        self.slots.restore()
+        self.ctx.restore()
+        for r in self.runners:
+            r.begin()
+        self.decodes += 1
+
+    def _verify(self, kv: int, block: torch.Tensor, start: torch.Tensor):
+        target, dev = self.target, self.target.device
+        pos = start[:, None] + self.ar  # (B, Q)
+        self.slots.set_step(pos, kv_len=kv)
+        mask = torch.arange(kv, device=dev)[None, None, None, :] <= pos[:, None, :, None]  # (B, 1, Q, KV)
+        out = _forward(target, self.slots, block, pos, mask, output_hidden_states=True)
+        return out.logits, torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)
+
+    def _draft(self, kv: int, anchor: torch.Tensor, taps: torch.Tensor, prev: torch.Tensor, start: torch.Tensor,
+               vs: torch.Tensor):
+        bs, ar, spec = self.block_size, self.ar, self.drafter.spec
+        block = torch.cat([anchor[:, None], self.masks_id.expand(anchor.shape[0], -1)], 1)
+        masks = draft_masks(start, vs, bs, kv, spec.sliding_window, self.sliding)
+        return (draft_logits(self.drafter, self.target, self.ctx, block, taps, prev[:, None] + ar,
+                             start[:, None] + ar, masks, kv_len=kv),)
+
+
+def spec_length(prompts: list[list[int]], max_new_tokens: int, block_size: int) -> int:
+    """Slots a row needs for speculative decoding of `prompts`: the longest + the budget + a block."""
+    return max(len(p) for p in prompts) + max_new_tokens + block_size
+
+
+def resolve_graphs(device: torch.device, use_graphs: bool | None) -> bool:
+    """Whether steps run as CUDA graphs: None = where the device allows."""
+    return graphs_available(device) if use_graphs is None else use_graphs and graphs_available(device)
+
+
 @torch.no_grad()
 def speculative_batch(drafter, target, prompts: list[list[int]], max_new_tokens: int, block_size: int,
                       temperature: float = 0.0, generator: torch.Generator | None = None,
-                      use_graphs: bool | None = None, on_done: Callable[[int], None] | None = None) -> BatchDecode:
-    """Speculative decoding of every prompt at once (module docstring). `on_done(n)`: n rows finished."""
+                      use_graphs: bool | None = None, on_done: Callable[[int], None] | None = None,
+                      workspace: SpecWorkspace | None = None) -> BatchDecode:
+    """Speculative decoding of every prompt at once (module docstring). `on_done(n)`: n rows finished.
+    `workspace`: buffers and steps kept from an earlier decode (used when it `fits` this one)."""
     _check_prompts(prompts)
     dev, eos, bs = target.device, set(target.eos_ids), block_size
-    spec = drafter.spec
-    graphs = graphs_available(dev) if use_graphs is None else use_graphs and graphs_available(dev)
+    graphs = resolve_graphs(dev, use_graphs)
     gen = device_generator(generator, dev)
     t0 = time.perf_counter()
     rows = [_Row(i, list(p), len(p) + max_new_tokens, len(p)) for i, p in enumerate(prompts)]
     if not rows:
         return BatchDecode((), 0.0, 0, graphs)
-    L = max(len(p) for p in prompts) + max_new_tokens + bs
-    att = drafter.layers[0].self_attn
-    param = next(drafter.parameters())
-    slots = TargetSlots(len(rows), L)
-    ctx = ContextSlots(len(drafter.layers), len(rows), L, att.nkv, att.d, param.dtype, dev)
-    sliding = "sliding_attention" in spec.layer_types
-    ar = torch.arange(bs, device=dev)
-    masks_id = torch.full((1, bs - 1), spec.mask_token_id, dtype=torch.long, device=dev)
+    L = spec_length(prompts, max_new_tokens, bs)
+    ws = workspace
+    if ws is None or not ws.fits(drafter, target, len(rows), L, bs, graphs):
+        ws = SpecWorkspace(drafter, target, len(rows), L, bs, graphs)
+    ws.begin()
+    spec, slots, ctx, ar = drafter.spec, ws.slots, ws.ctx, ws.ar
     drafts = torch.empty((len(rows), bs - 1), dtype=torch.long, device=dev)
     firsts = torch.empty(len(rows), dtype=torch.long, device=dev)
     for chunk in _chunks([len(p) for p in prompts]):
@@ -263,31 +343,17 @@ def speculative_batch(drafter, target, prompts: list[list[int]], max_new_tokens:
         r_t = torch.tensor(chunk, device=dev)
         start = torch.tensor([rows[i].start for i in chunk], device=dev)
         vs = torch.tensor([rows[i].vs(bs) for i in chunk], device=dev)
-        block = torch.cat([first[:, None], masks_id.expand(len(chunk), -1)], 1)  # (b, Q)
+        block = torch.cat([first[:, None], ws.masks_id.expand(len(chunk), -1)], 1)  # (b, Q)
         dl = draft_logits(drafter, target, ctx, block, taps, torch.arange(P, device=dev)[None].expand(len(chunk), P),
-                          start[:, None] + ar, draft_masks(start, vs, bs, P + bs, spec.sliding_window, sliding),
+                          start[:, None] + ar, draft_masks(start, vs, bs, P + bs, spec.sliding_window, ws.sliding),
                           rows=r_t, kv_len=P + bs)
         drafts[r_t], firsts[r_t] = dl.argmax(-1), first
     for r, t in zip(rows, firsts.tolist()):
         r.tokens.append(t)
         r.done = len(r.tokens) >= r.max_len or t in eos
 
-    def verify(kv: int, block: torch.Tensor, start: torch.Tensor):
-        pos = start[:, None] + ar  # (B, Q)
-        slots.set_step(pos, kv_len=kv)
-        mask = torch.arange(kv, device=dev)[None, None, None, :] <= pos[:, None, :, None]  # (B, 1, Q, KV)
-        out = _forward(target, slots, block, pos, mask, output_hidden_states=True)
-        return out.logits, torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], dim=-1)
-
-    def draft(kv: int, anchor: torch.Tensor, taps: torch.Tensor, prev: torch.Tensor, start: torch.Tensor,
-              vs: torch.Tensor):
-        block = torch.cat([anchor[:, None], masks_id.expand(anchor.shape[0], -1)], 1)
-        masks = draft_masks(start, vs, bs, kv, spec.sliding_window, sliding)
-        return (draft_logits(drafter, target, ctx, block, taps, prev[:, None] + ar, start[:, None] + ar, masks,
-                             kv_len=kv),)
-
-    runners = [StepRunner("verify", verify, L, graphs), StepRunner("draft", draft, L, graphs)]
-    batch = _Batch(rows, [slots, ctx], runners, graphs, dev)
+    runners = ws.runners
+    batch = _Batch(rows, [slots, ctx], runners, graphs, dev, reset=not ws.keep_sizes)
     (drafts,) = batch.compact(drafts)
     steps, finished = 0, sum(r.done for r in rows)
     while batch.live():
@@ -324,7 +390,7 @@ def speculative_batch(drafter, target, prompts: list[list[int]], max_new_tokens:
     gens = tuple(Generation(tokens=r.tokens[len(prompts[r.index]):], acceptance=r.acceptance, seconds=seconds,
                             accepted=r.accepted, drafted=r.drafted) for r in rows)
     return BatchDecode(gens, seconds, steps, graphs and all(x.use_graphs for x in runners),
-                       tuple(x.note for x in runners if x.note))
+                       tuple(x.note for x in runners if x.note), *_setup(runners))
 
 
 @torch.no_grad()
@@ -333,7 +399,7 @@ def plain_batch(target, prompts: list[list[int]], max_new_tokens: int, use_graph
     """Greedy decoding of every prompt at once with the target alone, one token per row per step."""
     _check_prompts(prompts)
     dev, eos = target.device, set(target.eos_ids)
-    graphs = graphs_available(dev) if use_graphs is None else use_graphs and graphs_available(dev)
+    graphs = resolve_graphs(dev, use_graphs)
     t0 = time.perf_counter()
     rows = [_Row(i, list(p), len(p) + max_new_tokens, len(p)) for i, p in enumerate(prompts)]
     if not rows:
@@ -371,20 +437,28 @@ def plain_batch(target, prompts: list[list[int]], max_new_tokens: int, use_graph
     sync(dev)
     seconds = time.perf_counter() - t0
     gens = tuple(Generation(tokens=r.tokens[len(prompts[r.index]):], acceptance=[], seconds=seconds) for r in rows)
-    return BatchDecode(gens, seconds, steps, graphs and runner.use_graphs, (runner.note,) if runner.note else ())
+    return BatchDecode(gens, seconds, steps, graphs and runner.use_graphs, (runner.note,) if runner.note else (),
+                       *_setup([runner]))
 
 
 def evaluate_batched(drafter, target, prompts: list[list[int]], max_new_tokens: int, block_size: int,
-                     progress: Callable[[int, int], None] | None = None,
-                     use_graphs: bool | None = None) -> tuple[EvalResult, tuple[str, ...]]:
+                     progress: Callable[[int, int], None] | None = None, use_graphs: bool | None = None,
+                     state: Any = None, step: int | None = None) -> tuple[EvalResult, tuple[str, ...]]:
     """Plain and speculative greedy decoding of all prompts, each pass batched; compared and timed.
     Speedup = plain batch wall time / speculative batch wall time (same prompts, same batch, same
     token budget; graph captures counted in each). `progress(done, total)`: (0, total) first, then as
-    rows finish (done = the mean of the two passes' finished rows). Returns (result, notes)."""
+    rows finish (done = the mean of the two passes' finished rows). Returns (result, notes).
+
+    `state` (a dflash.eval.reuse.EvalState, which imports this module: a run's evals; `step` the
+    training step of this one): the warm-up only at its first eval; the speculative buffers and CUDA
+    graphs it keeps; and its plain baseline instead of a plain pass where that provably applies (the
+    same target, unchanged, the same prompts and budget), timed then less its graph setup, as this
+    eval's speculative pass pays none for graphs it reuses. What was reused is `state.last`."""
     n = len(prompts)
     if progress:
         progress(0, n)
-    if prompts:  # warm both paths once (allocator, kernels, first-call overheads) outside the timing
+    warm = state is None or state.evals == 0
+    if prompts and warm:  # warm both paths once (allocator, kernels, first-call overheads) outside the timing
         plain_batch(target, prompts[:1], 2, use_graphs=False)
         speculative_batch(drafter, target, prompts[:1], 2, block_size, use_graphs=False)
     done = [0, 0]
@@ -396,10 +470,24 @@ def evaluate_batched(drafter, target, prompts: list[list[int]], max_new_tokens: 
                 progress((done[0] + done[1]) // 2, n)
         return on_done
 
-    plain = plain_batch(target, prompts, max_new_tokens, use_graphs=use_graphs, on_done=report(0))
+    graphs = resolve_graphs(target.device, use_graphs)
+    base = state.baseline_for(target, prompts, max_new_tokens, graphs) if state is not None and prompts else None
+    if base is None:
+        plain = plain_batch(target, prompts, max_new_tokens, use_graphs=use_graphs, on_done=report(0))
+        plain_gens, plain_s, notes = plain.generations, plain.seconds, plain.notes
+        if state is not None and prompts:
+            state.keep_baseline(target, prompts, max_new_tokens, graphs, plain, step)
+    else:
+        plain = None
+        plain_gens, plain_s, notes = base.generations, base.seconds, (base.note(),)
+        report(0)(n)
+    ws = state.workspace_for(drafter, target, prompts, max_new_tokens, block_size, graphs) \
+        if state is not None and prompts else None
     spec = speculative_batch(drafter, target, prompts, max_new_tokens, block_size, use_graphs=use_graphs,
-                             on_done=report(1))
+                             on_done=report(1), workspace=ws)
     if progress and (done[0] + done[1]) // 2 < n:
         progress(n, n)
-    result = summarize(list(plain.generations), list(spec.generations), plain.seconds, spec.seconds, block_size)
-    return result, plain.notes + spec.notes
+    if state is not None:
+        state.record(plain, spec, base, warm)
+    result = summarize(list(plain_gens), list(spec.generations), plain_s, spec.seconds, block_size)
+    return result, notes + spec.notes

@@ -13,13 +13,16 @@ What is reported (EvalResult, τ, acceptance by block position, speedup) is dfla
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from dflash.eval.batched import batched_unsupported, evaluate_batched
 from dflash.eval.generation import EvalResult, Generation, acceptance_by_position
 from dflash.eval.reference import DrafterProposer, Proposer, evaluate, plain_generate, speculative_generate
+
+if TYPE_CHECKING:
+    from dflash.eval.reuse import EvalState
 
 __all__ = ["EvalResult", "Generation", "acceptance_by_position", "DrafterProposer", "Proposer", "evaluate",
            "plain_generate", "speculative_generate", "evaluate_drafter", "check_num_prompts", "prompt_ids",
@@ -28,20 +31,25 @@ __all__ = ["EvalResult", "Generation", "acceptance_by_position", "DrafterPropose
 
 def evaluate_drafter(drafter, target, prompts: list[list[int]], max_new_tokens: int, block_size: int,
                      progress: Callable[[int, int], None] | None = None, *, batched: bool = True,
-                     use_graphs: bool | None = None, on_note: Callable[[str], None] | None = None) -> EvalResult:
+                     use_graphs: bool | None = None, on_note: Callable[[str], None] | None = None,
+                     state: EvalState | None = None, step: int | None = None) -> EvalResult:
     """τ and speedup of `drafter` on `prompts`: batched decoding where the target allows it (and
     `batched`), else the batch-1 reference; `use_graphs`: None = CUDA graphs on CUDA. `on_note`: why
-    the reference ran, or why graphs were turned off."""
+    the reference ran, why graphs were turned off, or that the plain baseline was reused. `state`
+    (dflash.eval.reuse.EvalState): what a run's evals keep for the next (`step`: this one's training
+    step); without it, as `dflash eval` runs, everything is measured afresh."""
     why = batched_unsupported(target, block_size) if batched else "asked for the batch-1 reference"
     if why is None:
         result, notes = evaluate_batched(drafter, target, prompts, max_new_tokens, block_size, progress,
-                                         use_graphs=use_graphs)
+                                         use_graphs=use_graphs, state=state, step=step)
         for note in notes:
             if on_note is not None:
                 on_note(note)
         return result
     if on_note is not None and batched:
         on_note(f"decoded one prompt at a time: {why}")
+    if state is not None:
+        state.record_reference()
     return evaluate(DrafterProposer(drafter, target), target, prompts, max_new_tokens, block_size, progress)
 
 

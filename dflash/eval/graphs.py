@@ -14,12 +14,21 @@ overhead of an eager transformers forward (tens of milliseconds per forward at 8
   replay (new inputs: nothing of the first call's may be baked in) against an eager run of it; a
   capture that fails or a replay that disagrees turns graphs off for this step (`note` says why) and
   the eager result is used from then on.
+- A runner can outlive one decode (dflash.eval.reuse: a run's periodic evals share one): `begin()`
+  starts the next decode, and each graph kept from an earlier one is checked again against an eager
+  run at its first replay in this decode (a graph reads tensors by address: parameters updated in
+  place, as the optimizer does, are seen; a parameter replaced by a new tensor would not be). One
+  that disagrees is dropped and captured again (the note says so); the eager result is used.
+- `captures`, `reused` and `setup_s` are this decode's: graphs captured, graphs from an earlier
+  decode replayed, and the seconds of warm-ups, captures and eager checks (work a decode with every
+  graph at hand would not do).
 - Replays return the graph's own output tensors: read them before the step runs again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Callable
 
 import torch
@@ -33,6 +42,11 @@ def graphs_available(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_available()
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class StepRunner:
     """`fn` run eagerly or as CUDA graphs captured per batch size (module docstring)."""
 
@@ -41,14 +55,28 @@ class StepRunner:
         self.name, self.fn, self.full_len = name, fn, full_len
         self.use_graphs = use_graphs
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
-        self.checked: set[int] = set()  # batch sizes whose graph replayed a second call's inputs correctly
-        self.note: str | None = None  # why graphs were turned off
+        self.checked: set[int] = set()  # batch sizes whose graph replayed this decode's inputs correctly
+        self.earlier: set[int] = set()  # batch sizes whose graph was captured in an earlier decode
+        self.note: str | None = None  # why graphs were turned off (or a graph captured again)
         self.replays = 0
+        self.captures = 0  # this decode's
+        self.reused: set[int] = set()  # this decode's: batch sizes replayed from an earlier decode's graph
+        self.setup_s = 0.0  # this decode's warm-ups, captures and eager checks
+
+    def begin(self) -> None:
+        """Start another decode over the same buffers: every kept graph is checked again at its first
+        replay; this decode's counts start at 0. Graphs turned off stay off (and their note stays)."""
+        self.earlier = set(self.graphs)
+        self.checked.clear()
+        self.captures, self.reused, self.setup_s = 0, set(), 0.0
+        if self.use_graphs:
+            self.note = None
 
     def reset(self) -> None:
         """Forget captured graphs (the slots they read were reallocated: rows left the batch)."""
         self.graphs.clear()
         self.checked.clear()
+        self.earlier.clear()
 
     def __call__(self, kv_len: int, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if not self.use_graphs:
@@ -58,24 +86,48 @@ class StepRunner:
         with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
             entry = self.graphs.get(key)
             if entry is None:
-                return self._capture(key, inputs)
+                t0 = time.perf_counter()
+                try:
+                    out = self._capture(key, inputs)
+                finally:
+                    _sync(dev)
+                    self.setup_s += time.perf_counter() - t0
+                self.captures += key in self.graphs
+                return out
             graph, static, outputs = entry
             for s, x in zip(static, inputs):
                 s.copy_(x)
             graph.replay()
-        self.replays += 1
-        if key not in self.checked:
+            self.replays += 1
+            if key in self.checked:
+                return outputs
             self.checked.add(key)
+            earlier = key in self.earlier
+            if earlier:
+                self.reused.add(key)
+            _sync(dev)
+            t0 = time.perf_counter()
             ref = self.fn(self.full_len, *inputs)  # the same step eagerly (its writes repeat the replay's)
-            if not self._agree(outputs, ref, "a second call"):
+            _sync(dev)
+            self.setup_s += time.perf_counter() - t0
+        if earlier:
+            if not self._agree(outputs, ref, "an earlier decode's graph", recapture=True):
                 return ref
+        elif not self._agree(outputs, ref, "a second call"):
+            return ref
         return outputs
 
-    def _agree(self, outputs: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...], what: str) -> bool:
-        """Whether a replay's floating outputs match the eager ones; else graphs off, with a note."""
+    def _agree(self, outputs: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...], what: str,
+               recapture: bool = False) -> bool:
+        """Whether a replay's floating outputs match the eager ones; else graphs off (`recapture`: the
+        graphs dropped, to be captured again at their next call), with a note."""
         bad = [i for i, (a, b) in enumerate(zip(outputs, ref)) if a.is_floating_point() and not torch.allclose(
             a.float(), b.float(), rtol=GRAPH_RTOL, atol=GRAPH_ATOL)]
-        if bad:
+        if bad and recapture:
+            self.reset()
+            self.note = (f"{self.name}: CUDA graph replay of {what} differed from the eager step (outputs {bad}); "
+                         "captured again")
+        elif bad:
             self.use_graphs = False
             self.graphs.clear()
             self.note = f"{self.name}: CUDA graph replay of {what} differed from the eager step (outputs {bad}); ran eagerly"

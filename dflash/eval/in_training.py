@@ -1,17 +1,42 @@
 """τ of a drafter while it trains: speculative decoding on a trainer's held-out prompts, at the end
 of a run (`eval.at_end`) and every `eval.every` steps (dflash.training.trainer.RunLog). The prompts
 are decoded together (dflash.eval.batched: preallocated K/V, CUDA-graph steps on a GPU), so a
-periodic eval costs about as many target forwards as one prompt's rounds, not the sum over prompts."""
+periodic eval costs about as many target forwards as one prompt's rounds, not the sum over prompts.
+
+Each trainer has one dflash.eval.reuse.EvalState (`eval_state`, made at its first eval): the later
+evals reuse its slots and CUDA graphs, skip the warm-up, and take the first eval's plain baseline
+where it applies (the target is frozen: only the drafter trains). `last_cost` says what the latest
+eval captured and reused. In the split topology the drafter decodes as a copy beside the target,
+made at the first eval; later evals copy the trainer's weights into it in place (its graphs read
+them by address)."""
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
 
 import torch
 
 from dflash.eval.evaluate import EvalResult, evaluate_drafter, prompt_ids
+from dflash.eval.reuse import EvalState
 from dflash.model.build import build_drafter
+
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # trainer -> EvalState (none refers back)
+
+
+def eval_state(trainer: Any) -> EvalState:
+    """`trainer`'s EvalState, made the first time it is asked for."""
+    state = _STATES.get(trainer)
+    if state is None:
+        state = _STATES[trainer] = EvalState()
+    return state
+
+
+def last_cost(trainer: Any) -> dict[str, Any]:
+    """What `trainer`'s latest eval captured, reused and measured (EvalCost.event; {} before any)."""
+    state = _STATES.get(trainer)
+    return state.last.event() if state is not None and state.last is not None else {}
 
 
 def _note_once(trainer: Any, note: str) -> None:
@@ -19,6 +44,18 @@ def _note_once(trainer: Any, note: str) -> None:
     notes = getattr(trainer, "notes", None)
     if isinstance(notes, list) and f"eval: {note}" not in notes:
         notes.append(f"eval: {note}")
+
+
+def _drafter_beside(t: Any, state: EvalState, device: torch.device):
+    """The drafter to decode with where the target lives: the trainer's own, or (split topology) the
+    state's copy there with the trainer's current weights."""
+    if t.full_target is t.target:
+        return t.drafter
+    if state.drafter_copy is None:
+        state.drafter_copy = build_drafter(t.cfg, t.drafter.spec, device, state=t.drafter.state_dict()).eval()
+    else:
+        state.drafter_copy.load_state_dict(t.drafter.state_dict())  # in place: the same tensors, new values
+    return state.drafter_copy
 
 
 def evaluate_trainer(trainer: Any, limit: int | None = None) -> EvalResult:
@@ -32,15 +69,13 @@ def evaluate_trainer(trainer: Any, limit: int | None = None) -> EvalResult:
     # modules); this keeps anything compiled that it does reach from recompiling for decode shapes
     stance = torch.compiler.set_stance("force_eager") if t.cfg.train.compile_layers else contextlib.nullcontext()
     target = t.full_target
-    # the drafter decodes beside the target: a copy of it where the target lives, when the trainer
-    # holds only the target's embedding and head (the engine's split topology)
-    drafter = t.drafter if target is t.target else build_drafter(
-        t.cfg, t.drafter.spec, target.device, state=t.drafter.state_dict()).eval()
+    state = eval_state(t)
     try:
+        drafter = _drafter_beside(t, state, target.device)
         prompts = prompt_ids(target.tokenizer, convs)
         with stance:
             return evaluate_drafter(drafter, target, prompts, t.cfg.eval.max_new_tokens, t.cfg.drafter.block_size,
                                     progress=lambda d, n: t.on_event("eval", {"done": d, "total": n}),
-                                    on_note=lambda note: _note_once(t, note))
+                                    on_note=lambda note: _note_once(t, note), state=state, step=t.step)
     finally:
         t.drafter.train()

@@ -6,7 +6,12 @@ at slot 0). A forward writes each of its tokens' K/V at the slots its positions 
 hold that row's committed tokens and the block itself. What a rejected draft or a prompt's padding
 wrote stays in its slot, masked, until a later round writes over it: nothing is cropped or copied,
 so the buffers' addresses never change (what a CUDA graph needs) except when finished rows are
-dropped (`select`).
+dropped (`select`: new, smaller buffers; with `keep_full`, slots kept for later decodes of as many
+rows, dflash.eval.reuse, the full batch's stay for `restore`). With `keep_sizes` (slots whose CUDA
+graphs are kept too) each batch size has its own buffers, made at its first `select` and written in place after that
+(`select` copies the rows that stay into them; `restore` goes back to the full batch's), so a graph
+captured for a batch size reads the same addresses at every decode; what an earlier decode left in
+them is masked like any stale slot until written over.
 
 - `TargetSlots` is what the target's attention layers see as their cache: the one method transformers'
   Qwen3/Llama attention calls, `update(key_states, value_states, layer_idx, ...)` (5.17 passes no
@@ -35,10 +40,12 @@ class TargetSlots:
 
     is_compileable = False  # read by transformers' generate only; this cache is never given to it
 
-    def __init__(self, rows: int, length: int) -> None:
-        self.rows, self.length = rows, length
+    def __init__(self, rows: int, length: int, keep_full: bool = False, keep_sizes: bool = False) -> None:
+        self.rows, self.length, self.full_rows = rows, length, rows
+        self.keep_full, self.keep_sizes = keep_full or keep_sizes, keep_sizes
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
+        self.sizes: dict[int, tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]] = {rows: (self.k, self.v)}
         self.write_pos: torch.Tensor | None = None  # (b, T) slots of this forward's tokens
         self.write_rows: torch.Tensor | None = None  # (b,) rows of this forward (None: every row)
         self.kv_len: int | None = None  # slots attention reads (None: all); eager forwards read fewer
@@ -70,24 +77,60 @@ class TargetSlots:
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only rows `keep` (indices, in their new order): finished rows leave the batch."""
-        for d in (self.k, self.v):
-            for i in d:
-                d[i] = d[i].index_select(0, keep)
-        self.rows = int(keep.numel())
+        n = int(keep.numel())
+        if not self.keep_sizes:  # new buffers (`keep_full`: the full batch's stay, for `restore`)
+            self.k = {i: t.index_select(0, keep) for i, t in self.k.items()}
+            self.v = {i: t.index_select(0, keep) for i, t in self.v.items()}
+            if not self.keep_full:
+                self.sizes.pop(self.full_rows, None)
+        else:
+            dst = self.sizes.get(n)
+            if dst is None:
+                dst = self.sizes[n] = tuple({i: t.new_empty((n, *t.shape[1:])) for i, t in d.items()}
+                                            for d in (self.k, self.v))
+            for src, out in zip((self.k, self.v), dst):
+                for i, t in src.items():
+                    torch.index_select(t, 0, keep, out=out[i])
+            self.k, self.v = dst
+        self.rows = n
+
+    def restore(self) -> None:
+        """The full batch's buffers again: a new decode of as many rows (`keep_full`, or no select yet)."""
+        self.k, self.v = self.sizes[self.full_rows]
+        self.rows = self.full_rows
 
 
 class ContextSlots:
     """The drafter's per-layer context K/V (B, nkv, L, D), allocated once."""
 
     def __init__(self, num_layers: int, rows: int, length: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, keep_full: bool = False, keep_sizes: bool = False) -> None:
         shape = (rows, num_kv_heads, length, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.rows, self.length = rows, length
+        self.rows, self.length, self.full_rows = rows, length, rows
+        self.keep_full, self.keep_sizes = keep_full or keep_sizes, keep_sizes
+        self.sizes: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {rows: (self.k, self.v)}
 
     def select(self, keep: torch.Tensor) -> None:
-        """Keep only rows `keep` (indices, in their new order)."""
-        self.k = [k.index_select(0, keep) for k in self.k]
-        self.v = [v.index_select(0, keep) for v in self.v]
-        self.rows = int(keep.numel())
+        """Keep only rows `keep` (indices, in their new order); `keep_sizes`: as TargetSlots.select."""
+        n = int(keep.numel())
+        if not self.keep_sizes:
+            self.k = [k.index_select(0, keep) for k in self.k]
+            self.v = [v.index_select(0, keep) for v in self.v]
+            if not self.keep_full:
+                self.sizes.pop(self.full_rows, None)
+        else:
+            dst = self.sizes.get(n)
+            if dst is None:
+                dst = self.sizes[n] = tuple([t.new_empty((n, *t.shape[1:])) for t in d] for d in (self.k, self.v))
+            for src, out in zip((self.k, self.v), dst):
+                for t, o in zip(src, out):
+                    torch.index_select(t, 0, keep, out=o)
+            self.k, self.v = dst
+        self.rows = n
+
+    def restore(self) -> None:
+        """The full batch's buffers again: a new decode of as many rows (`keep_full`, or no select yet)."""
+        self.k, self.v = self.sizes[self.full_rows]
+        self.rows = self.full_rows

@@ -362,13 +362,16 @@ class RunLog:
 
     def periodic_eval(self, step: int) -> None:
         """τ by real speculative decoding on a few held-out prompts (eval.every): a metrics.jsonl
-        "periodic_eval" event with its cost (seconds), and the same event for the progress line. On the engine
+        "periodic_eval" event with its cost (seconds; what it captured and reused from earlier evals:
+        dflash.eval.in_training.last_cost), and the same event for the progress line. On the engine
         it runs inside the step barrier (every replica waits: the weights are the step's)."""
+        from dflash.eval.in_training import last_cost
+
         t = self.trainer
         t0 = time.perf_counter()
         r = t.evaluate(limit=t.cfg.eval.every_prompts)
         data = {"step": step, "tau": r.tau, "max_tau": r.max_tau, "speedup": r.speedup, "prompts": r.prompts,
-                "outputs_match": r.outputs_match, "seconds": round(time.perf_counter() - t0, 3)}
+                "outputs_match": r.outputs_match, "seconds": round(time.perf_counter() - t0, 3), **last_cost(t)}
         t.write_event("periodic_eval", data)
         t.on_event("periodic_eval", data)
 

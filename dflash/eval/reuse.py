@@ -1,0 +1,145 @@
+"""What a run's evals keep from one to the next (`EvalState`), so that a periodic eval pays for
+decoding, not for setting decoding up (issue 39: at 8B, 4 prompts × 256 tokens, ~3 s of a 12 s eval
+was CUDA-graph capture and warm-up, paid again at every eval, and half of the rest a plain decode
+whose tokens and time never change while only the drafter trains).
+
+- **The speculative steps.** One `SpecWorkspace` (dflash.eval.batched) for the eval's shape: the
+  target's and the drafter's slots (kept per batch size: `keep_sizes`, dflash.eval.slots) and the
+  verify and draft steps with their CUDA graphs. A graph reads its inputs, slots and weights by
+  address: the next eval's inputs are copied into its static buffers, and the drafter's weights,
+  updated in place by the optimizer (or copied in place into the eval's own copy of the drafter,
+  dflash.eval.in_training), are what its replays read. Each kept graph is checked against an eager
+  run at its first replay of every eval (dflash.eval.graphs); one that disagrees is captured again.
+  A decode of another shape (more prompts at the end of the run) gets a workspace of its own, not kept.
+- **The plain baseline.** The target's greedy decode of the same prompts with the same budget gives
+  the same tokens as long as the target is the same, unchanged object: `PlainBaseline.applies`
+  checks the prompts, the budget, the graph mode, the target's identity and, per parameter, its
+  address and version counter (any in-place write bumps it). Its time is reused less its graph
+  setup: a later eval's speculative pass replays graphs it does not capture, so the speedup compares
+  decoding with decoding.
+- **The warm-up** (one short decode each way, dflash.eval.batched.evaluate_batched) runs at the
+  first eval only.
+- `EvalState.last` (an `EvalCost`): what the latest eval captured, reused and measured; the
+  trainer's periodic_eval event carries it.
+
+The memory it holds between evals: the slots (at 8B, ~90 MB per prompt for 256 new tokens, twice
+that over the batch sizes a shrinking batch passes through) and the graphs' pools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dflash.eval.batched import BatchDecode, SpecWorkspace, spec_length
+from dflash.eval.generation import Generation
+
+
+@dataclass(frozen=True)
+class EvalCost:
+    """What one eval paid for and what it took from an earlier eval of the same EvalState."""
+
+    graphs_captured: int  # CUDA graphs captured by this eval (plain and speculative steps)
+    graphs_reused: int  # graphs an earlier eval captured, replayed here (each checked against eager once)
+    graph_setup_s: float  # warm-ups, captures and replay checks of this eval's graphs
+    plain_baseline: str  # "measured", or "step N" / "an earlier eval": whose plain decode this eval reused
+    warmed_up: bool  # the warm-up decodes ran (an EvalState's first eval)
+
+    def event(self) -> dict[str, Any]:
+        """The fields as a metrics event carries them."""
+        return {"graphs_captured": self.graphs_captured, "graphs_reused": self.graphs_reused,
+                "graph_setup_s": round(self.graph_setup_s, 3), "plain_baseline": self.plain_baseline,
+                "warmed_up": self.warmed_up}
+
+
+def _version(p) -> int:
+    try:
+        return p._version
+    except RuntimeError:  # an inference tensor has no counter (and cannot be written outside inference mode)
+        return -1
+
+
+def target_stamp(target) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """The target's identity and, per parameter, (address, version counter): equal stamps mean no
+    parameter was replaced or written in place in between."""
+    return id(target), tuple((p.data_ptr(), _version(p)) for p in target.model.parameters())
+
+
+@dataclass(frozen=True)
+class PlainBaseline:
+    """A plain batched decode kept for later evals of the same prompts (module docstring)."""
+
+    target: Any
+    stamp: tuple
+    prompts: tuple[tuple[int, ...], ...]
+    max_new_tokens: int
+    graphs: bool
+    generations: tuple[Generation, ...]
+    seconds: float  # the decode's wall time less its graph setup
+    setup_s: float  # the graph setup it paid then
+    step: int | None  # the training step of the eval that measured it (None: not a training eval)
+
+    def applies(self, target, prompts: list[list[int]], max_new_tokens: int, graphs: bool) -> bool:
+        """Whether a plain decode of `prompts` by `target` now would give these tokens."""
+        return (target is self.target and max_new_tokens == self.max_new_tokens and graphs == self.graphs
+                and tuple(map(tuple, prompts)) == self.prompts and target_stamp(target) == self.stamp)
+
+    def source(self) -> str:
+        return f"step {self.step}" if self.step is not None else "an earlier eval"
+
+    def note(self) -> str:
+        return (f"plain baseline from {self.source()}'s eval (the target is frozen): its tokens and its time "
+                f"({self.seconds:.2f} s, its {self.setup_s:.2f} s of graph setup taken off), reused by every later "
+                f"eval of the same {len(self.prompts)} prompts")
+
+
+class EvalState:
+    """What a run's evals keep (module docstring): made empty, filled by the first eval
+    (dflash.eval.batched.evaluate_batched with `state=`), used by the later ones."""
+
+    def __init__(self) -> None:
+        self.workspace: SpecWorkspace | None = None
+        self.baseline: PlainBaseline | None = None
+        self.drafter_copy: Any = None  # dflash.eval.in_training: the drafter beside a target on another device
+        self.evals = 0
+        self.last: EvalCost | None = None
+
+    def workspace_for(self, drafter, target, prompts: list[list[int]], max_new_tokens: int, block_size: int,
+                      graphs: bool) -> SpecWorkspace:
+        """The kept workspace when it fits this decode; else a new one, kept when none is yet (the
+        first eval's shape is the periodic evals' own)."""
+        rows, length = len(prompts), spec_length(prompts, max_new_tokens, block_size)
+        ws = self.workspace
+        if ws is not None and ws.fits(drafter, target, rows, length, block_size, graphs):
+            return ws
+        ws = SpecWorkspace(drafter, target, rows, length, block_size, graphs, keep=self.workspace is None)
+        if self.workspace is None:
+            self.workspace = ws
+        return ws
+
+    def baseline_for(self, target, prompts: list[list[int]], max_new_tokens: int, graphs: bool) -> PlainBaseline | None:
+        base = self.baseline
+        return base if base is not None and base.applies(target, prompts, max_new_tokens, graphs) else None
+
+    def keep_baseline(self, target, prompts: list[list[int]], max_new_tokens: int, graphs: bool,
+                      plain: BatchDecode, step: int | None) -> None:
+        """Keep `plain` (a decode just measured) as the baseline, unless one is kept already."""
+        if self.baseline is None:
+            self.baseline = PlainBaseline(target, target_stamp(target), tuple(map(tuple, prompts)), max_new_tokens,
+                                          graphs, plain.generations, plain.seconds - plain.setup_s, plain.setup_s,
+                                          step)
+
+    def record(self, plain: BatchDecode | None, spec: BatchDecode, base: PlainBaseline | None, warmed: bool) -> None:
+        """An eval ended: `plain` measured (None: `base` reused), `spec` decoded."""
+        decodes = [d for d in (plain, spec) if d is not None]
+        self.evals += 1
+        self.last = EvalCost(graphs_captured=sum(d.captured for d in decodes),
+                             graphs_reused=sum(d.reused for d in decodes),
+                             graph_setup_s=sum(d.setup_s for d in decodes),
+                             plain_baseline="measured" if base is None else base.source(), warmed_up=warmed)
+
+    def record_reference(self) -> None:
+        """An eval ran the batch-1 reference (a target batching cannot take): nothing kept or reused."""
+        self.evals += 1
+        self.last = EvalCost(graphs_captured=0, graphs_reused=0, graph_setup_s=0.0, plain_baseline="measured",
+                             warmed_up=True)
