@@ -288,3 +288,19 @@ def test_cuda_graph_steps_give_the_reference_tokens(tiny_target, monkeypatch):
         plain = plain_batch(target, prompts, NEW)
         assert plain.graphs and [g.tokens for g in plain.generations] == [plain_generate(target, p, NEW).tokens
                                                                          for p in prompts]
+
+
+def test_a_replay_is_judged_against_the_eager_outputs_scale_not_each_element():
+    """bf16 rounding of a logit row scales with the row's magnitudes: an error of 0.05 on logits of ~30 is
+    rounding (the 8B plain step's replay differed that way element-wise and ran eagerly), an output off by
+    its own scale (stale inputs baked into a graph) is not."""
+    from dflash.eval.graphs import StepRunner
+
+    runner = StepRunner("plain", lambda kv, x: (x,), 4, use_graphs=True)
+    eager = torch.tensor([[30.0, -28.0, 0.01, 0.0]])
+    rounded = eager + torch.tensor([[0.05, -0.05, 0.04, -0.04]])  # 0.04 on ~0: 400% element-wise
+    assert not torch.allclose(rounded, eager, rtol=2e-2, atol=2e-2)
+    assert runner._agree((rounded,), (eager,), "a second call") and runner.use_graphs
+    stale = eager.flip(-1)
+    assert not runner._agree((stale,), (eager,), "a second call") and not runner.use_graphs
+    assert "max |replay − eager| 30 at scale 30" in runner.note and "ran eagerly" in runner.note
