@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dflash.config import tiny
 from dflash.data.dataset import embedded_prompts
 from dflash.eval.batched import batched_unsupported, plain_batch, speculative_batch
 from dflash.eval.evaluate import (DrafterProposer, evaluate, evaluate_drafter, plain_generate, prompt_ids,
@@ -260,6 +261,131 @@ def test_graph_mode_bookkeeping_gives_the_reference_tokens(drafter, tiny_target,
     plain = plain_batch(tiny_target, prompts, NEW)
     assert plain.graphs and [g.tokens for g in plain.generations] == [plain_generate(tiny_target, p, NEW).tokens
                                                                      for p in prompts]
+
+
+def counting_graphs(monkeypatch):
+    """CPUReplay as StepRunner's capture, doing the real capture's runs of the step (a warm-up, the
+    capture, one replay), graphs 'available', TargetSlots.select counted; returns (counts, sizes):
+    counts[runner, "captures" | "calls" | "fn"] (the step run, for any reason) and the batch sizes
+    each runner was called at."""
+    import collections
+
+    import dflash.eval.batched as batched
+    from dflash.eval.graphs import StepRunner
+    from dflash.eval.slots import TargetSlots
+
+    counts: collections.Counter = collections.Counter()
+    sizes: dict[str, set[int]] = collections.defaultdict(set)
+
+    def capture(self, key, inputs):
+        counts[self.name, "captures"] += 1
+        static = [x.clone() for x in inputs]
+        self.fn(self.full_len, *static)  # the warm-up
+        graph = CPUReplay(self.fn, self.full_len, static)
+        graph.replay()
+        self.graphs[key] = (graph, static, graph.outputs)
+        return graph.outputs
+
+    init, call, select = StepRunner.__init__, StepRunner.__call__, TargetSlots.select
+
+    def counted_init(self, name, fn, full_len, use_graphs):
+        def counted(kv, *inputs):
+            counts[name, "fn"] += 1
+            return fn(kv, *inputs)
+        init(self, name, counted, full_len, use_graphs)
+
+    def counted_call(self, kv, *inputs):
+        counts[self.name, "calls"] += 1
+        sizes[self.name].add(int(inputs[0].shape[0]))
+        return call(self, kv, *inputs)
+
+    def counted_select(self, keep):
+        counts["select"] += 1
+        return select(self, keep)
+
+    monkeypatch.setattr(StepRunner, "_capture", capture)
+    monkeypatch.setattr(StepRunner, "__init__", counted_init)
+    monkeypatch.setattr(StepRunner, "__call__", counted_call)
+    monkeypatch.setattr(TargetSlots, "select", counted_select)
+    monkeypatch.setattr(batched, "graphs_available", lambda device: True)
+    return counts, sizes
+
+
+def test_graph_mode_work_is_bounded_by_the_batch_sizes_not_the_rounds(tiny_target, monkeypatch):
+    """A batch that shrinks as rows end (EOS at different rounds), prefilled in chunks, with a random
+    drafter (one token a round, as the 8B benchmark's): each step captured once per batch size it runs
+    at (none per round), checked against eager once per size, the slots selected once per shrink; a
+    kept workspace's next decode captures nothing and checks each kept size once."""
+    import dflash.eval.batched as batched
+    from dflash.eval.batched import SpecWorkspace, spec_length
+
+    counts, sizes = counting_graphs(monkeypatch)
+    monkeypatch.setattr(batched, "PREFILL_TOKENS", 64)
+    n = 8
+    prompts = mixed_prompts(tiny_target, n)
+    assert len(batched._chunks([len(p) for p in prompts])) >= 3
+    eos = late_eos(tiny_target, prompts, 4)  # 5 rows end early, from the 6th token to the 33rd
+    monkeypatch.setattr(tiny_target.model.config, "eos_token_id", [tiny_target.model.config.eos_token_id, *eos])
+    d = DFlashDrafter(drafter_spec(tiny(), tiny_target))
+    d.init_weights(torch.Generator().manual_seed(1))
+    d.eval()
+    bs = d.spec.block_size
+
+    def bounded(names, steps):
+        for name in names:
+            k = len(sizes[name])
+            assert 1 < k <= n.bit_length()  # it shrank; each size at most half the last
+            assert counts[name, "captures"] == k  # once per batch size
+            # the step runs once a call, and per batch size a warm-up, the capture and one eager check
+            assert counts[name, "fn"] <= counts[name, "calls"] + 3 * k
+        assert counts[names[0], "calls"] == steps and counts["select"] == len(sizes[names[0]]) - 1
+
+    plain = plain_batch(tiny_target, prompts, NEW)
+    assert plain.graphs and not plain.notes
+    bounded(["plain"], plain.steps)
+    counts.clear()
+    sizes.clear()
+    ws = SpecWorkspace(d, tiny_target, n, spec_length(prompts, NEW, bs), bs, True, keep=True)
+    out = speculative_batch(d, tiny_target, prompts, NEW, bs, workspace=ws)
+    assert out.graphs and not out.notes and out.steps >= NEW - 1  # τ ≈ 1: a round per token
+    bounded(["verify", "draft"], out.steps)
+    first = {name: set(s) for name, s in sizes.items()}
+    counts.clear()
+    sizes.clear()
+    again = speculative_batch(d, tiny_target, prompts, NEW, bs, workspace=ws)
+    assert again.graphs and again.captured == 0 and again.steps == out.steps
+    for name in ("verify", "draft"):
+        assert sizes[name] == first[name] and counts[name, "captures"] == 0
+        assert counts[name, "fn"] == counts[name, "calls"] + len(sizes[name])  # one eager check per kept size
+
+
+def test_a_decode_frees_its_slots_and_graphs_when_it_returns(tiny_target, monkeypatch):
+    """A speculative decode's own workspace (slots, graphs) goes with the call, not at the next cyclic
+    GC: its steps hold it weakly (at 8B and 64 rows it is ~5 GB of slots and the graphs' pools)."""
+    import gc
+    import weakref
+
+    import dflash.eval.batched as batched
+
+    counting_graphs(monkeypatch)
+    made = []
+    init = batched.SpecWorkspace.__init__
+
+    def record(self, *a, **kw):
+        init(self, *a, **kw)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(batched.SpecWorkspace, "__init__", record)
+    d = DFlashDrafter(drafter_spec(tiny(), tiny_target))
+    d.init_weights(torch.Generator().manual_seed(1))
+    prompts = mixed_prompts(tiny_target, 3)
+    gc.collect()
+    gc.disable()
+    try:
+        out = speculative_batch(d.eval(), tiny_target, prompts, 6, d.spec.block_size)
+        assert out.graphs and len(made) == 1 and made[0]() is None
+    finally:
+        gc.enable()
 
 
 # ----------------------------------------------------------------------------- GPU (run with -m gpu)

@@ -37,6 +37,7 @@ does not; callers then run the reference loop.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -246,6 +247,18 @@ def _finish(row: _Row, produced: list[int], eos: set[int]) -> None:
     row.done = len(row.tokens) >= row.max_len or row.tokens[-1] in eos
 
 
+def _weak_step(method: Callable[..., tuple[torch.Tensor, ...]]) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """A SpecWorkspace's step for its runners, holding the workspace weakly: a runner holding its own
+    workspace would be a reference cycle, and a decode's workspace made for one call (its slots, at 8B
+    and 64 rows ~5 GB, and its CUDA graphs' pools) would outlive the call until the cyclic GC ran."""
+    ref = weakref.WeakMethod(method)
+
+    def step(kv: int, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return ref()(kv, *inputs)
+
+    return step
+
+
 class SpecWorkspace:
     """Speculative decoding's buffers and steps for one drafter, target and batch shape (`rows` rows
     of `length` slots): the target's and the drafter's slots, and the verify and draft steps over
@@ -268,8 +281,8 @@ class SpecWorkspace:
         self.sliding = "sliding_attention" in drafter.spec.layer_types
         self.ar = torch.arange(bs, device=dev)
         self.masks_id = torch.full((1, bs - 1), drafter.spec.mask_token_id, dtype=torch.long, device=dev)
-        self.runners = [StepRunner("verify", self._verify, length, graphs),
-                        StepRunner("draft", self._draft, length, graphs)]
+        self.runners = [StepRunner("verify", _weak_step(self._verify), length, graphs),
+                        StepRunner("draft", _weak_step(self._draft), length, graphs)]
 
     def fits(self, drafter, target, rows: int, length: int, block_size: int, graphs: bool) -> bool:
         """Whether a decode of this shape with these models can run here."""
