@@ -34,6 +34,14 @@ from hypothesis import settings
 settings.register_profile("repeatable", derandomize=True, database=None)
 settings.load_profile("repeatable")
 
+# torch's CPU vector-ISA probe, trusted to /proc/cpuinfo (torch._inductor.cpu_vec_isa: config.cpp.vec_isa_ok, env
+# TORCHINDUCTOR_VEC_ISA_OK; in 2.11, 2.13 and 2.15). Unset, the first CPU compile of every process builds a test
+# program per ISA with g++ and dlopens each in a fresh Python: ~10 s a process on the 2-core CI box (13.1 s -> 4.6 s
+# for one small cold compile), paid again by every compiling child a test starts. The ISA picked is the same
+# (avx512 here, either way); the setting is in the environment of both runs a cache test compares, so hits and
+# misses do not change. Set at import, before any fixture starts a child; a value of your own wins.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+
 from tests.redis_helpers import redis_server, redis_url  # noqa: F401 - fixtures (a real redis-server)
 
 # --- parallel by default (pytest-xdist), and the torch matrix marker ---------------------------------

@@ -43,6 +43,13 @@ print(json.dumps({**out, "default_cache_dir": default_cache_dir()}))
 '''
 
 
+def compile_env() -> dict[str, str]:
+    """This process's environment for a compiling child, less the test's own inductor and triton dirs
+    (the child is given its own); the vector-ISA setting (tests/conftest.py) stays."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("TORCHINDUCTOR_", "TRITON_")) or k == "TORCHINDUCTOR_VEC_ISA_OK"}
+
+
 def compile_into(cache_dir: Path, script_dir: Path, tmp_root: Path | None = None) -> dict:
     """Compile SCRIPT into `cache_dir` in a subprocess. TMPDIR is `tmp_root` (default
     `script_dir/tmp`): torch's default dir, where it writes precompiled headers whatever
@@ -51,7 +58,7 @@ def compile_into(cache_dir: Path, script_dir: Path, tmp_root: Path | None = None
     script.write_text(SCRIPT)
     tmp_root = tmp_root or script_dir / "tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
+    env = compile_env()
     env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1", TMPDIR=str(tmp_root))
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -175,7 +182,7 @@ def real_pgo_cache(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("real-pgo-cache")
     script = base / "compile_pgo.py"
     script.write_text(PGO_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
+    env = compile_env()
     env.update(TORCHINDUCTOR_CACHE_DIR=str(base / "inductor"), TORCHINDUCTOR_COMPILE_THREADS="1",
                TORCH_COMPILE_JOB_ID="compilewatch-test")
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
