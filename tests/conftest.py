@@ -90,15 +90,7 @@ _HINT_LOG = "COMPILEWATCH_HINT_LOG"
 
 def pytest_configure(config):
     """The controller (or a lone process) picks the log; xdist workers inherit it from its environment,
-    and so do the CLI subprocesses tests start. With COMPILEWATCH_MATRIX_RECORD=DIR, every process also
-    records what each test module did with torch (tests/touch.py)."""
-    record = os.environ.get("COMPILEWATCH_MATRIX_RECORD")
-    if record and not config.pluginmanager.has_plugin("compilewatch-matrix-record"):
-        from tests import matrix, touch
-
-        root = Path(__file__).resolve().parents[1]
-        config.pluginmanager.register(touch.Recorder(root, Path(record), matrix.TORCH_PACKAGES),
-                                      "compilewatch-matrix-record")
+    and so do the CLI subprocesses tests start."""
     if hasattr(config, "workerinput") or os.environ.get(_HINT_LOG):
         return
     import tempfile
@@ -128,18 +120,14 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Before `-m` selects: mark `torch_matrix` every test of a module that reaches torch (tests/matrix.py),
-    less the modules a record (COMPILEWATCH_MATRIX_FROM=DIR, tests/touch.py) shows did nothing with torch."""
-    from tests import matrix, touch
+    """Before `-m` selects: mark `torch_matrix` every test of a module that reaches torch (tests/matrix.py)."""
+    from tests import matrix
 
-    root = Path(__file__).resolve().parents[1]
-    record = touch.load(os.environ.get(touch.FROM_ENV))
     verdicts: dict[Path, bool] = {}
     for item in items:
         path = Path(str(item.path))
         if path not in verdicts:
-            rel = str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)
-            verdicts[path] = touch.in_matrix(rel, matrix.classify(path)[0], record)
+            verdicts[path] = matrix.classify(path)[0]
         if verdicts[path]:
             item.add_marker(matrix.MARKER)
 

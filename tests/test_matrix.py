@@ -136,6 +136,16 @@ def test_every_module_importing_torch_or_torch_importing_project_code_is_sensiti
     assert missed == []
 
 
+def test_every_collected_test_is_marked_as_its_module_is(request):
+    """What conftest's collection hook did to this session's tests agrees with tests/matrix.py."""
+    wrong = []
+    for item in request.session.items:
+        expected = matrix.classify(Path(str(item.path)))[0]
+        if (item.get_closest_marker(matrix.MARKER) is not None) is not expected:
+            wrong.append(item.nodeid)
+    assert wrong == []
+
+
 def test_overrides_name_test_modules_say_why_and_change_the_verdict():
     for rel, (sensitive, reason) in matrix.OVERRIDES.items():
         path = ROOT / rel
