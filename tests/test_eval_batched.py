@@ -232,11 +232,11 @@ class CPUReplay:
             o.copy_(new)
 
 
-def test_graph_mode_bookkeeping_gives_the_reference_tokens(drafter, tiny_target, monkeypatch):
+def stand_in_graphs(monkeypatch, captured: list):
+    """StepRunner's capture replaced by CPUReplay, each capture appended to `captured` as (step, batch
+    size), and graphs 'available': the batched loop's graph mode on the CPU."""
     import dflash.eval.batched as batched
     from dflash.eval.graphs import StepRunner
-
-    captured = []
 
     def capture(self, key, inputs):
         captured.append((self.name, key))
@@ -247,6 +247,11 @@ def test_graph_mode_bookkeeping_gives_the_reference_tokens(drafter, tiny_target,
 
     monkeypatch.setattr(StepRunner, "_capture", capture)
     monkeypatch.setattr(batched, "graphs_available", lambda device: True)
+
+
+def test_graph_mode_bookkeeping_gives_the_reference_tokens(drafter, tiny_target, monkeypatch):
+    captured = []
+    stand_in_graphs(monkeypatch, captured)
     prompts = mixed_prompts(tiny_target)
     eos = late_eos(tiny_target, prompts, 4)
     monkeypatch.setattr(tiny_target.model.config, "eos_token_id", [tiny_target.model.config.eos_token_id, *eos])

@@ -14,13 +14,12 @@ import torch
 
 from dflash.eval.batched import SpecWorkspace, spec_length, speculative_batch
 from dflash.eval.evaluate import evaluate_drafter, plain_generate
-from dflash.eval.graphs import StepRunner
 from dflash.eval.reuse import EvalState
 from dflash.model.build import drafter_spec
 from dflash.model.drafter import DFlashDrafter
 from tests.dflash_helpers import chat_file, small_config, tiny_target  # noqa: F401 (fixtures)
 from tests.helpers import requires_cuda
-from tests.test_eval_batched import NEW, CPUReplay, late_eos, mixed_prompts, reference, trained_drafter
+from tests.test_eval_batched import NEW, late_eos, mixed_prompts, reference, stand_in_graphs, trained_drafter
 
 SAME = ("prompts", "rounds", "tau", "max_tau", "acceptance_histogram", "generated_tokens", "outputs_match",
         "mismatched_prompts", "acceptance_by_position")
@@ -90,21 +89,6 @@ def test_a_kept_workspace_gives_the_reference_tokens_as_rows_leave_the_batch(dra
         for r, g in zip(reference(drafter, tiny_target, prompts), out.generations):
             assert (g.tokens, g.acceptance, g.accepted, g.drafted) == (r.tokens, r.acceptance, r.accepted, r.drafted)
     assert ws.decodes == 3 and set(ws.slots.sizes) == set(ws.ctx.sizes) == {len(prompts)}  # eager: the full batch's
-
-
-def stand_in_graphs(monkeypatch, captured: list):
-    """StepRunner's capture replaced by CPUReplay (tests/test_eval_batched.py) and graphs 'available'."""
-    import dflash.eval.batched as batched
-
-    def capture(self, key, inputs):
-        captured.append((self.name, key))
-        static = [x.clone() for x in inputs]
-        graph = CPUReplay(self.fn, self.full_len, static)
-        self.graphs[key] = (graph, static, graph.outputs)
-        return graph.outputs
-
-    monkeypatch.setattr(StepRunner, "_capture", capture)
-    monkeypatch.setattr(batched, "graphs_available", lambda device: True)
 
 
 def test_graphs_are_captured_at_the_first_eval_and_replayed_at_the_next(drafter, tiny_target, monkeypatch):
