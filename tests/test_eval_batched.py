@@ -195,8 +195,9 @@ def test_an_empty_prompt_is_bad_input(drafter, tiny_target):
         speculative_batch(drafter, tiny_target, [[5, 6], []], 4, drafter.spec.block_size)
 
 
-def test_the_benchmark_prints_a_json_line_per_case(capsys):
-    """benchmarks/dflash_eval_batched.py on the embedded tiny target: both decoders timed, same τ."""
+def run_benchmark(args: list[str], capsys) -> list[dict]:
+    """benchmarks/dflash_eval_batched.py's main(args) in this process (torch's thread count restored):
+    the JSON lines it printed."""
     import importlib.util
     import json
     from pathlib import Path
@@ -207,10 +208,15 @@ def test_the_benchmark_prints_a_json_line_per_case(capsys):
     spec.loader.exec_module(bench)
     before = torch.get_num_threads()
     try:
-        assert bench.main(["--cases", "2x8,3x5"]) == 0
+        assert bench.main(args) == 0
     finally:
         torch.set_num_threads(before)
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_the_benchmark_prints_a_json_line_per_case(capsys):
+    """benchmarks/dflash_eval_batched.py on the embedded tiny target: both decoders timed, same τ."""
+    rows = run_benchmark(["--cases", "2x8,3x5"], capsys)
     assert [r["case"] for r in rows] == ["2x8", "3x5"]
     for r in rows:
         assert r["batched"]["tau"] == r["old"]["tau"] and r["batched"]["rounds"] == r["old"]["rounds"]

@@ -19,7 +19,7 @@ from dflash.model.build import drafter_spec
 from dflash.model.drafter import DFlashDrafter
 from tests.dflash_helpers import chat_file, small_config, tiny_target  # noqa: F401 (fixtures)
 from tests.helpers import requires_cuda
-from tests.test_eval_batched import NEW, late_eos, mixed_prompts, reference, stand_in_graphs, trained_drafter
+from tests.test_eval_batched import NEW, late_eos, mixed_prompts, reference, run_benchmark, stand_in_graphs, trained_drafter
 
 SAME = ("prompts", "rounds", "tau", "max_tau", "acceptance_histogram", "generated_tokens", "outputs_match",
         "mismatched_prompts", "acceptance_by_position")
@@ -201,20 +201,7 @@ def test_periodic_evals_of_a_run_report_what_they_reused(tmp_path, chat_file):
 def test_the_benchmark_runs_periodic_evals_on_one_state(capsys):
     """benchmarks/dflash_eval_batched.py --periodic on the embedded tiny target: one line per eval, the
     first measuring everything, the later ones reusing; the fresh decode of the last weights agrees."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "dflash_eval_batched.py"
-    spec = importlib.util.spec_from_file_location("dflash_eval_batched", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    before = torch.get_num_threads()
-    try:
-        assert bench.main(["--cases", "2x8", "--periodic", "3", "--check-fresh"]) == 0
-    finally:
-        torch.set_num_threads(before)
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    rows = run_benchmark(["--cases", "2x8", "--periodic", "3", "--check-fresh"], capsys)
     assert [(r.get("eval"), r.get("plain_baseline"), r.get("warmed_up")) for r in rows[:3]] == [
         (1, "measured", True), (2, "step 1", False), (3, "step 1", False)]
     assert all(r["case"] == "2x8" and r["eval_wall_s"] > 0 for r in rows)
