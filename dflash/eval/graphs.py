@@ -33,6 +33,8 @@ from typing import Callable
 
 import torch
 
+from dflash.eval.generation import sync
+
 GRAPH_RTOL = 2e-2  # replay vs eager (over all slots vs the rows' own, masked): bf16 rounding, relative to the output's scale (_gap)
 GRAPH_ATOL = 2e-2
 
@@ -54,11 +56,6 @@ def _gap(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 def _gaps_text(gaps: dict[int, tuple[float, float]], bad: list[int]) -> str:
     return ", ".join(f"max |replay − eager| {gaps[i][0]:.3g} at scale {gaps[i][1]:.3g}" for i in bad)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class StepRunner:
@@ -104,7 +101,7 @@ class StepRunner:
                 try:
                     out = self._capture(key, inputs)
                 finally:
-                    _sync(dev)
+                    sync(dev)
                     self.setup_s += time.perf_counter() - t0
                 self.captures += key in self.graphs
                 return out
@@ -119,10 +116,10 @@ class StepRunner:
             earlier = key in self.earlier
             if earlier:
                 self.reused.add(key)
-            _sync(dev)
+            sync(dev)
             t0 = time.perf_counter()
             ref = self.fn(self.full_len, *inputs)  # the same step eagerly (its writes repeat the replay's)
-            _sync(dev)
+            sync(dev)
             self.setup_s += time.perf_counter() - t0
         if earlier:
             if not self._agree(outputs, ref, "an earlier decode's graph", recapture=True):
@@ -137,16 +134,16 @@ class StepRunner:
         graphs dropped, to be captured again at their next call), with a note."""
         gaps = {i: _gap(a, b) for i, (a, b) in enumerate(zip(outputs, ref)) if a.is_floating_point()}
         bad = [i for i, (diff, scale) in gaps.items() if diff > GRAPH_ATOL + GRAPH_RTOL * scale]
-        if bad and recapture:
+        if not bad:
+            return True
+        if recapture:
             self.reset()
-            self.note = (f"{self.name}: CUDA graph replay of {what} differed from the eager step (outputs {bad}: "
-                         f"{_gaps_text(gaps, bad)}); captured again")
-        elif bad:
+        else:
             self.use_graphs = False
             self.graphs.clear()
-            self.note = (f"{self.name}: CUDA graph replay of {what} differed from the eager step (outputs {bad}: "
-                         f"{_gaps_text(gaps, bad)}); ran eagerly")
-        return not bad
+        self.note = (f"{self.name}: CUDA graph replay of {what} differed from the eager step (outputs {bad}: "
+                     f"{_gaps_text(gaps, bad)}); {'captured again' if recapture else 'ran eagerly'}")
+        return False
 
     def _capture(self, key: int, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         dev = inputs[0].device
