@@ -263,12 +263,12 @@ def _tile_counts(lo: torch.Tensor, hi: torch.Tensor, q_tiles: int, kv_tiles: int
     return diff.cumsum(1, dtype=torch.int32)[:, :kv_tiles]
 
 
-def packed_block_mask(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_col: torch.Tensor, row_len: int,
-                      ctx_len: int, block_size: int, sliding_window: int | None = None) -> BlockMask:
-    """The BlockMask of `make_packed_mask_mod` over the padded grid, from each query row's two key
-    intervals (its conversation's context before the anchor, its own block) instead of evaluating the
-    mask over Q × KV: the packed grid is large (Q 32 K × KV 45 K at 8B) and almost all of it empty.
-    The same tiles `block_mask_eager` finds (tests/test_packing.py checks it)."""
+def _packed_intervals(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_col: torch.Tensor, row_len: int,
+                      ctx_len: int, block_size: int, sliding_window: int | None):
+    """Each query row's two key intervals in the packed layout, [c_lo, c_hi) (its conversation's context
+    before the anchor; sliding: within the window) and [s_lo, s_hi) (its own block; sliding: causally),
+    over the padded query grid (padded rows: empty intervals). Returns (q_len, kv_len, q_pad, kv_pad,
+    (c_lo, c_hi, s_lo, s_hi))."""
     n = anchor_col.numel()
     q_len, kv_len = n * block_size, ctx_len + n * block_size
     q_pad, kv_pad = flex_len(q_len), flex_len(kv_len)
@@ -281,19 +281,42 @@ def packed_block_mask(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_
     c_hi = torch.maximum(c_hi, c_lo)
     s_lo = ctx_len + j * block_size  # its own block (sliding: causally)
     s_hi = s_lo + (k + 1 if sliding_window is not None else block_size)
-    pad = q_pad - q_len  # padded query rows: no key at all
-    z = torch.zeros(pad, dtype=torch.long, device=q.device)
-    c_lo, c_hi, s_lo, s_hi = (torch.cat([t, z]) for t in (c_lo, c_hi, s_lo, s_hi))
+    z = torch.zeros(q_pad - q_len, dtype=torch.long, device=q.device)  # padded query rows: no key at all
+    return q_len, kv_len, q_pad, kv_pad, tuple(torch.cat([t, z]) for t in (c_lo, c_hi, s_lo, s_hi))
+
+
+def interval_mask_mod(c_lo: torch.Tensor, c_hi: torch.Tensor, s_lo: torch.Tensor, s_hi: torch.Tensor) -> Callable:
+    """mask_mod of per-query-row key intervals: visible iff kv in [c_lo, c_hi) or [s_lo, s_hi). Four
+    loads per row and four compares per element (no division), for flex's partial tiles."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return ((kv_idx >= c_lo[q_idx]) & (kv_idx < c_hi[q_idx])) | ((kv_idx >= s_lo[q_idx]) & (kv_idx < s_hi[q_idx]))
+
+    return mask_mod
+
+
+def packed_block_mask(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_col: torch.Tensor, row_len: int,
+                      ctx_len: int, block_size: int, sliding_window: int | None = None,
+                      intervals: bool = True) -> BlockMask:
+    """The BlockMask of `make_packed_mask_mod` over the padded grid, from each query row's two key
+    intervals (its conversation's context before the anchor, its own block) instead of evaluating the
+    mask over Q × KV: the packed grid is large (Q 32 K × KV 45 K at 8B) and almost all of it empty.
+    The same tiles `block_mask_eager` finds (tests/test_packing.py checks it)."""
+    q_len, kv_len, q_pad, kv_pad, (c_lo, c_hi, s_lo, s_hi) = _packed_intervals(
+        anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size, sliding_window)
     qb, kvb = q_pad // FLEX_BLOCK, kv_pad // FLEX_BLOCK
     touched = _tile_counts(c_lo, c_hi, qb, kvb, False) + _tile_counts(s_lo, s_hi, qb, kvb, False)
     covered = _tile_counts(c_lo, c_hi, qb, kvb, True) + _tile_counts(s_lo, s_hi, qb, kvb, True)
     any_v = (touched > 0)[None, None]
     all_v = (covered == FLEX_BLOCK)[None, None]  # every row of the tile sees every key of it
     partial, full = _ordered(any_v & ~all_v), _ordered(all_v)
-    mod = make_packed_mask_mod(anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size, sliding_window)
+    if intervals:
+        mod = interval_mask_mod(c_lo, c_hi, s_lo, s_hi)
+    else:
+        mod = pad_mask_mod(make_packed_mask_mod(anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size,
+                                                sliding_window), q_len, kv_len, anchor_col.device)
     return BlockMask.from_kv_blocks(partial[0], partial[1], full[0], full[1], BLOCK_SIZE=FLEX_BLOCK,
-                                    mask_mod=pad_mask_mod(mod, q_len, kv_len, anchor_col.device),
-                                    seq_lengths=(q_pad, kv_pad))
+                                    mask_mod=mod, seq_lengths=(q_pad, kv_pad))
 
 
 def build_packed_masks(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_col: torch.Tensor, row_len: int,
