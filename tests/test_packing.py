@@ -9,6 +9,7 @@ difference (one token's key more or less changes the hidden states by ~1e-2 here
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -90,6 +91,12 @@ def test_packed_block_mask_has_the_tiles_of_the_evaluated_mask(seed, window):
         counts = getattr(want, num)[0, 0]
         for t, c in enumerate(counts.tolist()):  # the visible tiles of each query tile, in the same order
             assert torch.equal(getattr(got, idx)[0, 0, t, :c], getattr(want, idx)[0, 0, t, :c])
+    # the BlockMask's own mask_mod (per-row key intervals, what flex evaluates in partial tiles) is the
+    # padded row formula at every entry of the padded grid
+    q = torch.arange(flex_len(q_len))[:, None]
+    kv = torch.arange(flex_len(kv_len))[None]
+    zero = torch.zeros((), dtype=torch.long)
+    assert torch.equal(got.mask_mod(zero, zero, q, kv), pad_mask_mod(mod, q_len, kv_len)(zero, zero, q, kv))
 
 
 def test_packed_mask_sees_own_conversation_before_the_anchor_and_own_block_only():
@@ -151,6 +158,47 @@ def test_packed_taps_equal_each_conversation_alone(tmp_path, tiny_target):
             alone = tiny_target.taps(ids)[0]
             torch.testing.assert_close(packed[r, off: off + ids.shape[1]], alone, atol=ATOL, rtol=RTOL)
             off += ids.shape[1]
+
+
+def test_packed_taps_through_flash_varlen_wiring_equal_the_dense_mask(tmp_path, tiny_target, monkeypatch):
+    """The packed target's attention within each conversation (dflash.model.packed_attention; on a GPU
+    flash varlen, here its per-conversation SDPA reference) gives the taps of transformers' dense
+    block-diagonal mask, through every layer the taps run; unmarked calls keep transformers' path."""
+    from dflash.model import packed_attention
+
+    cfg = _mixed_dataset(tmp_path, True)
+    ds = _dataset(cfg, tiny_target)
+    b = ds.make_batch(ds.epoch_plan(0)[0], 0)
+    assert b.lengths.numel() > b.input_ids.shape[0]  # rows that hold several conversations
+    tapper = tiny_target.tapper()
+    assert not tapper.varlen  # a CPU target: the dense mask, unless asked
+    dense = tiny_target.taps(b.input_ids, b.position_ids)
+    calls = []
+    attend = packed_attention._attend_documents
+    monkeypatch.setattr(packed_attention, "_attend_documents", lambda *a: calls.append(a[0].shape) or attend(*a))
+    monkeypatch.setattr(tapper, "varlen", True)
+    varlen = tiny_target.taps(b.input_ids, b.position_ids)
+    assert len(calls) == tapper.depth  # every layer the taps run
+    torch.testing.assert_close(varlen, dense, atol=ATOL, rtol=RTOL)
+    calls.clear()
+    assert torch.equal(tiny_target.taps(b.input_ids, b.position_ids, b.run_bounds), varlen)  # the batch's own runs
+    assert len(calls) == tapper.depth
+    calls.clear()
+    tiny_target.taps(b.input_ids)  # no positions: one sequence a row, transformers' causal path
+    full = torch.arange(b.input_ids.shape[1]).repeat(b.input_ids.shape[0], 1)
+    tiny_target.taps(b.input_ids, full)  # one run a row (a conversation fills it): the causal path too
+    assert not calls
+    with pytest.raises(RuntimeError, match="outside"):
+        q = torch.zeros(1, 2, 4, 8)
+        packed_attention._attend_documents(q, q, q, None)
+
+
+def test_run_bounds_split_rows_at_each_conversation_and_padding_tail():
+    from dflash.data.packing import run_bounds
+
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]])  # row 0: 3 + 2 tokens, then a 1-token tail
+    cu, longest = run_bounds(pos)
+    assert cu.tolist() == [0, 3, 5, 6, 12] and cu.dtype == torch.int32 and longest == 6
 
 
 @pytest.mark.parametrize("sliding", [False, True])
@@ -283,6 +331,45 @@ def test_packed_step_on_cuda_flex_matches_the_padded_step(tmp_path, compiled):
     p, u = outs
     assert float(p.weight) == pytest.approx(float(u.weight), rel=1e-6)
     assert float(p.weighted_ce) == pytest.approx(float(u.weighted_ce), rel=2e-2)
+
+
+@requires_cuda()
+def test_cuda_packed_taps_run_flash_varlen_and_compile_once_for_every_conversation_count(tmp_path):
+    """On a GPU the packed target attends through flash varlen (no dense mask): each conversation's taps
+    are its taps alone, and compiled target layers compile for the first micro-batch only, whatever the
+    number of conversations in the next ones (the lengths never enter a compiled graph). Tolerance:
+    bf16 (8 mantissa bits) through the tiny target's layers, the two paths rounding in other places."""
+    from compilewatch.tracing import counters
+    from dflash.model.target import load_target
+
+    cfg = _mixed_dataset(tmp_path, True, **{"target.compile": True})
+    dev = torch.device("cuda")
+    target = load_target(cfg.target, cfg.drafter.num_layers, dev)
+    assert target.tapper().varlen
+    ds = _dataset(cfg, target)
+    plan = ds.epoch_plan(0)
+    batches = [ds.make_batch(pk, 0) for pk in plan]
+    R = batches[0].input_ids.shape[0]
+    same_rows = [b for b in batches if b.input_ids.shape[0] == R]
+    assert len({b.lengths.numel() for b in same_rows}) >= 2, "need micro-batches with other conversation counts"
+    eager = dataclasses.replace(target, compile_taps=False)  # its own tapper: the references compile nothing
+    for i, b in enumerate(same_rows[:3]):
+        before = counters.snapshot()
+        packed = target.taps(b.input_ids.to(dev), b.position_ids.to(dev)).float()
+        d = counters.delta(before)
+        if i:
+            assert d.frames_ok == 0 and not d.recompile_reasons, d.recompile_reasons
+        off_of = {}
+        pk = plan[batches.index(b)]
+        for r, row in enumerate(pk.rows):
+            off = 0
+            for j in row:
+                off_of[j] = (r, off)
+                off += ds.samples[j].input_ids.numel()
+        for j, (r, off) in off_of.items():
+            ids = ds.samples[j].input_ids[None].to(dev)
+            alone = eager.taps(ids)[0].float()
+            torch.testing.assert_close(packed[r, off: off + ids.shape[1]], alone, atol=3e-2, rtol=3e-2)
 
 
 def test_chunked_drafter_pass_gives_the_whole_micro_batchs_numbers(tmp_path, tiny_target):

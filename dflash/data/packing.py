@@ -24,7 +24,7 @@ of the data only, so a resumed run repeats an uninterrupted one step for step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -60,13 +60,25 @@ class PackedBatch:
     doc_end: torch.Tensor  # (N,) long: where it ends (exclusive)
     anchor_valid: torch.Tensor  # (N,) bool: a real block (the padding slots come last)
     rows_total: int = 0  # the rows the drafter's context holds (batch_size): taps are zero-padded to it
+    runs: torch.Tensor | None = None  # (D'+1,) int32 where each run of positions starts (`run_bounds`); None in a chunk
+    longest_run: int = 0  # the longest of those runs
+    # the CPU batch this one was moved from (`to`): `chunk` reads its block rows there, so choosing a chunk's
+    # window of rows never waits for the GPU. Not an init field: copies (dataclasses.replace) drop it.
+    host: PackedBatch | None = field(default=None, init=False, repr=False, compare=False)
 
     packed = True  # what the training step dispatches on (a padded Batch has no such attribute)
 
     def to(self, device) -> PackedBatch:
         moved = {k: getattr(self, k).to(device, non_blocking=True) for k in self.__dataclass_fields__
                  if isinstance(getattr(self, k), torch.Tensor)}
-        return PackedBatch(**moved, rows_total=self.rows_total)
+        out = PackedBatch(**moved, rows_total=self.rows_total, longest_run=self.longest_run)
+        out.host = self.host if self.host is not None else (self if self.input_ids.device.type == "cpu" else None)
+        return out
+
+    @property
+    def run_bounds(self) -> tuple[torch.Tensor, int] | None:
+        """(runs, longest_run): the target's attention runs (varlen) without reading the positions again."""
+        return None if self.runs is None else (self.runs, self.longest_run)
 
     @property
     def tokens(self) -> int:
@@ -92,7 +104,8 @@ class PackedBatch:
         sl = slice(index * n, (index + 1) * n)
         row, valid = self.anchor_row[sl], self.anchor_valid[sl]
         window = self.chunk_rows(chunks)
-        real = row[valid]
+        src = self.host if self.host is not None else self  # the window is chosen on the CPU copy when there is one
+        real = src.anchor_row[sl][src.anchor_valid[sl]]
         r0 = int(real.min()) if real.numel() else 0
         r1 = int(real.max()) if real.numel() else 0
         if r1 - r0 + 1 > window:  # spread over more rows than the window: the whole context
@@ -108,6 +121,16 @@ class PackedBatch:
         """Rows a chunk's window holds: its share of the rows plus one (a chunk's blocks start mid-row)."""
         total = max(self.rows_total, self.input_ids.shape[0])
         return min(total, -(-total // chunks) + 1)
+
+
+def run_bounds(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(R, L) positions restarting at 0 for each conversation (a row's padding tail is a run of its own)
+    -> (cumulative bounds int32 (D'+1,), the longest run): the flattened rows' runs, which varlen attention
+    reads (dflash.model.packed_attention). No run crosses a row boundary: every row starts one."""
+    flat = position_ids.reshape(-1)
+    starts = torch.nonzero(flat == 0).flatten()
+    cu = torch.cat([starts, starts.new_tensor([flat.numel()])]).to(torch.int32)
+    return cu, int(cu.diff().max())
 
 
 def candidate_counts(samples: Sequence, block_size: int) -> np.ndarray:
@@ -222,10 +245,11 @@ def make_packed_batch(samples: Sequence, pack_plan: Pack, anchors_of, rows_total
     cat = (lambda parts: torch.cat([*parts, zeros]))  # noqa: E731 - the valid blocks, then the padding slots
     valid = torch.zeros(block_budget, dtype=torch.bool)
     valid[:n_valid] = True
+    runs, longest = run_bounds(pos)
     return PackedBatch(input_ids=ids, position_ids=pos, loss_mask=lmask,
                        lengths=torch.tensor(lengths, dtype=torch.long), anchor_row=cat(rows_of),
                        anchor_col=cat(cols), doc_start=cat(starts), doc_end=cat(ends), anchor_valid=valid,
-                       rows_total=rows_total)
+                       rows_total=rows_total, runs=runs, longest_run=longest)
 
 
 def warm_packed_batches(sample, rows_total: int, row_len: int, block_budget: int) -> list[PackedBatch]:
@@ -248,10 +272,11 @@ def warm_packed_batches(sample, rows_total: int, row_len: int, block_budget: int
             # blocks in row order (chunks read a window of rows), except one batch where every row has
             # blocks all through (chunks read every row): the two drafter shapes of chunked training
             by_row = k % R if (full and R == rows_total) else k * R // block_budget
+            runs, longest = run_bounds(pos)
             out.append(PackedBatch(
                 input_ids=ids, position_ids=pos, loss_mask=lmask, lengths=torch.full((R,), row_len),
                 anchor_row=by_row, anchor_col=torch.zeros(block_budget, dtype=torch.long),
                 doc_start=torch.zeros(block_budget, dtype=torch.long),
                 doc_end=torch.full((block_budget,), row_len), anchor_valid=torch.ones(block_budget, dtype=torch.bool),
-                rows_total=rows_total))
+                rows_total=rows_total, runs=runs, longest_run=longest))
     return out

@@ -123,7 +123,8 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
 
         def produce(index: int) -> dict[str, Any]:
             batch = plan.batch(index).to(target.device)
-            return {"batch": batch, "taps": target.taps(batch.input_ids, getattr(batch, "position_ids", None))}  # (B, S, k·H)
+            return {"batch": batch, "taps": target.taps(batch.input_ids, getattr(batch, "position_ids", None),
+                                                        getattr(batch, "run_bounds", None))}  # (B, S, k·H)
         return produce
 
     def make_replica(index: int, device: str) -> Replica:

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import threading
@@ -27,6 +28,8 @@ from torch import nn
 
 from compilewatch import BadInput
 from dflash.config import EMBEDDED_TARGET, TargetConfig
+from dflash.data.packing import run_bounds
+from dflash.model import packed_attention
 from dflash.model.drafter import default_layer_ids
 
 TINY_SEED = 1234  # the embedded target's weights depend on this alone
@@ -96,15 +99,18 @@ class Target:
         return dataclasses.replace(self, model=EmbedHead(self.model, device), device=device, notes=[])
 
     @torch.no_grad()
-    def taps(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def taps(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+             runs: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
         """(B, S) right-padded ids -> (B, S, k·H) concatenated taps. Padding sits after the valid
         tokens, so causal attention keeps it out of every valid position; no attention mask needed.
         `position_ids` (B, S): packed rows (dflash/data/packing.py), positions restarting at each
         conversation; transformers' masking makes that a block-diagonal causal mask (with no
-        attention mask and no cache, it reads packed sequences from the positions)."""
+        attention mask and no cache, it reads packed sequences from the positions). On a GPU the
+        truncated decoder attends within each conversation by flash varlen instead
+        (dflash.model.packed_attention); `runs` (PackedBatch.run_bounds) saves reading the positions."""
         tapper = self.tapper()
         if tapper is not None:
-            return tapper(input_ids, position_ids)
+            return tapper(input_ids, position_ids, runs)
         where = {} if position_ids is None else {"position_ids": position_ids}
         try:  # logits_to_keep=1: skip the (S × vocab) logits nobody reads
             out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False, logits_to_keep=1, **where)
@@ -164,9 +170,13 @@ class _Tapper:
     (the final norm only when the last layer is tapped: `hidden_states[L]` is normed). It shares every
     module and parameter with the model; the model itself is not changed."""
 
-    def __init__(self, view: nn.Module, layer_ids: tuple[int, ...], depth: int, last_normed: bool) -> None:
+    def __init__(self, view: nn.Module, layer_ids: tuple[int, ...], depth: int, last_normed: bool,
+                 varlen: bool = False) -> None:
         self.view, self.layer_ids, self.depth, self.last_normed = view, layer_ids, depth, last_normed
         self._local = threading.local()  # per calling thread: the outputs of this call's tapped layers
+        # packed rows (position_ids given): flash attention within each conversation instead of transformers'
+        # dense block-diagonal mask (dflash.model.packed_attention; CUDA, bf16/fp16, the sdpa implementation)
+        self.varlen = varlen
 
     @classmethod
     def build(cls, model: nn.Module, layer_ids: tuple[int, ...], compiled: bool) -> "_Tapper | bool":
@@ -177,7 +187,10 @@ class _Tapper:
         if not (isinstance(layers, nn.ModuleList) and len(layers) == L and isinstance(norm, nn.Module)):
             return False
         depth = max(layer_ids) + 1
-        tapper = cls(None, layer_ids, depth, last_normed=depth == L)  # type: ignore[arg-type]
+        param = next(model.parameters(), None)
+        varlen = (param is not None and getattr(model.config, "_attn_implementation", None) == "sdpa"
+                  and packed_attention.varlen_ok(param.device, param.dtype))
+        tapper = cls(None, layer_ids, depth, last_normed=depth == L, varlen=varlen)  # type: ignore[arg-type]
         view = copy.copy(decoder)  # shares parameters, buffers and hooks; gets its own module table
         view._modules = dict(decoder._modules)
         view._modules["layers"] = nn.ModuleList(_TapLayer(layers[i], i, tapper, compiled) for i in range(depth))
@@ -191,11 +204,20 @@ class _Tapper:
         if kept is not None and index in self.layer_ids:
             kept[index] = hidden
 
-    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                 runs: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
         self._local.kept = kept = {}
         where = {} if position_ids is None else {"position_ids": position_ids}
+        docs = contextlib.nullcontext()
+        if position_ids is not None and self.varlen:
+            bounds, longest = runs if runs is not None else run_bounds(position_ids)  # (without: one GPU sync)
+            if bounds.numel() - 1 > input_ids.shape[0]:  # a row holds more than one run: attend within each
+                packed_attention.install()
+                where[packed_attention.MARKER] = True
+                docs = packed_attention.documents(bounds.to(input_ids.device, non_blocking=True), longest)
         try:
-            out = self.view(input_ids=input_ids, use_cache=False, **where)
+            with docs:
+                out = self.view(input_ids=input_ids, use_cache=False, **where)
         finally:
             self._local.kept = None
         if self.last_normed:  # hidden_states[L] of the whole model is the normed output
