@@ -100,6 +100,8 @@ def run_layout(a, pack: bool) -> dict:
     seq = 128 if a.small else 3072
     over = {"data.max_length": seq, "data.pack": pack, "checkpoint.every": 10**9, "metrics.log_every": 1,
             "data.path": "embedded:tiny-chat", "train.max_steps": 10**6}
+    if a.pack_chunks:
+        over["data.pack_chunks"] = a.pack_chunks
     if not pack:  # the recipe before packing: 4 micro-batches of one padded sequence a step
         over.update({"data.batch_size": 1, "train.grad_accum": 4, "data.pack_chunks": 1})
     if a.small:
@@ -129,11 +131,13 @@ def run_layout(a, pack: bool) -> dict:
         m = tr.train_step(tr.micro_batches(s))
         if s >= a.warmup:
             steps.append(m)
+    profile = profile_step(tr, a.warmup + a.steps, device) if a.profile else None
     tot = sum(m.seconds for m in steps)
     tokens, blocks = sum(m.tokens for m in steps), sum(m.blocks for m in steps)
     split = {k: round(statistics.median(m.time_split.get(k, 0.0) for m in steps), 4)
              for k in ("target", "drafter", "optim")}
     return {"layout": "packed" if pack else "padded", "data": "uniform" if a.uniform else "mixed",
+            "pack_chunks": cfg.data.pack_chunks,
             "tokens_per_s": round(tokens / tot, 1), "valid_blocks_per_s": round(blocks / tot, 1),
             "valid_block_share": round(blocks / sum(m.block_slots for m in steps), 4),
             "target_fill": round(tokens / sum(m.token_slots for m in steps), 4),
@@ -142,7 +146,69 @@ def run_layout(a, pack: bool) -> dict:
             "warm_s": round(warm_s, 2), "warm_shapes": len(warm), "steps": len(steps),
             "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__}
+            "torch": torch.__version__, **({"profile": profile} if profile else {})}
+
+
+KERNEL_KINDS = (  # (kind, substrings of a CUDA kernel's name), first match wins
+    ("flex attention", ("flex", "triton_tem_fused")),
+    ("flash / sdpa attention", ("flash", "fmha", "efficient_attention", "cudnn")),
+    ("gemm", ("gemm", "sm90_xmma", "cutlass", "nvjet", "ampere_", "sm80_xmma", "splitk")),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("fused (inductor)", ("triton_",)),
+    ("copy / cast", ("copy", "convert", "cast")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
+
+
+def profile_step(tr, step: int, device) -> dict:
+    """One more optimizer step under torch.profiler: CUDA kernel time by kind (KERNEL_KINDS) and the
+    30 kernels that took the most, so a step's time can be split by what ran."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        m = tr.train_step(tr.micro_batches(step))
+        tr._sync()
+    kinds: dict[str, float] = {}
+    rows = []
+    for ev in prof.key_averages():
+        us = getattr(ev, "self_device_time_total", 0.0) or getattr(ev, "self_cuda_time_total", 0.0)
+        if us <= 0 or ev.key.startswith(("cuda", "ProfilerStep")):
+            continue
+        kinds[kernel_kind(ev.key)] = kinds.get(kernel_kind(ev.key), 0.0) + us / 1e3
+        rows.append((us / 1e3, ev.count, ev.key[:140]))
+    rows.sort(reverse=True)
+    total = sum(kinds.values())
+    return {"step_s": round(m.seconds, 4), "kernel_ms": round(total, 1),
+            "by_kind_ms": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "top": [{"ms": round(ms, 2), "calls": n, "kernel": k} for ms, n, k in rows[:30]],
+            **gpu_idle(prof)}
+
+
+def gpu_idle(prof, top: int = 12) -> dict:
+    """The GPU's idle time inside the profiled step: the gaps between its kernels (merged intervals), the
+    longest ones with the kernels on either side (what the GPU waited between)."""
+    from torch.autograd import DeviceType
+
+    ks = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if not ks:
+        return {}
+    gaps, end, last = [], ks[0][1], ks[0][2]
+    for a, b, name in ks[1:]:
+        if a > end:
+            gaps.append((a - end, last, name))
+        if b > end:
+            end, last = b, name
+    gaps.sort(reverse=True)
+    return {"gpu_span_ms": round((end - ks[0][0]) / 1e3, 1), "gpu_idle_ms": round(sum(g for g, _, _ in gaps) / 1e3, 1),
+            "gaps_over_100us": sum(1 for g, _, _ in gaps if g > 100),
+            "longest_gaps": [{"ms": round(g / 1e3, 2), "after": x[:80], "before": y[:80]} for g, x, y in gaps[:top]]}
 
 
 def main() -> int:
@@ -158,6 +224,8 @@ def main() -> int:
     p.add_argument("--write-jsonl", metavar="FILE", help="write mixed-length chats (tiny words) and stop")
     p.add_argument("--scale", type=float, default=1.0, help="--write-jsonl: lengths times this")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pack-chunks", type=int, default=0, help="data.pack_chunks (default: the recipe's)")
+    p.add_argument("--profile", action="store_true", help="one more step under torch.profiler: kernel time by kind")
     a = p.parse_args()
     if a.write_jsonl:
         write_jsonl(a.write_jsonl, a.n, a.seed, a.scale)
@@ -179,7 +247,8 @@ def main() -> int:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    name = f"dflash_mixed{'_uniform' if a.uniform else ''}{'_small' if a.small else ''}.json"
+    name = (f"dflash_mixed{'_uniform' if a.uniform else ''}{'_small' if a.small else ''}"
+            f"{f'_chunks{a.pack_chunks}' if a.pack_chunks else ''}.json")
     (Path(a.out) / name).write_text(json.dumps(results, indent=2))
     return 0
 

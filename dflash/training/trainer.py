@@ -42,7 +42,7 @@ from dflash.model import (
     weight_sum,
 )
 from dflash.training.build import build_trainer
-from dflash.training.metrics import MetricsWriter, StepMetrics, memory_bytes
+from dflash.training.metrics import MetricsWriter, StepClock, StepMetrics, memory_bytes
 from dflash.training.result import TrainResult
 from dflash.training.schedule import lr_at
 
@@ -122,21 +122,21 @@ class Trainer:
         """Σw over a global batch (data only), clamped to avoid 0/0 on a batch without labels."""
         return sum(weight_sum(self._blocks(b.to(self.device)), self.weights) for b in batches).clamp_min(1e-6)
 
-    def forward_backward(self, batch: Batch, denominator: torch.Tensor, timer: dict[str, float] | None = None) -> LossOutput:
-        """Target taps -> drafter -> loss for one micro-batch on this trainer's device; backward (grads add up)."""
-        timer = timer if timer is not None else {}
-        t0 = time.perf_counter()
+    def forward_backward(self, batch: Batch, denominator: torch.Tensor, clock: StepClock | None = None) -> LossOutput:
+        """Target taps -> drafter -> loss for one micro-batch on this trainer's device; backward (grads add up).
+        `clock`: where the step's time went (spans "target" and "drafter"); nothing here waits for the GPU."""
+        clock = clock if clock is not None else StepClock(self.device)
         batch = batch.to(self.device)
-        taps = self.target.taps(batch.input_ids, getattr(batch, "position_ids", None))  # (B, S, k·H)
-        self._sync()
-        t1 = time.perf_counter()
+        t0 = clock.mark()
+        taps = self.target.taps(batch.input_ids, getattr(batch, "position_ids", None),
+                                getattr(batch, "run_bounds", None))  # (B, S, k·H)
+        t1 = clock.mark()
         out = loss_backward(self.drafter, self.target.embed, self.target.head, taps, batch,
                             chunks=self.cfg.data.pack_chunks, mask_token_id=self.target.mask_token_id,
                             weights=self.weights, denominator=denominator, backend=self.backend,
                             compute_dtype=self.compute_dtype)
-        self._sync()
-        timer["target"] = timer.get("target", 0.0) + (t1 - t0)
-        timer["drafter"] = timer.get("drafter", 0.0) + (time.perf_counter() - t1)
+        clock.add("target", t0, t1)
+        clock.add("drafter", t1, clock.mark())
         return out
 
     def optimizer_step(self, step: int) -> tuple[float, float]:
@@ -154,13 +154,15 @@ class Trainer:
     def train_step(self, batches: list[Batch]) -> StepMetrics:
         """One optimizer step over `batches` (the global batch); returns its metrics."""
         t0 = time.perf_counter()
-        timer: dict[str, float] = {"data": 0.0}
+        clock = StepClock(self.device)
+        batches = [b.to(self.device) for b in batches]  # once (the denominator and the step read them)
         denom = self.denominator(batches)
-        outs = [self.forward_backward(b, denom, timer) for b in batches]
-        t_opt = time.perf_counter()
+        outs = [self.forward_backward(b, denom, clock) for b in batches]
+        t_opt = clock.mark()
         lr, norm = self.optimizer_step(self.step)
+        clock.add("optim", t_opt, clock.mark())
         self._sync()
-        timer["optim"] = time.perf_counter() - t_opt
+        timer = {"data": 0.0, "target": 0.0, "drafter": 0.0, **clock.seconds()}
         self.step += 1
         wce = sum(float(o.weighted_ce) for o in outs)
         correct = sum(o.correct for o in outs).cpu()
