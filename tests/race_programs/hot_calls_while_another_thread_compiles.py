@@ -25,6 +25,7 @@ def main() -> dict:
     calls = [0]
     held = [0]  # traces of the loss that waited for serving calls
     trainer_done = threading.Event()
+    serving_done = threading.Event()  # the serving thread stopped (its error is recorded): nothing more to wait for
 
     @torch.library.custom_op("race_programs::gate", mutates_args=())
     def gate(t: torch.Tensor) -> torch.Tensor:
@@ -34,7 +35,8 @@ def main() -> dict:
     def _(t):  # runs while the loss is being traced: hold the trace open for more serving calls
         with progress:
             target = calls[0] + CALLS_PER_TRACE
-            if progress.wait_for(lambda: calls[0] >= target or trainer_done.is_set(), WAIT):
+            progress.wait_for(lambda: calls[0] >= target or trainer_done.is_set() or serving_done.is_set(), WAIT)
+            if calls[0] >= target:
                 held[0] += 1
         return torch.empty_like(t)
 
@@ -53,6 +55,10 @@ def main() -> dict:
                     progress.notify_all()
         except Exception as e:  # noqa: BLE001
             record(errors, "serving", e)
+        finally:  # a trace waiting for more serving calls stops waiting now (torch <= 2.12: the calls may fail)
+            with progress:
+                serving_done.set()
+                progress.notify_all()
 
     def trainer():
         try:
