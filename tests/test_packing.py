@@ -348,19 +348,20 @@ def test_cuda_packed_taps_run_flash_varlen_and_compile_once_for_every_conversati
     assert target.tapper().varlen
     ds = _dataset(cfg, target)
     plan = ds.epoch_plan(0)
-    batches = [ds.make_batch(pk, 0) for pk in plan]
-    R = batches[0].input_ids.shape[0]
-    same_rows = [b for b in batches if b.input_ids.shape[0] == R]
-    assert len({b.lengths.numel() for b in same_rows}) >= 2, "need micro-batches with other conversation counts"
+    batches = [(pk, ds.make_batch(pk, 0)) for pk in plan]
+    R = batches[0][1].input_ids.shape[0]
+    by_count = {b.lengths.numel(): (pk, b) for pk, b in batches if b.input_ids.shape[0] == R}
+    same_rows = list(by_count.values())  # R rows each, a different number of conversations each
+    assert len(same_rows) >= 2, "need micro-batches with other conversation counts"
     eager = dataclasses.replace(target, compile_taps=False)  # its own tapper: the references compile nothing
-    for i, b in enumerate(same_rows[:3]):
+    for i, (pk, b) in enumerate(same_rows[:3]):
         before = counters.snapshot()
-        packed = target.taps(b.input_ids.to(dev), b.position_ids.to(dev)).float()
+        b = b.to(dev)
+        packed = target.taps(b.input_ids, b.position_ids, b.run_bounds).float()
         d = counters.delta(before)
         if i:
             assert d.frames_ok == 0 and not d.recompile_reasons, d.recompile_reasons
         off_of = {}
-        pk = plan[batches.index(b)]
         for r, row in enumerate(pk.rows):
             off = 0
             for j in row:
