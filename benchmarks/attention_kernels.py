@@ -154,7 +154,12 @@ def drafter_case(cfg, batch, options: list[str], iters: int, warmup: int) -> dic
                            if m.full_kv_num_blocks is not None else 0}}
     # the committed mask (per-row key intervals) with each kernel option, and the row-formula mask_mod
     # (make_packed_mask_mod: a division and a modulo per element) with the same tiles, for comparison
-    formula = masks.packed_block_mask(part.anchor_row, part.doc_start, part.anchor_col, L, rows * L, bs, intervals=False)
+    from torch.nn.attention.flex_attention import BlockMask
+
+    row_formula = masks.pad_mask_mod(masks.make_packed_mask_mod(part.anchor_row, part.doc_start, part.anchor_col, L,
+                                                                rows * L, bs), q_len, kv_len, dev)
+    formula = BlockMask.from_kv_blocks(m.kv_num_blocks, m.kv_indices, m.full_kv_num_blocks, m.full_kv_indices,
+                                       BLOCK_SIZE=masks.FLEX_BLOCK, mask_mod=row_formula, seq_lengths=m.seq_lengths)
     variants = [(name, m) for name in options] + [("row-formula/default", formula)]
     for label, bm in variants:
         opts = DRAFTER_OPTIONS[label.split("/")[-1]]

@@ -296,13 +296,13 @@ def interval_mask_mod(c_lo: torch.Tensor, c_hi: torch.Tensor, s_lo: torch.Tensor
 
 
 def packed_block_mask(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_col: torch.Tensor, row_len: int,
-                      ctx_len: int, block_size: int, sliding_window: int | None = None,
-                      intervals: bool = True) -> BlockMask:
+                      ctx_len: int, block_size: int, sliding_window: int | None = None) -> BlockMask:
     """The BlockMask of `make_packed_mask_mod` over the padded grid, from each query row's two key
     intervals (its conversation's context before the anchor, its own block) instead of evaluating the
     mask over Q × KV: the packed grid is large (Q 32 K × KV 45 K at 8B) and almost all of it empty.
-    The same tiles `block_mask_eager` finds (tests/test_packing.py checks it)."""
-    q_len, kv_len, q_pad, kv_pad, (c_lo, c_hi, s_lo, s_hi) = _packed_intervals(
+    The same tiles `block_mask_eager` finds, and its mask_mod (`interval_mask_mod` over those intervals:
+    no division per element) gives the row formula's answer everywhere (tests/test_packing.py checks both)."""
+    _q_len, _kv_len, q_pad, kv_pad, (c_lo, c_hi, s_lo, s_hi) = _packed_intervals(
         anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size, sliding_window)
     qb, kvb = q_pad // FLEX_BLOCK, kv_pad // FLEX_BLOCK
     touched = _tile_counts(c_lo, c_hi, qb, kvb, False) + _tile_counts(s_lo, s_hi, qb, kvb, False)
@@ -310,13 +310,8 @@ def packed_block_mask(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_
     any_v = (touched > 0)[None, None]
     all_v = (covered == FLEX_BLOCK)[None, None]  # every row of the tile sees every key of it
     partial, full = _ordered(any_v & ~all_v), _ordered(all_v)
-    if intervals:
-        mod = interval_mask_mod(c_lo, c_hi, s_lo, s_hi)
-    else:
-        mod = pad_mask_mod(make_packed_mask_mod(anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size,
-                                                sliding_window), q_len, kv_len, anchor_col.device)
     return BlockMask.from_kv_blocks(partial[0], partial[1], full[0], full[1], BLOCK_SIZE=FLEX_BLOCK,
-                                    mask_mod=mod, seq_lengths=(q_pad, kv_pad))
+                                    mask_mod=interval_mask_mod(c_lo, c_hi, s_lo, s_hi), seq_lengths=(q_pad, kv_pad))
 
 
 def build_packed_masks(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_col: torch.Tensor, row_len: int,

@@ -44,14 +44,9 @@ _ORIGINAL: list = []  # transformers' sdpa function, once installed
 
 
 def varlen_ok(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether flash attention over conversations runs here (CUDA with bf16/fp16 and torch's varlen API)."""
-    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
-        return False
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401 - torch >= 2.10
-    except ImportError:
-        return False
-    return True
+    """Whether flash attention over conversations runs here: CUDA with bf16/fp16 (torch.nn.attention.varlen is in
+    every torch the project supports, 2.11 and later)."""
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
 
 
 @functools.cache
