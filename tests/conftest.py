@@ -120,11 +120,15 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Before `-m` selects: mark `torch_matrix` every test of a module that reaches torch (tests/matrix.py)."""
+    """Before `-m` selects: mark `torch_matrix` every test of a module that reaches torch (tests/matrix.py),
+    and `gpu` every test that `requires_cuda` (tests/helpers.py) guards, so `-m gpu` selects them all."""
     from tests import matrix
+    from tests.helpers import CUDA_MARK_REASON
 
     verdicts: dict[Path, bool] = {}
     for item in items:
+        if any(CUDA_MARK_REASON in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.gpu)
         path = Path(str(item.path))
         if path not in verdicts:
             verdicts[path] = matrix.classify(path)[0]

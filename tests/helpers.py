@@ -23,8 +23,11 @@ def invoke_json(app, args: list[str], expect_code: int = 0) -> Any:
     return json.loads(result.stdout)
 
 
+CUDA_MARK_REASON = "[requires_cuda]"  # in every requires_cuda reason: conftest marks those tests `gpu`
+
+
 def requires_cuda(min_gpus: int = 1, bf16: bool = False):
-    """skipif listing every unmet GPU requirement (Lightning's RunIf pattern)."""
+    """skipif listing every unmet GPU requirement (Lightning's RunIf pattern); the test is also marked `gpu`."""
     import torch
 
     reasons = []
@@ -33,7 +36,7 @@ def requires_cuda(min_gpus: int = 1, bf16: bool = False):
         reasons.append(f"needs {min_gpus} CUDA GPU(s), found {n}")
     if bf16 and n and not torch.cuda.is_bf16_supported():
         reasons.append("needs bf16 support")
-    return pytest.mark.skipif(bool(reasons), reason="; ".join(reasons) or "ok")
+    return pytest.mark.skipif(bool(reasons), reason=f"{CUDA_MARK_REASON} " + ("; ".join(reasons) or "ok"))
 
 
 @contextlib.contextmanager

@@ -6,10 +6,15 @@ the read can start before transformers' model stack is imported.
     state = read_weights(files, device)             # name -> tensor on `device`, in the stored dtype
     model = model_from_weights(config, state, dtype, device)   # None: not a layout this path handles
 
-- read_weights memory-maps each file (safetensors' own `safe_open`: a CPU tensor is a view of the
-  mapping, nothing is copied) and copies each tensor to the device in a few threads, into one
-  reserved allocation, as transformers 5 does; a copy releases the GIL, so the read runs beside
-  imports. For the CPU it returns the views themselves: model_from_weights copies them out of the
+- read_weights, for a GPU, reads each file's data buffer in large chunks (`CHUNK`) with `os.preadv`
+  from `READERS` threads into pinned staging buffers, each copied on to one device allocation per file
+  while the next chunk is read; the tensors are views of that allocation, at the offsets of the file's
+  checked header (dflash.model.safetensors_layout). Reads of a cold page cache then keep the disk's
+  queue full, where a copy out of a memory mapping faults its pages in one small read at a time
+  (`benchmarks/weights_read.py` measures both). A file with a dtype that layout does not know is read
+  the mapping's way. Every read releases the GIL, so the read runs beside imports.
+- For the CPU it memory-maps each file (safetensors' own `safe_open`: a CPU tensor is a view of the
+  mapping, nothing is copied) and returns the views: model_from_weights copies them out of the
   mapping (weights never alias a file someone may rewrite), in the model's dtype, in one copy.
 - model_from_weights builds the model with its parameters on the meta device (a parameter
   registration hook, for the calling thread only) and its buffers computed for real on the CPU as
@@ -24,7 +29,9 @@ the read can start before transformers' model stack is imported.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,12 +40,16 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from dflash.model.safetensors_layout import Layout, Unsupported, read_layout
+
 BUILDING = threading.Lock()
 """Held while a thread builds modules whose dtype comes from torch's default: transformers sets the
 process's default dtype (torch.set_default_dtype, global) while it builds a model, so a drafter built
 at that moment in another thread would come out in the target's bf16. Every model a start builds
 beside another (the target's, the drafter) is built under it; nothing else waits on it."""
-WORKERS = 4  # copy threads; transformers 5 uses min(4, cpus): more contend on the host's page cache
+WORKERS = 4  # copy threads of the mapped read; transformers 5 uses min(4, cpus)
+READERS = 8  # reader threads of the direct (GPU) read: a cold page cache is read at the disk's queue depth
+CHUNK = 32 << 20  # bytes a reader reads and copies at once
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
@@ -67,11 +78,23 @@ class Stopped(Exception):
 def read_weights(files: list[Path], device: torch.device,
                  stop: threading.Event | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of `files` on `device`, in the dtype it is stored in (on the CPU: views of the
-    files' mappings, see the module doc). `stop` set: Stopped is raised before the next tensor.
-    Raises what safetensors raises for a damaged file (the caller names the target)."""
+    files' mappings, see the module doc). `stop` set: Stopped is raised before the next tensor or chunk.
+    Raises ValueError naming what is wrong for a damaged file (or what safetensors raises for it)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            layouts = [read_layout(f) for f in files]
+        except Unsupported:
+            layouts = None
+        if layouts is not None:
+            return _read_direct(layouts, device, stop)
+    return _read_mapped(files, device, stop)
+
+
+def _read_mapped(files: list[Path], device: torch.device, stop: threading.Event | None) -> dict[str, torch.Tensor]:
+    """safetensors' `safe_open` views, copied to the device (not the CPU) in WORKERS threads."""
     from safetensors import safe_open
 
-    device = torch.device(device)
     out: dict[str, torch.Tensor] = {}
     if device.type == "cuda":
         _reserve(device, sum(f.stat().st_size for f in files))
@@ -94,6 +117,70 @@ def read_weights(files: list[Path], device: torch.device,
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return out
+
+
+def _read_direct(layouts: list[Layout], device: torch.device, stop: threading.Event | None) -> dict[str, torch.Tensor]:
+    """The GPU read of the module doc: chunks taken in file order by READERS threads (so the disk sees
+    a few sequential streams), each read into one of its thread's two pinned buffers and copied on the
+    thread's own stream while the other buffer is read into."""
+    out: dict[str, torch.Tensor] = {}
+    for lay in layouts:  # names first: a duplicate is found before anything is read
+        for e in lay.entries:
+            if e.name in out:
+                raise ValueError(f"tensor {e.name!r} is stored twice ({lay.path.name} and an earlier shard)")
+            out[e.name] = None  # type: ignore[assignment]
+    bufs = [torch.empty(lay.size, dtype=torch.uint8, device=device) for lay in layouts]
+    jobs = [(i, off, min(CHUNK, lay.size - off)) for i, lay in enumerate(layouts) for off in range(0, lay.size, CHUNK)]
+    taken = itertools.count()  # next() on it is atomic: each job goes to one thread
+    fds: list[int] = []
+    try:
+        for lay in layouts:
+            fds.append(os.open(lay.path, os.O_RDONLY))
+
+        def reader() -> None:
+            staging = [torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+            copied: list[torch.cuda.Event | None] = [None, None]
+            stream = torch.cuda.Stream(device)
+            k = 0
+            while (j := next(taken)) < len(jobs):
+                if stop is not None and stop.is_set():
+                    raise Stopped("the weights read was stopped")
+                i, off, n = jobs[j]
+                buf = staging[k % 2]
+                if copied[k % 2] is not None:
+                    copied[k % 2].synchronize()  # its last copy is done: the buffer can be written
+                _read_exactly(fds[i], buf.numpy()[:n], layouts[i].data_start + off, layouts[i].path)
+                with torch.cuda.stream(stream):
+                    bufs[i][off:off + n].copy_(buf[:n], non_blocking=True)
+                    copied[k % 2] = torch.cuda.Event()
+                    copied[k % 2].record(stream)
+                k += 1
+            stream.synchronize()
+
+        with ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="dflash-start-weights") as pool:
+            for fut in [pool.submit(reader) for _ in range(min(READERS, len(jobs)))]:
+                fut.result()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for lay, buf in zip(layouts, bufs):
+        for e in lay.entries:
+            raw = buf[e.begin:e.end]
+            if e.begin % e.dtype.itemsize:  # packed after an odd-sized tensor: an aligned copy
+                raw = raw.clone()
+            out[e.name] = raw.view(e.dtype).view(e.shape)
+    return out
+
+
+def _read_exactly(fd: int, into, offset: int, path: Path) -> None:
+    """Fill the numpy byte array `into` from `fd` at `offset`; a file that ends first is a ValueError."""
+    view = memoryview(into)
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            raise ValueError(f"{path.name} ended at byte {offset + got}, before the data its header describes")
+        got += n
 
 
 def _reserve(device: torch.device, nbytes: int) -> None:
