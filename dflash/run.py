@@ -13,9 +13,10 @@ Modes (`pick_mode`):
   run, so it is not in the config: it is read from torchrun's environment (or forced by the caller).
 
 The function returns data and never prints; the Trainer is always closed. torch is imported only
-when training starts (`dflash --help` stays light): once the data file is checked, torch and
-transformers' model stack are imported in a thread (dflash.training.preload) while this one goes on
-(devices, the rendezvous, the run directory, the reads of dflash.training.build).
+when training starts (`dflash --help` stays light): once the data file is checked, the target's weights
+start into the page cache (dflash.model.prefetch), and torch and transformers' model stack are imported
+in a thread (dflash.training.preload) while this one goes on (devices, the rendezvous, the run directory,
+the reads of dflash.training.build).
 """
 
 from __future__ import annotations
@@ -90,10 +91,12 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
     step (the schedule still spans the whole run). `info`: this rank (default: torchrun's
     environment). Raises BadInput for bad input."""
     from dflash.data.dataset import check_data_path
+    from dflash.model.prefetch import prefetch_weights
     from dflash.training.preload import start_imports
 
     on_event = on_event or (lambda kind, data: None)
     check_data_path(cfg.data)  # inputs before anything heavy (Trainer.from_config checks it again)
+    prefetching = prefetch_weights(cfg.target.path)  # the disk starts now, before torch (dflash.model.prefetch)
     # torch and transformers' model stack in a thread from here on (issue 39); torch and the trainer's own
     # modules are its first stage, which this thread waits for rather than import them beside it
     start_imports(cfg.target, first=("dflash.training.trainer",)).wait("torch")
@@ -120,8 +123,12 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
 
         home = target_home(topo.target_devices, topo.drafter_devices)
     # the one place a run's Trainer is built, for every mode
-    trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event, lock=joined is None or joined.info.primary,
-                                  device=topo.trainer_device, target_device=home)
+    try:
+        trainer = Trainer.from_config(cfg, resume=resume, on_event=on_event, lock=joined is None or joined.info.primary,
+                                      device=topo.trainer_device, target_device=home)
+    finally:
+        if prefetching is not None:
+            prefetching.stop()  # the weights are read (or the start failed): no more reading ahead
     try:
         if joined is None:
             on_event("notes", {"notes": list(trainer.notes)})

@@ -398,6 +398,36 @@ class ChatDataset:
         if self.packed:
             self.block_budget = self.packed_block_budget()
 
+    def warm_batches(self) -> list:
+        """One micro-batch per shape training uses (packed: `warm_packed_batches`; padded: one per bucket
+        length), from the first sample: for compile warm-up (the Trainer's, each engine replica's, and
+        the drafter's while the target loads, dflash.training.warmup)."""
+        cfg = self.cfg
+        if self.packed:
+            from dflash.data.packing import warm_packed_batches
+
+            return warm_packed_batches(self.samples[0], cfg.batch_size, cfg.max_length, self.block_budget)
+        out = []
+        s = self.samples[0]
+        bs, na = cfg.batch_size, cfg.num_anchors
+        for seq in self.buckets:
+            n = min(seq, s.input_ids.numel())
+            ids = torch.zeros(1, seq, dtype=torch.long)
+            ids[0, :n] = s.input_ids[:n]
+            lm = torch.zeros(1, seq, dtype=torch.bool)
+            lm[0, :n] = s.loss_mask[:n]
+            out.append(Batch(input_ids=ids.repeat(bs, 1), loss_mask=lm.repeat(bs, 1), lengths=torch.full((bs,), n),
+                             anchors=torch.zeros(bs, na, dtype=torch.long),
+                             anchor_valid=torch.ones(bs, na, dtype=torch.bool)))
+        return out
+
+    def drafter_warm_batches(self) -> list:
+        """The micro-batches of `warm_batches` that give the drafter a new shape: packed, the first (blocks
+        in row order) and the first whose blocks spread over every row (`warm_packed_batches`' doc); padded,
+        every bucket."""
+        batches = self.warm_batches()
+        return [batches[0], batches[len(batches) // 2]] if self.packed and len(batches) > 1 else batches
+
     def packed_block_budget(self) -> int:
         """The blocks of a packed micro-batch: `data.pack_blocks`, else the data's blocks per token times
         the micro-batch's tokens, in multiples of 8 x data.pack_chunks (a flex tile of 128 queries at

@@ -51,6 +51,9 @@ class Stage:
         finally:
             self.span = (self.span[0], time.perf_counter())
 
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def result(self) -> Any:
         self._thread.join()
         if self._error is not None:
@@ -120,6 +123,10 @@ class TargetLoad:
         except BaseException:
             self._stop.set()
             raise
+
+    def reading(self) -> bool:
+        """Whether the weights are still being read straight onto the device (False without that stage)."""
+        return "weights" in self.stages and self.stages["weights"].running()
 
     def shape(self) -> TargetShape | Target:
         """What the drafter and the data need (a TargetShape; a wrapped loader's Target itself),

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +39,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from dflash.model.prefetch import INDEX, SINGLE, safetensors_files  # noqa: F401 - re-exported: the loader's names
 from dflash.model.safetensors_layout import Layout, Unsupported, read_layout
 
 BUILDING = threading.Lock()
@@ -50,25 +50,6 @@ beside another (the target's, the drafter) is built under it; nothing else waits
 WORKERS = 4  # copy threads of the mapped read; transformers 5 uses min(4, cpus)
 READERS = 8  # reader threads of the direct (GPU) read: a cold page cache is read at the disk's queue depth
 CHUNK = 32 << 20  # bytes a reader reads and copies at once
-SINGLE = "model.safetensors"
-INDEX = "model.safetensors.index.json"
-
-
-def safetensors_files(path: Path) -> list[Path] | None:
-    """The checkpoint's safetensors files (one, or the shards its index names), or None when the
-    directory holds no safetensors checkpoint (a .bin one: from_pretrained reads it)."""
-    index = path / INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-        except (OSError, ValueError, AttributeError):
-            return None
-        if not isinstance(weight_map, dict) or not weight_map:
-            return None
-        files = [path / f for f in dict.fromkeys(weight_map.values()) if isinstance(f, str)]
-        return files if files and all(f.is_file() for f in files) else None
-    single = path / SINGLE
-    return [single] if single.is_file() else None
 
 
 class Stopped(Exception):

@@ -190,26 +190,8 @@ class Trainer:
 
     def warm_batches(self) -> list[Batch]:
         """One micro-batch per bucket length, at the shapes training uses (for compile warm-up;
-        dflash.engine.program warms every engine replica with them)."""
-        out = []
-        if self.dataset.packed:
-            from dflash.data.packing import warm_packed_batches
-
-            d = self.dataset
-            return warm_packed_batches(d.samples[0], self.cfg.data.batch_size, self.cfg.data.max_length, d.block_budget)
-        for seq in self.dataset.buckets:
-            s = self.dataset.samples[0]
-            n = min(seq, s.input_ids.numel())
-            ids = torch.zeros(1, seq, dtype=torch.long)
-            ids[0, :n] = s.input_ids[:n]
-            lm = torch.zeros(1, seq, dtype=torch.bool)
-            lm[0, :n] = s.loss_mask[:n]
-            na = self.cfg.data.num_anchors
-            bs = self.cfg.data.batch_size
-            b = Batch(input_ids=ids.repeat(bs, 1), loss_mask=lm.repeat(bs, 1), lengths=torch.full((bs,), n),
-                      anchors=torch.zeros(bs, na, dtype=torch.long), anchor_valid=torch.ones(bs, na, dtype=torch.bool))
-            out.append(b)
-        return out
+        dflash.engine.program warms every engine replica with them): `ChatDataset.warm_batches`."""
+        return self.dataset.warm_batches()
 
     # ------------------------------------------------------------ the loop
     def save(self, final: bool = False) -> str:
