@@ -26,8 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
+# The fastest of benchmarks/ce_kernel.py's configurations on one H200 (torch 2.11, triton 3.6; 1,766 rows of
+# 151,936 bf16 logits): 0.513 ms a chunk, 2.1 TB/s, against 0.800 ms for the compiled ce_and_grad and 0.66 ms at 8 warps.
 BLOCK_V = 4096
-NUM_WARPS = 8
+NUM_WARPS = 16
 PROGRAMS_PER_SM = 2
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
