@@ -40,12 +40,11 @@ def test_the_warm_up_changes_nothing_the_run_computes(tmp_path, chat_file, pack)
         try:
             before = {k: v.clone() for k, v in tr.drafter.state_dict().items()}
             rng = torch.get_rng_state()
-            if warm:
-                batches = tr.dataset.drafter_warm_batches()
-                assert batches and (len(batches) == 2 if pack else len(batches) == len(tr.dataset.buckets))
+            if warm:  # the first step's own micro-batch (what the start warms), then every warm-up shape
+                batches = tr.dataset.step_batches(0, cfg.train.grad_accum)[:1] + tr.dataset.warm_batches()
                 ran = warmup.warm_drafter(cfg, tr.drafter, batches, vocab_size=tr.target.head.weight.shape[0],
                                           dtype=tr.target.dtype, device=tr.device)
-                assert ran == len(batches)
+                assert ran == len(batches) > 1
             assert all(p.grad is None for p in tr.drafter.parameters())
             assert all(torch.equal(v, before[k]) for k, v in tr.drafter.state_dict().items())
             assert torch.equal(torch.get_rng_state(), rng)
@@ -60,7 +59,7 @@ def test_the_warm_up_stops_before_the_next_shape_once_told(tmp_path, chat_file):
     cfg = small_config(tmp_path / "run", chat_file)
     tr = Trainer.from_config(cfg)
     try:
-        batches = tr.dataset.drafter_warm_batches()
+        batches = tr.dataset.warm_batches()
         asked = []
 
         def until() -> bool:
@@ -205,3 +204,26 @@ def test_a_run_starts_the_prefetch_first_and_stops_it_once_the_trainer_is_built(
     with pytest.raises(BadInput, match="stop here"):
         run.train(cfg)
     assert order == [("prefetch", str(target)), "imports", "stop"]
+
+
+def test_a_resumed_start_warms_the_micro_batch_of_the_step_it_resumes_at(tmp_path, chat_file, monkeypatch):
+    import dflash.model.target_load as target_load
+
+    target = _save_qwen3(tmp_path / "q")
+    cfg = small_config(tmp_path / "run", chat_file, **{"target.path": str(target), "checkpoint.every": 3})
+    first = Trainer.from_config(cfg)
+    try:
+        first.train(until=3)
+    finally:
+        first.close()
+    monkeypatch.setattr(warmup, "pays", lambda drafter, device: True)
+    monkeypatch.setattr(target_load.TargetLoad, "reading", lambda self: True)  # as if the weights were still coming
+    seen = []
+    monkeypatch.setattr(warmup, "warm_drafter", lambda cfg, drafter, batches, **k: seen.extend(batches) or len(batches))
+    t = build.build_trainer(cfg, Trainer, resume=True)
+    try:
+        assert t.step == 3 and len(seen) == 1
+        want = t.micro_batches(3)[0]
+        assert torch.equal(seen[0].input_ids, want.input_ids) and torch.equal(seen[0].anchors, want.anchors)
+    finally:
+        t.close()

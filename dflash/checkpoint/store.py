@@ -229,7 +229,8 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def _step_number(name: str) -> int | None:
+def step_number(name: str) -> int | None:
+    """The step of a checkpoint directory named `step_NNNNNN` (None for any other name)."""
     m = re.fullmatch(r"step_(\d+)", name)
     return int(m.group(1)) if m else None
 
@@ -252,8 +253,8 @@ def latest_checkpoint(run_dir: Path, need: tuple[str, ...] = (STATE_FILE,)) -> P
     (a file of `need` missing or not a regular file): an older one is never used silently instead."""
     ckdir = Path(run_dir) / "checkpoints"
     pointer = ckdir / "latest"
-    older = sorted((p for p in ckdir.glob("step_*") if _step_number(p.name) is not None),
-                   key=lambda p: _step_number(p.name))
+    older = sorted((p for p in ckdir.glob("step_*") if step_number(p.name) is not None),
+                   key=lambda p: step_number(p.name))
     if os.path.lexists(pointer):
         if not pointer.is_file():
             raise BadInput(f"{str(pointer)!r} is not a file (it names the newest checkpoint)",
@@ -287,12 +288,12 @@ def _published_after(pointer: Path, cand: Path, steps: list[Path], need: tuple[s
     written: a save publishes its directory (renamed whole from staging), then rewrites `latest`, so
     a kill between the two leaves `latest` one save behind and older than that directory. A `latest`
     written after the newer directory (someone rewinding the run by hand) is kept."""
-    n = _step_number(cand.name)
+    n = step_number(cand.name)
     if n is None:
         return cand
     try:
         written = pointer.stat().st_mtime_ns
-        newer = [p for p in steps if (_step_number(p.name) or 0) > n and p.stat().st_mtime_ns > written
+        newer = [p for p in steps if (step_number(p.name) or 0) > n and p.stat().st_mtime_ns > written
                  and all((p / f).is_file() for f in need)]
     except OSError:
         return cand

@@ -394,9 +394,21 @@ class ChatDataset:
         self.packed = cfg.pack
         self._blocks: np.ndarray | None = None  # packed: each sample's blocks (its valid anchors)
         self._packs_per_epoch: int | None = None
+        self._plan: tuple[int, list] | None = None  # (epoch, its plan): step_batches' last epoch
         self.block_budget = cfg.batch_size * cfg.num_anchors  # padded: the block slots of a micro-batch
         if self.packed:
             self.block_budget = self.packed_block_budget()
+
+    def steps_per_epoch(self, grad_accum: int) -> int:
+        """Optimizer steps an epoch holds at `grad_accum` micro-batches a step."""
+        return max(1, self.batches_per_epoch() // grad_accum)
+
+    def step_batches(self, step: int, grad_accum: int) -> list:
+        """The micro-batches of optimizer step `step` (0-based): deterministic in (seed, step)."""
+        epoch, within = divmod(step, self.steps_per_epoch(grad_accum))
+        if self._plan is None or self._plan[0] != epoch:
+            self._plan = (epoch, self.epoch_plan(epoch))
+        return [self.make_batch(ix, epoch) for ix in self._plan[1][within * grad_accum: (within + 1) * grad_accum]]
 
     def warm_batches(self) -> list:
         """One micro-batch per shape training uses (packed: `warm_packed_batches`; padded: one per bucket
@@ -420,13 +432,6 @@ class ChatDataset:
                              anchors=torch.zeros(bs, na, dtype=torch.long),
                              anchor_valid=torch.ones(bs, na, dtype=torch.bool)))
         return out
-
-    def drafter_warm_batches(self) -> list:
-        """The micro-batches of `warm_batches` that give the drafter a new shape: packed, the first (blocks
-        in row order) and the first whose blocks spread over every row (`warm_packed_batches`' doc); padded,
-        every bucket."""
-        batches = self.warm_batches()
-        return [batches[0], batches[len(batches) // 2]] if self.packed and len(batches) > 1 else batches
 
     def packed_block_budget(self) -> int:
         """The blocks of a packed micro-batch: `data.pack_blocks`, else the data's blocks per token times

@@ -34,6 +34,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
+from dflash.checkpoint import store
 from dflash.checkpoint.rundir import OwnedRunDir, check_resume_state, default_run_dir, load_resume_state, resume_point
 from dflash.config import Config
 from dflash.data.dataset import check_data_path
@@ -172,8 +173,10 @@ def _overlapped(cfg: Config, loading: TargetLoad, phases: Phases, on_event: Even
         drafter = build_drafter(cfg, spec, device, init=start is None)
     if data is not None and loading.reading() and warmup.pays(drafter, device):
         with phases.phase("drafter warm-up"):  # its compiled code, while the weights are still being read
-            warmup.warm_drafter(cfg, drafter, data[0].drafter_warm_batches(), vocab_size=shape.vocab_size,
-                                dtype=loading.dtype, device=device, until=lambda: not loading.reading())
+            first = (store.step_number(start.name) or 0) if start is not None else 0  # the step the run starts at
+            warmup.warm_drafter(cfg, drafter, data[0].step_batches(first, cfg.train.grad_accum)[:1],
+                                vocab_size=shape.vocab_size, dtype=loading.dtype, device=device,
+                                until=lambda: not loading.reading())
     target = loading.result()
     if data is None:
         with phases.phase("data"):

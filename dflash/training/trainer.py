@@ -70,9 +70,8 @@ class Trainer:
             drafter.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
             weight_decay=cfg.optim.weight_decay, fused=self.device.type == "cuda")
         self.step = 0  # optimizer steps completed
-        self.steps_per_epoch = max(1, dataset.batches_per_epoch() // cfg.train.grad_accum)
+        self.steps_per_epoch = dataset.steps_per_epoch(cfg.train.grad_accum)
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
-        self._plan: tuple[int, list[list[int]]] | None = None
         self._writer: MetricsWriter | None = None
         self.checkpoints: list[str] = []
         self._threads_before: int | None = None
@@ -109,11 +108,7 @@ class Trainer:
     # ------------------------------------------------------------ one step
     def micro_batches(self, step: int) -> list[Batch]:
         """The micro-batches of optimizer step `step` (0-based): deterministic in (seed, step)."""
-        epoch, within = divmod(step, self.steps_per_epoch)
-        if self._plan is None or self._plan[0] != epoch:
-            self._plan = (epoch, self.dataset.epoch_plan(epoch))
-        ga = self.cfg.train.grad_accum
-        return [self.dataset.make_batch(ix, epoch) for ix in self._plan[1][within * ga: (within + 1) * ga]]
+        return self.dataset.step_batches(step, self.cfg.train.grad_accum)
 
     def _blocks(self, batch: Batch):
         return blocks_of(batch, self.cfg.drafter.block_size, self.target.mask_token_id)

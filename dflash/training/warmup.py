@@ -3,9 +3,12 @@
 A warm start's first step spent ~2.5 s of its ~3.7 s (one H200, torch 2.11: docs/benchmarks.md) with
 dynamo tracing the drafter's compiled layers again and loading their cached kernels. That needs the
 drafter and the step's shapes, not the target's weights, and a start from disk waits several seconds for
-those weights after the drafter is built. So `warm_drafter` runs the drafter's loss and backward at each
-drafter shape of the data (`ChatDataset.drafter_warm_batches`) with stand-ins for what the target gives
-(zero taps and embeddings, a zero LM head of the target's shape and dtype), then drops the gradients.
+those weights after the drafter is built. So `warm_drafter` runs the drafter's loss and backward on the
+first micro-batch of the step the run starts at (`ChatDataset.step_batches`) with stand-ins for what the
+target gives (zero taps and embeddings, a zero LM head of the target's shape and dtype), then drops the
+gradients. Those are the first step's own shapes: whatever is compiled here (from the cache, or cold) the
+first step would compile anyway. (Warming every shape of `warm_batches` instead made a warm start from
+disk slower on the H200: a shape the first step did not use compiled cold for 8 s while the target waited.)
 
 Nothing the run computes changes: no parameter, optimizer state, data order or RNG stream is touched
 (tests/test_warmup.py: the first steps' numbers are the same with and without it). It runs where it pays,
@@ -37,7 +40,7 @@ def pays(drafter: DFlashDrafter, device: torch.device) -> bool:
 
 def warm_drafter(cfg, drafter: DFlashDrafter, batches: list, *, vocab_size: int, dtype: torch.dtype,
                  device: torch.device, until: Callable[[], bool] = lambda: False) -> int:
-    """Forward and backward of `drafter` on each of `batches` (the data's drafter shapes) with the target
+    """Forward and backward of `drafter` on each of `batches` (micro-batches of the run's data) with the target
     stood in for (the module doc); the gradients are dropped. Stops before a batch once `until()` is
     true. Returns how many batches ran. Each runs under BUILDING: transformers changes torch's default
     dtype while it builds the target, and dynamo would trace (and guard on) that."""
