@@ -5,7 +5,7 @@ second call of each compiled piece of the drafter step, in this order, each fwd+
 
   mask      build_masks (compiled create_block_mask)
   flex      compiled flex_attention at the step's shapes (Q 8192, KV 11264, 32/8 heads, head_dim 128)
-  head_ce   the chunked head + CE (compiled per-chunk CE)
+  head_ce   the chunked head + CE (Triton per-chunk CE on CUDA)
   step      one whole drafter step with compiled layers (what is left: the decoder layers' compile)
 
 After each piece: dynamo/inductor phase times (compilation_time_metrics, cumulative) and the inductor

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from dflash.model import head_ce
-from dflash.model.head_ce import ce_and_grad, head_cross_entropy
+from dflash.model.head_ce import ce_and_grad
 from tests.helpers import requires_cuda
+from tests.test_dflash_head_ce import cuda_runs
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
@@ -98,18 +99,7 @@ def test_head_cross_entropy_triton_matches_compiled_on_cuda():
     h = torch.randn(4, 16, 15, hdim, generator=g)
     labels = torch.randint(0, vocab, (4, 16, 15), generator=g).cuda()
     w = (torch.rand(4, 16, 15, generator=g) * (torch.rand(4, 16, 15, generator=g) > 0.3)).cuda()
-    outs = []
-    for triton_on in (True, False):
-        head_ce.use_triton_ce(triton_on)
-        try:
-            x = h.cuda().requires_grad_(True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                wce, pred = head_cross_entropy(x, head, labels, w, chunk_rows=333)  # uneven chunks
-            wce.backward()
-            outs.append((wce.detach(), pred, x.grad))
-        finally:
-            head_ce.use_triton_ce(True)
-    (a, pa, ga), (b, pb, gb) = outs
+    (a, pa, ga), (b, pb, gb) = cuda_runs(head_ce.use_triton_ce, head, h, labels, w, chunk_rows=333)  # uneven chunks
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)  # fp32 reductions in another order
     assert torch.equal(pa, pb)
     torch.testing.assert_close(ga, gb, rtol=2 ** -7, atol=1e-3)  # d rounded to bf16 in both, maybe one ulp apart

@@ -125,26 +125,33 @@ def test_draft_loss_matches_plain_formula_float64():
     assert out.correct[1:].tolist() == correct.sum((0, 1)).double().tolist()
 
 
+def cuda_runs(switch, head, h, labels, w, chunk_rows: int) -> list[tuple]:
+    """(Σw·CE, argmax, h's gradient) of head_cross_entropy on CUDA under bf16 autocast with `switch(True)`,
+    then `switch(False)` (a head_ce switch: use_compiled_ce, use_triton_ce); the switch is left on."""
+    outs = []
+    for on in (True, False):
+        switch(on)
+        try:
+            x = h.cuda().float().requires_grad_(True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                wce, pred = head_cross_entropy(x, head, labels, w, chunk_rows=chunk_rows)
+            wce.backward()
+            outs.append((wce.detach(), pred, x.grad))
+        finally:
+            switch(True)
+    return outs
+
+
 @pytest.mark.gpu
 @requires_cuda(bf16=True)
 def test_compiled_chunk_ce_matches_eager_on_cuda():
-    """The compiled per-chunk CE (CUDA's path) gives the eager one's loss, argmax and gradient."""
+    """CUDA's per-chunk CE (the Triton kernel where triton imports, else the compiled op; tests/test_ce_triton.py
+    compares the two) gives the eager one's loss, argmax and gradient."""
     from dflash.model import head_ce
 
     head, h, labels, w = case(torch.bfloat16, rows=(4, 16, 15), hdim=64, vocab=1000, seed=2)
     head = head.cuda().requires_grad_(False)
-    outs = []
-    for compiled in (True, False):
-        head_ce.use_compiled_ce(compiled)
-        try:
-            x = h.cuda().float().requires_grad_(True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                wce, pred = head_cross_entropy(x, head, labels.cuda(), w.cuda(), chunk_rows=100)
-            wce.backward()
-            outs.append((wce.detach(), pred, x.grad))
-        finally:
-            head_ce.use_compiled_ce(True)
-    (a, pa, ga), (b, pb, gb) = outs
+    (a, pa, ga), (b, pb, gb) = cuda_runs(head_ce.use_compiled_ce, head, h, labels.cuda(), w.cuda(), chunk_rows=100)
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)  # fp32 reductions in another order
     assert torch.equal(pa, pb)
     torch.testing.assert_close(ga, gb, rtol=2 ** -7, atol=1e-3)  # the logits' gradient is rounded to bf16 in both
