@@ -118,12 +118,21 @@ def _read_direct(layouts: list[Layout], device: torch.device, stop: threading.Ev
         for lay in layouts:
             fds.append(os.open(lay.path, os.O_RDONLY))
 
+        failed = threading.Event()  # one reader's error ends the others at their next chunk
+
         def reader() -> None:
+            try:
+                _reader()
+            except BaseException:
+                failed.set()
+                raise
+
+        def _reader() -> None:
             staging = [torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
             copied: list[torch.cuda.Event | None] = [None, None]
             stream = torch.cuda.Stream(device)
             k = 0
-            while (j := next(taken)) < len(jobs):
+            while not failed.is_set() and (j := next(taken)) < len(jobs):
                 if stop is not None and stop.is_set():
                     raise Stopped("the weights read was stopped")
                 i, off, n = jobs[j]
