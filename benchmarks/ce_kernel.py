@@ -31,8 +31,8 @@ from dflash.model.ce_triton import BLOCK_V, NUM_WARPS, PROGRAMS_PER_SM, ce_and_g
 
 # (BLOCK_V, num_warps, programs per SM), the default first. ptxas for sm_90 (triton 3.9): 80 registers at
 # 4096/8, 8192/16 and 2048/4, 40-50 at 4096/16, none spilled; 8192/8 takes 176 and 16384/16 spills, so neither is here
-CONFIGS = [(BLOCK_V, NUM_WARPS, PROGRAMS_PER_SM), (4096, 8, 0), (4096, 8, 1), (4096, 8, 3), (4096, 16, 1),
-           (4096, 16, 2), (8192, 16, 1), (2048, 4, 4), (2048, 4, 0)]
+CONFIGS = list(dict.fromkeys([(BLOCK_V, NUM_WARPS, PROGRAMS_PER_SM), (4096, 8, 2), (4096, 8, 0), (4096, 8, 1),
+                              (4096, 8, 3), (4096, 16, 1), (4096, 16, 2), (8192, 16, 1), (2048, 4, 4), (2048, 4, 0)]))
 
 
 def median_ms(fn, iters: int, warmup: int) -> float:

@@ -9,8 +9,8 @@ a fresh machine), then again with them cached. Methods:
   the direct one; `dflash.model.weights._read_mapped`);
 - `direct-N`: `dflash.model.weights.read_weights` (chunks read with preadv by N threads into pinned
   buffers, copied on to one device allocation per file), N in --readers;
-- `disk-N`: the files read by N threads in CHUNK pieces into host memory only: what the disk gives,
-  for scale.
+- `disk-N`: the files read by N threads in CHUNK pieces into host memory only (`dflash.model.prefetch`,
+  what `dflash train` starts before torch): what the disk gives, for scale.
 
 The direct read's tensors are checked equal to the mapped read's (every tensor, on the GPU).
 
@@ -20,12 +20,10 @@ GPU (H200):  python benchmarks/weights_read.py --out $OUT
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,30 +41,6 @@ def evict(paths: list[Path]) -> None:
             os.close(fd)
 
 
-def disk_only(files: list[Path], readers: int, chunk: int) -> None:
-    """Read every byte of `files` into host buffers from `readers` threads (no GPU)."""
-    import numpy as np
-
-    jobs = [(f, off) for f in files for off in range(0, f.stat().st_size, chunk)]
-    taken = itertools.count()
-
-    def reader() -> None:
-        buf = np.empty(chunk, dtype=np.uint8)
-        fds: dict[Path, int] = {}
-        try:
-            while (j := next(taken)) < len(jobs):
-                f, off = jobs[j]
-                fd = fds.get(f) or fds.setdefault(f, os.open(f, os.O_RDONLY))
-                os.preadv(fd, [memoryview(buf)], off)
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-
-    with ThreadPoolExecutor(readers) as pool:
-        for fut in [pool.submit(reader) for _ in range(readers)]:
-            fut.result()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
@@ -77,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from dflash.model import weights
+    from dflash.model.prefetch import Prefetch
     from dflash_startup import make_target
 
     out = Path(a.out)
@@ -96,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in readers:
         methods.append((f"direct-{n}", lambda n=n: _direct(weights, files, dev, n)))
     for n in readers:
-        methods.append((f"disk-{n}", lambda n=n: disk_only(files, n, weights.CHUNK)))
+        methods.append((f"disk-{n}", lambda n=n: Prefetch(files, readers=n, chunk=weights.CHUNK).start().done.wait()))
     rows, reference = [], None
     for name, fn in methods:
         for cached in (False, True):
