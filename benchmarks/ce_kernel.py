@@ -17,15 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
+from cuda_timing import median_ms  # noqa: E402
 from dflash.model import head_ce  # noqa: E402
 from dflash.model.ce_triton import BLOCK_V, NUM_WARPS, PROGRAMS_PER_SM, ce_and_grad_triton  # noqa: E402
 
@@ -33,26 +33,6 @@ from dflash.model.ce_triton import BLOCK_V, NUM_WARPS, PROGRAMS_PER_SM, ce_and_g
 # 4096/8, 8192/16 and 2048/4, 40-50 at 4096/16, none spilled; 8192/8 takes 176 and 16384/16 spills, so neither is here
 CONFIGS = list(dict.fromkeys([(BLOCK_V, NUM_WARPS, PROGRAMS_PER_SM), (4096, 8, 2), (4096, 8, 0), (4096, 8, 1),
                               (4096, 8, 3), (4096, 16, 1), (4096, 16, 2), (8192, 16, 1), (2048, 4, 4), (2048, 4, 0)]))
-
-
-def median_ms(fn, iters: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    if not torch.cuda.is_available():
-        times = []
-        for _ in range(iters):
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(times)
-    # queued back to back, one sync at the end: a launch's host time overlaps the previous kernel, as in a step
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def agreement(got, want) -> dict:

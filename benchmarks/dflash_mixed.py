@@ -132,6 +132,7 @@ def run_layout(a, pack: bool) -> dict:
         if s >= a.warmup:
             steps.append(m)
     profile = profile_step(tr, a.warmup + a.steps, device) if a.profile else None
+    syncs = sync_check(tr, a.warmup + a.steps + 1, device) if a.sync_check else None
     tot = sum(m.seconds for m in steps)
     tokens, blocks = sum(m.tokens for m in steps), sum(m.blocks for m in steps)
     split = {k: round(statistics.median(m.time_split.get(k, 0.0) for m in steps), 4)
@@ -143,10 +144,12 @@ def run_layout(a, pack: bool) -> dict:
             "target_fill": round(tokens / sum(m.token_slots for m in steps), 4),
             "tokens_per_step": round(tokens / len(steps), 1), "blocks_per_step": round(blocks / len(steps), 1),
             "median_step_s": round(statistics.median(m.seconds for m in steps), 4), "split_median_s": split,
+            "step_s": [round(m.seconds, 4) for m in steps],
             "warm_s": round(warm_s, 2), "warm_shapes": len(warm), "steps": len(steps),
             "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, **({"profile": profile} if profile else {})}
+            "torch": torch.__version__, **({"profile": profile} if profile else {}),
+            **({"syncs": syncs} if syncs is not None else {})}
 
 
 KERNEL_KINDS = (  # (kind, substrings of a CUDA kernel's name), first match wins
@@ -164,10 +167,12 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
 
 
-def profile_step(tr, step: int, device) -> dict:
-    """One more optimizer step under torch.profiler: CUDA kernel time by kind (KERNEL_KINDS) and the
-    30 kernels that took the most, so a step's time can be split by what ran."""
+def profile_step(tr, step: int, device, top: int = 60) -> dict:
+    """One more optimizer step under torch.profiler: CUDA kernel time by kind (KERNEL_KINDS), the `top`
+    kernels that took the most, and the host-side ops (aten::..., CompiledFunction, ...) whose own
+    kernels took the most GPU time (which eager op, or which compiled region, a kernel came from)."""
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -175,19 +180,58 @@ def profile_step(tr, step: int, device) -> dict:
         m = tr.train_step(tr.micro_batches(step))
         tr._sync()
     kinds: dict[str, float] = {}
-    rows = []
+    kernels, ops = [], []
     for ev in prof.key_averages():
         us = getattr(ev, "self_device_time_total", 0.0) or getattr(ev, "self_cuda_time_total", 0.0)
         if us <= 0 or ev.key.startswith(("cuda", "ProfilerStep")):
             continue
+        if ev.device_type == DeviceType.CPU:  # a host op: the GPU time of the kernels it launched itself
+            ops.append((us / 1e3, ev.count, ev.key[:140]))
+            continue
         kinds[kernel_kind(ev.key)] = kinds.get(kernel_kind(ev.key), 0.0) + us / 1e3
-        rows.append((us / 1e3, ev.count, ev.key[:140]))
-    rows.sort(reverse=True)
+        kernels.append((us / 1e3, ev.count, ev.key[:140]))
+    kernels.sort(reverse=True)
+    ops.sort(reverse=True)
     total = sum(kinds.values())
     return {"step_s": round(m.seconds, 4), "kernel_ms": round(total, 1),
             "by_kind_ms": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
-            "top": [{"ms": round(ms, 2), "calls": n, "kernel": k} for ms, n, k in rows[:30]],
+            "top": [{"ms": round(ms, 2), "calls": n, "kernel": k} for ms, n, k in kernels[:top]],
+            "top_host_ops": [{"ms": round(ms, 2), "calls": n, "op": k} for ms, n, k in ops[:40]],
             **gpu_idle(prof)}
+
+
+def sync_check(tr, step: int, device, frames: int = 6) -> list[dict]:
+    """One more optimizer step with CUDA's sync debug mode on: every host-device synchronization the step
+    makes (a `.item()`, a boolean-mask index, a non-pinned copy to the host, ...), with the innermost
+    project frames that made it, counted by place. Each one leaves the GPU idle while the host queues
+    the work after it. The step's own sync at its end is one of them."""
+    import traceback
+    import warnings
+
+    import torch
+
+    if device.type != "cuda":
+        return []
+    root = str(Path(__file__).resolve().parents[1])
+    seen: dict[tuple, dict] = {}
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        stack = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root) and "benchmarks" not in f.filename]
+        key = tuple(f"{Path(f.filename).relative_to(root)}:{f.lineno} {f.name}" for f in stack[-frames:])
+        entry = seen.setdefault(key, {"count": 0, "where": list(key), "what": str(message)[:120]})
+        entry["count"] += 1
+
+    batches = tr.micro_batches(step)
+    torch.cuda.synchronize(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            tr.train_step(batches)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sorted(seen.values(), key=lambda e: -e["count"])
 
 
 def gpu_idle(prof, top: int = 12) -> dict:
@@ -226,6 +270,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pack-chunks", type=int, default=0, help="data.pack_chunks (default: the recipe's)")
     p.add_argument("--profile", action="store_true", help="one more step under torch.profiler: kernel time by kind")
+    p.add_argument("--sync-check", action="store_true", help="one more step in CUDA's sync debug mode: where it syncs")
     a = p.parse_args()
     if a.write_jsonl:
         write_jsonl(a.write_jsonl, a.n, a.seed, a.scale)
