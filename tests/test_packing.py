@@ -439,3 +439,72 @@ def test_the_engine_trains_packed_batches_as_the_single_device_trainer_does(tmp_
     assert report.prewarm.ok and result.steps == 2
     # step 1: the same weights, the same blocks; only the summation order differs (fp32)
     assert losses_multi[0] == pytest.approx(losses_single[0], rel=1e-4)
+
+
+def test_a_chunk_of_a_moved_batch_carries_its_cpu_copy_and_the_mask_built_there_is_the_same(tmp_path, tiny_target):
+    """The training step builds each chunk's drafter mask on the chunk's CPU copy (`PackedBatch.host`) and
+    moves it: the copy holds the chunk's very block tensors, and the mask built there, moved, has the tiles
+    and the per-row intervals of the one built from the moved tensors (here "moved" is CPU to CPU: the
+    GPU case is test_cuda_packed_step_makes_no_host_sync_before_its_end)."""
+    from dflash.model.mask import build_packed_masks
+
+    cfg = _mixed_dataset(tmp_path, True, **{"data.pack_blocks": 96, "data.pack_chunks": 4})
+    ds = _dataset(cfg, tiny_target)
+    b = ds.make_batch(ds.epoch_plan(0)[0], 0)
+    moved = b.to("cpu")
+    assert moved.host is b
+    for c in range(4):
+        part, rows = moved.chunk(c, 4)
+        want, want_rows = b.chunk(c, 4)
+        assert part.host is not None and rows == want_rows and part.rows_total == want.rows_total
+        for f in ("anchor_row", "anchor_col", "doc_start", "doc_end", "anchor_valid", "input_ids"):
+            assert torch.equal(getattr(part.host, f), getattr(want, f)), f
+        L = part.input_ids.shape[1]
+        args = (L, part.rows_total * L, cfg.drafter.block_size, "flex")
+        a = build_packed_masks(part.host.anchor_row, part.host.doc_start, part.host.anchor_col, *args, device="cpu")["full"]
+        m = build_packed_masks(part.anchor_row, part.doc_start, part.anchor_col, *args)["full"]
+        assert a.seq_lengths == m.seq_lengths
+        for f in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+            assert torch.equal(getattr(a, f), getattr(m, f)), f
+        q = torch.arange(a.seq_lengths[0])[:, None]
+        kv = torch.arange(a.seq_lengths[1])[None, :]
+        assert torch.equal(a.mask_mod(0, 0, q, kv), m.mask_mod(0, 0, q, kv))
+
+
+@requires_cuda()
+def test_cuda_packed_step_makes_no_host_sync_before_its_end(tmp_path):
+    """A packed, chunked training step on a GPU queues its whole drafter pass without waiting for the GPU:
+    the chunks' masks are built on the batch's CPU copy (before: six host syncs a mask, in the tile counts'
+    boolean indexing), so the host runs ahead and the GPU never idles between chunks. CUDA's sync debug
+    mode turns any sync inside `loss_backward` into an error."""
+    from dflash.model import build_drafter, loss_backward, loss_weights
+    from dflash.model.build import drafter_spec
+    from dflash.model.mask import build_packed_masks
+    from dflash.model.target import load_target
+
+    cfg = _mixed_dataset(tmp_path, True, **{"data.pack_blocks": 96, "data.pack_chunks": 2})
+    dev = torch.device("cuda")
+    target = load_target(cfg.target, cfg.drafter.num_layers, dev)
+    ds = _dataset(cfg, target)
+    b = ds.make_batch(ds.epoch_plan(0)[0], 0).to(dev)
+    spec = drafter_spec(cfg, target)
+    d = build_drafter(cfg, spec, dev)
+    w = loss_weights(cfg.drafter.block_size, cfg.gamma, device=dev)
+    taps = target.taps(b.input_ids, b.position_ids, b.run_bounds)
+    part, _rows = b.chunk(0, 2)
+    L = part.input_ids.shape[1]
+    args = (L, part.rows_total * L, cfg.drafter.block_size, "flex")
+    on_host = build_packed_masks(part.host.anchor_row, part.host.doc_start, part.host.anchor_col, *args, device=dev)["full"]
+    on_gpu = build_packed_masks(part.anchor_row, part.doc_start, part.anchor_col, *args)["full"]
+    for f in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        assert getattr(on_host, f).device.type == "cuda" and torch.equal(getattr(on_host, f), getattr(on_gpu, f)), f
+    kwargs = dict(chunks=2, mask_token_id=target.mask_token_id, weights=w, denominator=1.0, backend="flex",
+                  compute_dtype=torch.bfloat16)
+    loss_backward(d, target.embed, target.head, taps, b, **kwargs)  # compiles: outside the checked region
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss_backward(d, target.embed, target.head, taps, b, **kwargs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

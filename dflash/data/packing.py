@@ -102,7 +102,6 @@ class PackedBatch:
         keys), else every row. Two drafter shapes a run."""
         n = self.block_slots // chunks
         sl = slice(index * n, (index + 1) * n)
-        row, valid = self.anchor_row[sl], self.anchor_valid[sl]
         window = self.chunk_rows(chunks)
         src = self.host if self.host is not None else self  # the window is chosen on the CPU copy when there is one
         real = src.anchor_row[sl][src.anchor_valid[sl]]
@@ -111,11 +110,19 @@ class PackedBatch:
         if r1 - r0 + 1 > window:  # spread over more rows than the window: the whole context
             r0, window = 0, max(self.rows_total, self.input_ids.shape[0])
         rows = slice(r0, min(r0 + window, self.input_ids.shape[0]))
+        part = self._part(index, sl, rows, r0, window)
+        if self.host is not None:  # the chunk's CPU copy too: its drafter mask is built there (no GPU sync)
+            part.host = self.host._part(index, sl, rows, r0, window)
+        return part, rows
+
+    def _part(self, index: int, sl: slice, rows: slice, r0: int, window: int) -> PackedBatch:
+        """`chunk`'s batch: block slots `sl`, rows `rows` (the window from row `r0`, `window` rows of context)."""
+        row, valid = self.anchor_row[sl], self.anchor_valid[sl]
         shifted = torch.where(valid, row - r0, torch.zeros_like(row))  # padding slots: row 0, they see nothing
         return PackedBatch(input_ids=self.input_ids[rows], position_ids=self.position_ids[rows],
                            loss_mask=self.loss_mask[rows], lengths=self.lengths if index == 0 else self.lengths[:0],
                            anchor_row=shifted, anchor_col=self.anchor_col[sl], doc_start=self.doc_start[sl],
-                           doc_end=self.doc_end[sl], anchor_valid=valid, rows_total=window), rows
+                           doc_end=self.doc_end[sl], anchor_valid=valid, rows_total=window)
 
     def chunk_rows(self, chunks: int) -> int:
         """Rows a chunk's window holds: its share of the rows plus one (a chunk's blocks start mid-row)."""

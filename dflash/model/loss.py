@@ -175,8 +175,10 @@ def _packed_drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: t
         ctx = torch.cat([ctx, ctx.new_zeros(1, (rows - R) * L, ctx.shape[-1])], dim=1)
         ctx_pos = torch.cat([ctx_pos, ctx_pos.new_zeros(1, (rows - R) * L)], dim=1)
     blocks = make_packed_blocks(batch, spec.block_size, mask_token_id)
-    masks = build_packed_masks(batch.anchor_row, batch.doc_start, batch.anchor_col, L, rows * L, spec.block_size,
-                               backend, spec.sliding_window, need_sliding="sliding_attention" in spec.layer_types)
+    src = batch.host if batch.host is not None else batch  # the mask is built on the CPU copy when there is one
+    masks = build_packed_masks(src.anchor_row, src.doc_start, src.anchor_col, L, rows * L, spec.block_size,
+                               backend, spec.sliding_window, need_sliding="sliding_attention" in spec.layer_types,
+                               device=taps.device)
     with torch.no_grad():
         embeds = embed(blocks.ids)  # (1, N*bs, H), frozen
     autocast = torch.autocast(taps.device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)

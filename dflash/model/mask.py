@@ -296,12 +296,19 @@ def interval_mask_mod(c_lo: torch.Tensor, c_hi: torch.Tensor, s_lo: torch.Tensor
 
 
 def packed_block_mask(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_col: torch.Tensor, row_len: int,
-                      ctx_len: int, block_size: int, sliding_window: int | None = None) -> BlockMask:
+                      ctx_len: int, block_size: int, sliding_window: int | None = None,
+                      device: torch.device | str | None = None) -> BlockMask:
     """The BlockMask of `make_packed_mask_mod` over the padded grid, from each query row's two key
     intervals (its conversation's context before the anchor, its own block) instead of evaluating the
     mask over Q × KV: the packed grid is large (Q 32 K × KV 45 K at 8B) and almost all of it empty.
     The same tiles `block_mask_eager` finds, and its mask_mod (`interval_mask_mod` over those intervals:
-    no division per element) gives the row formula's answer everywhere (tests/test_packing.py checks both)."""
+    no division per element) gives the row formula's answer everywhere (tests/test_packing.py checks both).
+
+    It is computed where the block tensors are and lands on `device` (default: there). The training step
+    passes the batch's CPU copy and its GPU: built on the GPU, the tile counts' boolean indexing waits for
+    the GPU (six host syncs a mask, each leaving the GPU idle while the host queues the next work; H200,
+    torch 2.11); built on the CPU (~1 ms at 8B shapes), the mask's few small tensors are copied over
+    from pinned memory without waiting for anything."""
     _q_len, _kv_len, q_pad, kv_pad, (c_lo, c_hi, s_lo, s_hi) = _packed_intervals(
         anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size, sliding_window)
     qb, kvb = q_pad // FLEX_BLOCK, kv_pad // FLEX_BLOCK
@@ -310,20 +317,37 @@ def packed_block_mask(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_
     any_v = (touched > 0)[None, None]
     all_v = (covered == FLEX_BLOCK)[None, None]  # every row of the tile sees every key of it
     partial, full = _ordered(any_v & ~all_v), _ordered(all_v)
-    return BlockMask.from_kv_blocks(partial[0], partial[1], full[0], full[1], BLOCK_SIZE=FLEX_BLOCK,
-                                    mask_mod=interval_mask_mod(c_lo, c_hi, s_lo, s_hi), seq_lengths=(q_pad, kv_pad))
+    tensors = _to_device((*partial, *full, c_lo, c_hi, s_lo, s_hi), device)
+    return BlockMask.from_kv_blocks(*tensors[:4], BLOCK_SIZE=FLEX_BLOCK, mask_mod=interval_mask_mod(*tensors[4:]),
+                                    seq_lengths=(q_pad, kv_pad))
+
+
+def _to_device(tensors: tuple[torch.Tensor, ...], device: torch.device | str | None) -> tuple[torch.Tensor, ...]:
+    """`tensors` on `device` (None: where they are). From the CPU to a GPU through pinned memory, without a
+    host sync (the caching host allocator keeps a pinned buffer until its copy is done)."""
+    if device is None or all(t.device == torch.device(device) for t in tensors):
+        return tensors
+    device = torch.device(device)
+    if device.type == "cuda":
+        return tuple((t.pin_memory() if t.device.type == "cpu" else t).to(device, non_blocking=True) for t in tensors)
+    return tuple(t.to(device) for t in tensors)
 
 
 def build_packed_masks(anchor_row: torch.Tensor, doc_start: torch.Tensor, anchor_col: torch.Tensor, row_len: int,
                        ctx_len: int, block_size: int, backend: Backend, sliding_window: int | None = None,
-                       need_sliding: bool = False) -> dict:
-    """`build_masks` for a packed micro-batch (batch 1): {"full": m, "sliding": m or None}."""
+                       need_sliding: bool = False, device: torch.device | str | None = None) -> dict:
+    """`build_masks` for a packed micro-batch (batch 1): {"full": m, "sliding": m or None}, on `device`
+    (default: where the block tensors are; flex masks are built where the tensors are, then moved:
+    `packed_block_mask`)."""
     windows = {"full": None, **({"sliding": sliding_window} if need_sliding else {})}
     out: dict = {"full": None, "sliding": None}
     q_len = anchor_col.numel() * block_size
+    if backend != "flex" and device is not None:  # the dense mask is as large as the grid: build it in place
+        anchor_row, doc_start, anchor_col = _to_device((anchor_row, doc_start, anchor_col), device)
     for kind, window in windows.items():
         if backend == "flex":
-            out[kind] = packed_block_mask(anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size, window)
+            out[kind] = packed_block_mask(anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size, window,
+                                          device)
         else:
             mod = make_packed_mask_mod(anchor_row, doc_start, anchor_col, row_len, ctx_len, block_size, window)
             out[kind] = dense_mask(mod, 1, q_len, ctx_len + q_len, anchor_col.device)
