@@ -7,6 +7,7 @@ import torch
 
 from dflash.model.mask import build_masks
 from dflash.model.drafter import DFlashDrafter, DrafterSpec, default_layer_ids
+from tests.helpers import requires_cuda
 
 
 def small_spec(**kw) -> DrafterSpec:
@@ -259,3 +260,49 @@ def test_the_model_rooms_entry_resolves_each_name_to_its_module_lazily():
             "'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["[]", "False"]
+
+
+def _rms_formula(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3RMSNorm's own formula in fp32, cast back to the input dtype (what compiled layers trace)."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def test_rmsnorm_is_qwen3s_formula_on_the_cpu():
+    from dflash.model.drafter import RMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(64, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(64) + 0.5)
+    x = torch.randn(3, 7, 64)
+    assert torch.equal(norm(x), _rms_formula(x, norm.weight, 1e-6))
+
+
+@requires_cuda()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rmsnorm_eager_on_cuda_is_the_formula_in_fp32(dtype):
+    """Eager on a GPU, RMSNorm runs ATen's fused kernel over fp32 (torch.rms_norm): the formula's values and
+    gradients to fp32 rounding before the cast to `dtype`, also under bf16 autocast (the training step's).
+    Tolerances: bf16, one rounding step (2^-7 relative) for values, two for input gradients (rounded after
+    a reduction over 4,096 terms done in another order); fp32, 1e-5 (those reductions' rounding)."""
+    from dflash.model.drafter import RMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(4096, 1e-6).cuda()
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(4096, device="cuda") + 0.5)
+    x = (torch.randn(2, 300, 4096, device="cuda") * 3).to(dtype).requires_grad_()
+    g = torch.randn(2, 300, 4096, device="cuda").to(dtype)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = norm(x)
+    y.backward(g)
+    got = (y.detach(), x.grad.clone(), norm.weight.grad.clone())
+    x.grad, norm.weight.grad = None, None
+    want_y = _rms_formula(x, norm.weight, 1e-6)
+    want_y.backward(g)
+    step = {torch.bfloat16: 2 ** -7, torch.float32: 1e-5}[dtype]
+    assert y.dtype == dtype
+    torch.testing.assert_close(got[0].float(), want_y.detach().float(), rtol=step, atol=step)
+    torch.testing.assert_close(got[1].float(), x.grad.float(), rtol=2 * step, atol=2 * step)
+    torch.testing.assert_close(got[2], norm.weight.grad, rtol=1e-3, atol=1e-3)

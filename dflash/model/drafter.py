@@ -83,6 +83,13 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if x.is_cuda and not torch.compiler.is_compiling():
+            # Eager on a GPU (the fused context, the context keys, the final norm): the same fp32 math as
+            # ATen's fused RMSNorm, one kernel each way instead of one per op over fp32 copies of x
+            # (torch.rms_norm dispatches to `_fused_rms_norm` on CUDA). Compiled layers trace the formula
+            # below, which inductor fuses itself.
+            with torch.autocast("cuda", enabled=False):
+                return torch.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(dtype)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * self.weight.float()).to(dtype)  # stays in the input dtype under autocast
@@ -113,6 +120,8 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float
     times the attention scaling (YaRN's factor; 1 otherwise), as HF's rotary embeddings do."""
     freqs = positions.float()[..., None] * inv_freq.float()  # (..., T, head_dim/2); fp32 even if .to(bf16)
     emb = torch.cat([freqs, freqs], dim=-1)  # (..., T, head_dim)
+    if scaling == 1.0:  # plain RoPE: two kernels fewer, the same values
+        return emb.cos(), emb.sin()
     return emb.cos() * scaling, emb.sin() * scaling
 
 
