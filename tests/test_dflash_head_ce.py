@@ -54,6 +54,37 @@ def test_matches_plain_loss_grads_and_argmax_float64(chunk_rows, bias):
         torch.testing.assert_close(got, want * 0.37, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("chunk_rows", [None, 1, 4, 30])
+def test_frozen_head_gives_the_plain_gradient_and_keeps_no_logit_gradient(chunk_rows):
+    """The training case (a frozen head): the hidden states' gradient is computed chunk by chunk in the
+    forward, so nothing of size rows × vocab is kept for backward; values as the plain path's (float64)."""
+    head, h, labels, w = case(torch.float64)
+    head.requires_grad_(False)
+    h1 = h.clone().requires_grad_(True)
+    ref, _ = plain(h1, head, labels, w)
+    ref.backward()
+    h2 = h.clone().requires_grad_(True)
+    wce, _ = head_cross_entropy(h2, head, labels, w, chunk_rows=chunk_rows)
+    node = wce.grad_fn
+    while node is not None and not hasattr(node, "grad_h"):  # the _HeadCE node, under the reshapes' nodes
+        node = next((f for f, _ in node.next_functions if f is not None), None)
+    assert node is not None and node.grads == [] and node.grad_h.shape == (h.numel() // h.shape[-1], h.shape[-1])
+    (wce * 0.37).backward()
+    torch.testing.assert_close(wce, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h2.grad, h1.grad * 0.37, rtol=1e-12, atol=1e-12)
+
+
+def test_no_gradient_work_without_grad_mode():
+    """Under no_grad (an eval's loss) the forward computes no hidden-state gradient and keeps nothing for one."""
+    head, h, labels, w = case(torch.float64, bias=True)
+    h.requires_grad_(True)
+    with torch.no_grad():
+        wce, pred = head_cross_entropy(h, head, labels, w, chunk_rows=3)
+    ref, ref_pred = plain(h.detach(), head, labels, w)
+    assert wce.grad_fn is None and torch.equal(pred, ref_pred)
+    torch.testing.assert_close(wce, ref.detach(), rtol=1e-12, atol=1e-12)
+
+
 def test_frozen_head_gets_no_gradient():
     head, h, labels, w = case(torch.float64)
     head.requires_grad_(False)

@@ -9,9 +9,11 @@ docs/benchmarks.md, "Drafter step: before and after"). Here:
 
 - the rows are made contiguous once, so the head is one [rows, H] × [H, V] GEMM per chunk;
 - each chunk's logits live only inside the forward: it computes the CE, the argmax, and the gradient
-  of `Σ w·CE` with respect to the logits, `w·(softmax − onehot)`, and keeps only that gradient, in
-  the compute dtype (what the plain path hands to the head's backward anyway);
-- backward is then one GEMM per input that needs a gradient, scaled by the incoming gradient.
+  of `Σ w·CE` with respect to the logits, `w·(softmax − onehot)`, in the compute dtype (what the plain
+  path hands to the head's backward anyway);
+- the hidden states' gradient `d @ W` (for an upstream gradient of 1) is computed in the forward, chunk by
+  chunk, so no chunk's `d` outlives it (a trainable head keeps them: its weight gradient needs them all);
+- backward then only scales that by the incoming gradient.
 
 Numerics match the plain path: logits are computed in the compute dtype (bf16 under autocast), the
 softmax and CE in fp32, the logits' gradient rounded to the compute dtype before the GEMM. The one
@@ -101,21 +103,36 @@ def chunk_bounds(rows: int, chunk_rows: int) -> list[tuple[int, int]]:
 
 
 class _HeadCE(torch.autograd.Function):
+    """Forward: per chunk, the logits GEMM, the CE kernel, and, when only the hidden states need a gradient
+    (the frozen head of training), that gradient's GEMM at once: `d @ W` for an upstream gradient of 1, so
+    a chunk's logit gradient `d` is freed with its chunk instead of living until backward (at 8B, 56,640
+    rows of a micro-batch held 17 GB of `d`; now the (rows, H) result, 0.46 GB). Backward scales it by the
+    upstream gradient: the same GEMMs on the same operands, in the same order, as computing it there.
+    With a trainable head (weight or bias gradients) the `d`s are kept for backward, as before."""
+
     @staticmethod
-    def forward(ctx, h, weight, bias, labels, w, chunk_rows):
-        # h (R, H), weight (V, H), bias (V,) or None, all in the compute dtype; labels (R,); w (R,) fp32
+    def forward(ctx, h, weight, bias, labels, w, chunk_rows, graded):
+        # h (R, H), weight (V, H), bias (V,) or None, all in the compute dtype; labels (R,); w (R,) fp32;
+        # graded: grad mode was on at the call (inside forward it is always off; needs_input_grad ignores it)
         fn = _chunk_fn(h.device, h.dtype)
         bounds = chunk_bounds(h.shape[0], chunk_rows)
+        need_h, need_w, need_b = (graded and n for n in ctx.needs_input_grad[:3])
+        keep_d = need_w or (need_b and bias is not None)  # a trainable head's gradients need every chunk's d
+        grad_h = torch.empty_like(h) if need_h and not keep_d else None  # d Σw·ce / d h for an upstream 1
         ces, preds, grads = [], [], []
         for lo, hi in bounds:
             logits = torch.nn.functional.linear(h[lo:hi], weight, bias)  # (r, V): one GEMM
-            ce, pred, d = fn(logits, labels[lo:hi], w[lo:hi])
+            ce, pred, d = fn(logits, labels[lo:hi], w[lo:hi])  # d (r, V): d Σw·ce / d logits, compute dtype
+            del logits
             ces.append(ce)
             preds.append(pred)
-            grads.append(d)  # (r, V): d Σw·ce / d logits, in the compute dtype
-            del logits
+            if grad_h is not None:
+                torch.mm(d, weight, out=grad_h[lo:hi])  # (r, H); d is freed with this chunk
+            elif keep_d:
+                grads.append(d)
+            del d
         ctx.save_for_backward(h, weight)
-        ctx.bounds, ctx.grads, ctx.has_bias = bounds, grads, bias is not None
+        ctx.bounds, ctx.grads, ctx.grad_h, ctx.has_bias = bounds, grads, grad_h, bias is not None
         pred = torch.cat(preds)
         ctx.mark_non_differentiable(pred)
         return (torch.cat(ces) * w).sum(), pred
@@ -125,19 +142,21 @@ class _HeadCE(torch.autograd.Function):
         h, weight = ctx.saved_tensors
         g = grad_wce.to(h.dtype)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h = torch.empty_like(h) if need_h else None
+        grad_h = ctx.grad_h if need_h else None
+        if need_h and grad_h is None:
+            grad_h = torch.empty_like(h)
         grad_w = torch.zeros_like(weight) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=h.dtype, device=h.device) if ctx.has_bias and need_b else None
-        for (lo, hi), d in zip(ctx.bounds, ctx.grads):
+        for (lo, hi), d in zip(ctx.bounds, ctx.grads):  # kept only for a trainable head
             if need_h:
                 torch.mm(d, weight, out=grad_h[lo:hi])  # (r, H)
             if grad_w is not None:
                 grad_w.addmm_(d.t(), h[lo:hi])  # (V, H)
             if grad_b is not None:
                 grad_b += d.sum(0)
-        ctx.grads = None  # free the logits' gradients now
+        ctx.grads = ctx.grad_h = None  # free the logits' gradients now
         return (None if grad_h is None else grad_h * g, None if grad_w is None else grad_w * g,
-                None if grad_b is None else grad_b * g, None, None, None)
+                None if grad_b is None else grad_b * g, None, None, None, None)
 
 
 def _autocast_on(device_type: str) -> bool:
@@ -163,5 +182,6 @@ def head_cross_entropy(h: torch.Tensor, head: torch.nn.Linear, labels: torch.Ten
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.shape[0])
     with torch.autocast(dev, enabled=False) if autocast else contextlib.nullcontext():
         wce, pred = _HeadCE.apply(h2, weight, bias, labels.reshape(-1),
-                                  w.reshape(-1).to(torch.promote_types(dtype, torch.float32)), rows)
+                                  w.reshape(-1).to(torch.promote_types(dtype, torch.float32)), rows,
+                                  torch.is_grad_enabled())
     return wce, pred.view(shape)
