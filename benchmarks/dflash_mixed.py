@@ -183,8 +183,8 @@ def profile_step(tr, step: int, device, top: int = 60) -> dict:
     kernels, ops = [], []
     for ev in prof.key_averages():
         us = getattr(ev, "self_device_time_total", 0.0) or getattr(ev, "self_cuda_time_total", 0.0)
-        if us <= 0 or ev.key.startswith(("cuda", "ProfilerStep")):
-            continue
+        if us <= 0 or ev.key.startswith(("cuda", "ProfilerStep")) or getattr(ev, "is_user_annotation", False):
+            continue  # (a user annotation's GPU range, e.g. Optimizer.step#AdamW.step, spans kernels counted already)
         if ev.device_type == DeviceType.CPU:  # a host op: the GPU time of the kernels it launched itself
             ops.append((us / 1e3, ev.count, ev.key[:140]))
             continue

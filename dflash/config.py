@@ -437,8 +437,8 @@ def qwen3_8b() -> Config:
         # 4 x 3,072 tokens per GPU per step as in the reference (4 sequences there), packed: one micro-batch
         # of 4 rows, its drafter blocks run in 2 chunks (the loss denominator is global, so this is exactly
         # the whole step's gradient with half of the drafter's activation memory). One H200, mixed-length
-        # chats: 2 chunks 9,970 tokens/s at a 63.6 GiB peak, 4 chunks 9,621 at 49.4 GiB (docs/benchmarks.md);
-        # `data.pack_chunks=4` for a GPU with less memory
+        # chats: 2 chunks 10,613 tokens/s at a 55.8 GiB peak, 1 chunk 10,747 at 71.2 GiB (docs/benchmarks.md);
+        # `data.pack_chunks=1` on a GPU with room for it, 4 for a GPU with less memory
         data=DataConfig(path="data/train.jsonl", max_length=3072, num_anchors=512, batch_size=4,
                         buckets=(512, 1024, 2048, 3072), pack=True, pack_chunks=2),
         optim=OptimConfig(lr=6e-4, warmup_ratio=0.04, clip=1.0),
