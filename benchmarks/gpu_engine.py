@@ -128,17 +128,23 @@ def _never_returns_on_step(program, step: int):
     return dataclasses.replace(program, forward_backward=forward_backward)
 
 
+STACKS_SIGNAL = signal.SIGUSR1  # the parent asks a case it is about to kill for every thread's stack
+
+
 def run_case(a: argparse.Namespace) -> int:
+    import faulthandler
+
+    # a last resort if even the engine's own stall report never comes: every stack, dumped when the parent
+    # times the case out (it sends STACKS_SIGNAL, waits for the dump, then kills). Registered before torch is
+    # imported, so a case that is slow to start is covered too.
+    stacks_fh = open(a.result + ".stacks.txt", "w")
+    faulthandler.register(STACKS_SIGNAL, file=stacks_fh, all_threads=True)
+
     import torch
 
     from compilewatch.serialize import to_jsonable
     from dflash.engine.engine import Engine, EngineConfig
 
-    import faulthandler
-
-    # a last resort if even the engine's own stall report never comes: every stack, before the kill
-    stacks_fh = open(a.result + ".stacks.txt", "w")
-    faulthandler.dump_traceback_later(max(5.0, a.timeout - 10.0), exit=False, file=stacks_fh)
     if a.case == "selftest-hang":
         import threading
 
@@ -171,6 +177,25 @@ def run_case(a: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- parent
+def _ask_for_stacks(proc: subprocess.Popen, stacks_file: Path, wait_s: float = 10.0) -> None:
+    """Before killing a timed-out case: signal it to dump every thread's stack (faulthandler, registered
+    first thing in `run_case`) and wait until the dump ends (its size stops growing), `wait_s` at most.
+    A case that has not registered yet (still starting Python) just dies of the signal: nothing to read."""
+    if stacks_file.exists() and stacks_file.stat().st_size:
+        return  # dumped already
+    try:
+        proc.send_signal(STACKS_SIGNAL)
+    except ProcessLookupError:
+        return
+    deadline, size = time.monotonic() + wait_s, -1
+    while time.monotonic() < deadline and proc.poll() is None:
+        now = stacks_file.stat().st_size if stacks_file.exists() else 0
+        if now and now == size:
+            return
+        size = now
+        time.sleep(0.2)
+
+
 def _child(a: argparse.Namespace, case: str, trial: int, out: Path) -> dict:
     result = out / f"case-{case}-{trial}.json"
     result.unlink(missing_ok=True)
@@ -190,6 +215,7 @@ def _child(a: argparse.Namespace, case: str, trial: int, out: Path) -> dict:
         log, _ = proc.communicate(timeout=a.timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
+        _ask_for_stacks(proc, Path(str(result) + ".stacks.txt"))
         os.killpg(proc.pid, signal.SIGKILL)
         log, _ = proc.communicate()
     wall = time.perf_counter() - t0
