@@ -147,6 +147,8 @@ def run_layout(a, pack: bool) -> dict:
             "step_s": [round(m.seconds, 4) for m in steps],
             "warm_s": round(warm_s, 2), "warm_shapes": len(warm), "steps": len(steps),
             "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
+            "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2) if device.type == "cuda" else None,
+            "memory_cap_gib": a.memory_cap_gib or None,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, **({"profile": profile} if profile else {}),
             **({"syncs": syncs} if syncs is not None else {})}
@@ -176,9 +178,15 @@ def profile_step(tr, step: int, device, top: int = 60) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    before = tr.micro_batches(step - 1)  # a step before the profiled one: the GPU's idle time between the two
     with profile(activities=acts) as prof:
-        m = tr.train_step(tr.micro_batches(step))
+        tr.train_step(before)
+        batches = tr.micro_batches(step)
+        with torch.profiler.record_function("dflash_mixed.second_step"):
+            pass  # marks the host time at which the second step starts
+        m = tr.train_step(batches)
         tr._sync()
+    boundary = step_boundary(prof)
     kinds: dict[str, float] = {}
     kernels, ops = [], []
     for ev in prof.key_averages():
@@ -197,7 +205,27 @@ def profile_step(tr, step: int, device, top: int = 60) -> dict:
             "by_kind_ms": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
             "top": [{"ms": round(ms, 2), "calls": n, "kernel": k} for ms, n, k in kernels[:top]],
             "top_host_ops": [{"ms": round(ms, 2), "calls": n, "op": k} for ms, n, k in ops[:40]],
-            **gpu_idle(prof)}
+            "note": "kernel and host-op totals cover the profiled step and the one before it (two steps)",
+            **boundary, **gpu_idle(prof)}
+
+
+def step_boundary(prof) -> dict:
+    """The GPU's idle time between two profiled steps: from the last kernel that started before the second
+    `train_step` was called to the first kernel after it (metrics, the step's end sync, the next batches'
+    copy and the target's first launches: what a step pays outside its kernels)."""
+    from torch.autograd import DeviceType
+
+    ks = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    host = sorted(e.time_range.start for e in prof.events() if e.name == "dflash_mixed.second_step")
+    if not ks or not host:
+        return {}
+    cut = host[0]
+    first_end = max((b for a, b in ks if a < cut), default=None)
+    second_start = min((a for a, b in ks if a >= cut), default=None)
+    if first_end is None or second_start is None:
+        return {}
+    return {"gpu_idle_between_steps_ms": round((second_start - first_end) / 1e3, 2)}
 
 
 def sync_check(tr, step: int, device, frames: int = 6) -> list[dict]:
@@ -270,6 +298,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pack-chunks", type=int, default=0, help="data.pack_chunks (default: the recipe's)")
     p.add_argument("--profile", action="store_true", help="one more step under torch.profiler: kernel time by kind")
+    p.add_argument("--memory-cap-gib", type=float, default=0.0,
+                   help="cap PyTorch's allocator at this many GiB (torch.cuda.set_per_process_memory_fraction): "
+                        "does a layout fit a smaller GPU")
     p.add_argument("--sync-check", action="store_true", help="one more step in CUDA's sync debug mode: where it syncs")
     a = p.parse_args()
     if a.write_jsonl:
@@ -281,6 +312,9 @@ def main() -> int:
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if a.device == "cpu":
         torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    elif a.memory_cap_gib:
+        total = torch.cuda.get_device_properties(a.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, a.memory_cap_gib * 2**30 / total), a.device)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     results = []
     for layout in a.layouts.split(","):

@@ -51,6 +51,23 @@ def test_anchors_strict_range_loss_masked_without_replacement():
     assert int(fvalid.sum()) == 23
 
 
+def test_anchors_of_a_sequence_shorter_than_a_block_are_none_as_the_packer_counts():
+    # a 5-token sequence at block size 8: no position has a whole block after it. The slice stop S-B+1 is
+    # negative there; it must not count from the end (that gave 3 anchors the packer's count, 0, left out,
+    # and a packed micro-batch then ran over its block budget)
+    from dflash.data.packing import candidate_counts
+
+    lm = torch.ones(5, dtype=torch.bool)
+    anchors, valid = sample_anchors(lm, 4, 8, torch.Generator().manual_seed(0))
+    assert not valid.any()
+    sample = type("S", (), {"loss_mask": lm})()
+    assert candidate_counts([sample], 8).tolist() == [0]
+    for n in range(1, 12):  # every length around the block size: the sampler and the packer agree
+        lm = torch.ones(n, dtype=torch.bool)
+        _, valid = sample_anchors(lm, 64, 8, torch.Generator().manual_seed(0))
+        assert int(valid.sum()) == candidate_counts([type("S", (), {"loss_mask": lm})()], 8)[0] == max(0, n - 7)
+
+
 def test_dataset_batches_anchors_resampled_per_epoch_and_deterministic(tiny_target, tmp_path):
     rows = [{"messages": [{"role": "user", "content": "ba " * (3 + i % 5)},
                           {"role": "assistant", "content": "bo da " * (8 + i % 7)}]} for i in range(20)]

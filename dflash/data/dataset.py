@@ -359,7 +359,8 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, block_size: int,
                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(N,) sorted anchors drawn without replacement from loss-masked positions in [0, S-B], and (N,) valid."""
     s = loss_mask.shape[0]
-    cand = torch.nonzero(loss_mask[: s - block_size + 1], as_tuple=False).flatten()
+    # max(0, ...): a sequence shorter than a block has no candidate (a negative stop would slice from the end)
+    cand = torch.nonzero(loss_mask[: max(0, s - block_size + 1)], as_tuple=False).flatten()
     if cand.numel() > num_anchors:
         cand = cand[torch.randperm(cand.numel(), generator=generator)[:num_anchors]]
     cand, _ = torch.sort(cand)
