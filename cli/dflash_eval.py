@@ -8,6 +8,7 @@ import typer
 
 from cli import output
 from cli.options import DeviceOpt, JsonOpt
+from compilewatch.errors import CheckFailed
 
 if TYPE_CHECKING:
     from dflash import EvalResult
@@ -23,6 +24,10 @@ def eval_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Greedy speculative decoding (drafter proposes a block, target verifies) vs plain target decoding.
+
+    Speculative decoding is lossless: its output must be plain greedy decoding's, token for token.
+    Exit 0: measured, the outputs match; 1: they differ on some prompt (the result is still printed,
+    `outputs_match: false` in --json); 2: bad input (a checkpoint, target or data that cannot be read).
 
     Examples:
       dflash eval runs/tiny-20260101-120000
@@ -42,6 +47,12 @@ def eval_cmd(
                                   max_new_tokens=max_new_tokens, device=device, progress=on_progress,
                                   on_note=lambda note: output.err.print(f"[dim]note:[/] {note}"))
     output.emit(result, as_json, _render)
+    if not result.outputs_match:
+        raise CheckFailed(f"speculative decoding's outputs differ from plain greedy decoding on "
+                          f"{output.count(result.mismatched_prompts, 'prompt')} of {result.prompts}: "
+                          "it must be lossless",
+                          hint="in fp32 a mismatch points to a bug; in bf16, near-tied logits can round either way "
+                               "between the two passes (docs/dflash.md, Evaluation)")
 
 
 def _render(r: EvalResult) -> None:
@@ -53,4 +64,4 @@ def _render(r: EvalResult) -> None:
                 + " ".join(f"{k}:{a:.2f}" if a is not None else f"{k}:-" for k, a in enumerate(r.acceptance_by_position, 1)))
     o.print(f"speedup {r.speedup:.2f}x: {r.spec_tokens_per_s:,.1f} vs {r.plain_tokens_per_s:,.1f} tokens/s (plain greedy)")
     o.print("outputs match plain greedy decoding" if r.outputs_match
-            else f"[red]outputs differ from plain greedy decoding on {r.mismatched_prompts} prompts[/]")
+            else f"[red]outputs differ from plain greedy decoding on {output.count(r.mismatched_prompts, 'prompt')}[/]")

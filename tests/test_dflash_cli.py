@@ -53,6 +53,32 @@ def test_eval_json(trained_run):
     data = invoke_json(app, ["eval", str(out), "-n", "1", "--max-new-tokens", "9"])
     assert set(data) == EVAL_KEYS and data["outputs_match"] is True and data["prompts"] == 1
     assert 1.0 <= data["tau"] <= data["max_tau"] == 8
+    r = invoke(app, ["eval", str(out), "-n", "1", "--max-new-tokens", "9"])  # the rich rendering: 0 too
+    assert r.exit_code == 0 and "outputs match plain greedy decoding" in r.stdout and "error" not in r.stderr
+
+
+def test_eval_exits_1_when_outputs_differ(trained_run, monkeypatch):
+    """Speculative decoding must be lossless: outputs that differ from plain greedy decoding are a failed check.
+    The real eval runs; its result is then marked as mismatched on one prompt (fault injection)."""
+    import dataclasses
+
+    import dflash
+
+    real = dflash.evaluate
+
+    def mismatched(*args, **kwargs):
+        return dataclasses.replace(real(*args, **kwargs), outputs_match=False, mismatched_prompts=1)
+
+    monkeypatch.setattr(dflash, "evaluate", mismatched)
+    out, _ = trained_run
+    args = ["eval", str(out), "-n", "2", "--max-new-tokens", "5"]
+    data = invoke_json(app, args, expect_code=1)  # the JSON still printed in full
+    assert set(data) == EVAL_KEYS and data["outputs_match"] is False and data["mismatched_prompts"] == 1
+    r = invoke(app, args)
+    assert r.exit_code == 1 and "outputs differ from plain greedy decoding on 1 prompt\n" in r.stdout
+    said = " ".join(r.stderr.split())
+    assert "error: speculative decoding's outputs differ from plain greedy decoding on 1 prompt of 2" in said
+    assert "must be lossless" in said and "Traceback" not in said
 
 
 def test_regen_json(tmp_path):
