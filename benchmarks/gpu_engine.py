@@ -23,8 +23,10 @@ Writes <out>/gpu_engine.json (every case: outcome, rc, wall, timed_out, the engi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", default=None, help="attention compile backend (default inductor on CUDA, aot_eager on CPU)")
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)  # child mode
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)  # child mode: where to write JSON
+    p.add_argument("--work", default=None, help=argparse.SUPPRESS)  # child mode: scratch dir the parent removes
     a = p.parse_args(argv)
     if a.tiny:
         a.seq, a.dim, a.heads, a.batch = 32, 16, 2, 2
@@ -87,24 +90,40 @@ def _chat_file(path: Path, n: int = 64) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _work_dir(given: str | None):
+    """The dflash case's data and run directory. Given (`--work`: the parent made it and removes it once this
+    process has exited, also when it had to kill it): used as is. Otherwise a temporary directory removed
+    when the case ends, returned or raised."""
+    if given:
+        Path(given).mkdir(parents=True, exist_ok=True)
+        yield Path(given)
+        return
+    work = tempfile.mkdtemp(prefix="gpu-engine-dflash-")
+    try:
+        yield Path(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def run_dflash_case(a: argparse.Namespace, device: str, flags: dict):
     """The real trainer (tiny recipe: embedded target, DFlash drafter, compiled flex on CUDA) on the engine."""
     from dflash.config import TopologyConfig, apply_overrides, tiny
     from dflash.engine.program import train_multi
     from dflash.training.trainer import Trainer
 
-    work = Path(tempfile.mkdtemp(prefix="gpu-engine-dflash-"))
-    cfg = apply_overrides(tiny(), {
-        "data.path": str(_chat_file(work / "chat.jsonl")), "data.regenerate": False, "topology.device": device,
-        "train.max_steps": a.steps, "checkpoint.every": 10 ** 6, "checkpoint.out_dir": str(work / "run"),
-        "metrics.tensorboard": False, "eval.at_end": False})
-    trainer = Trainer.from_config(cfg)
-    try:
-        topo = TopologyConfig(target_devices=(device,) * a.targets, drafter_devices=(device,) * a.drafters,
-                              stall_after=a.stall_after, prewarm=flags["prewarm"], guard=flags["guard"])
-        _, report = train_multi(trainer, topo)
-    finally:
-        trainer.close()
+    with _work_dir(getattr(a, "work", None)) as work:
+        cfg = apply_overrides(tiny(), {
+            "data.path": str(_chat_file(work / "chat.jsonl")), "data.regenerate": False, "topology.device": device,
+            "train.max_steps": a.steps, "checkpoint.every": 10 ** 6, "checkpoint.out_dir": str(work / "run"),
+            "metrics.tensorboard": False, "eval.at_end": False})
+        trainer = Trainer.from_config(cfg)
+        try:
+            topo = TopologyConfig(target_devices=(device,) * a.targets, drafter_devices=(device,) * a.drafters,
+                                  stall_after=a.stall_after, prewarm=flags["prewarm"], guard=flags["guard"])
+            _, report = train_multi(trainer, topo)
+        finally:
+            trainer.close()
     return report
 
 
@@ -197,12 +216,24 @@ def _ask_for_stacks(proc: subprocess.Popen, stacks_file: Path, wait_s: float = 1
 
 
 def _child(a: argparse.Namespace, case: str, trial: int, out: Path) -> dict:
+    """One case in its own process. Its scratch directory (the empty compile caches, the dflash case's data and
+    run) is made here and removed here once the process has exited, whatever happened: a case killed at the
+    timeout cannot clean up after itself."""
+    scratch = tempfile.mkdtemp(prefix=f"gpu-engine-{case}-")
+    try:
+        return _run_child(a, case, trial, out, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_child(a: argparse.Namespace, case: str, trial: int, out: Path, scratch: str) -> dict:
     result = out / f"case-{case}-{trial}.json"
     result.unlink(missing_ok=True)
-    cache = tempfile.mkdtemp(prefix=f"gpu-engine-{case}-")
+    cache = os.path.join(scratch, "inductor")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     argv = [sys.executable, str(Path(__file__).resolve()), "--case", case, "--result", str(result),
+            "--work", os.path.join(scratch, "work"),
             "--device", a.device, "--targets", str(a.targets), "--drafters", str(a.drafters), "--steps", str(a.steps),
             "--stall-after", str(a.stall_after), "--timeout", str(a.timeout), "--program", a.program, "--seq", str(a.seq), "--dim", str(a.dim),
             "--heads", str(a.heads), "--batch", str(a.batch)] + (["--backend", a.backend] if a.backend else []) \
@@ -218,6 +249,11 @@ def _child(a: argparse.Namespace, case: str, trial: int, out: Path) -> dict:
         _ask_for_stacks(proc, Path(str(result) + ".stacks.txt"))
         os.killpg(proc.pid, signal.SIGKILL)
         log, _ = proc.communicate()
+    except BaseException:  # Ctrl-C here: the case runs in its own session, it would outlive us and its scratch
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     wall = time.perf_counter() - t0
     data = json.loads(result.read_text()) if result.exists() else None
     stacks_file = Path(str(result) + ".stacks.txt")
@@ -235,9 +271,6 @@ def _child(a: argparse.Namespace, case: str, trial: int, out: Path) -> dict:
            "error": failure.get("error"), "failed_thread": failure.get("thread"),
            "verdicts": rep.get("verdicts"), "log_tail": (log or "")[-4000:], "result_file": result.name,
            "faulthandler_stacks": faulthandler_stacks[-20000:] or None}
-    import shutil
-
-    shutil.rmtree(cache, ignore_errors=True)  # our own temp cache
     return row
 
 
