@@ -138,7 +138,7 @@ def run_layout(a, pack: bool) -> dict:
     split = {k: round(statistics.median(m.time_split.get(k, 0.0) for m in steps), 4)
              for k in ("target", "drafter", "optim")}
     return {"layout": "packed" if pack else "padded", "data": "uniform" if a.uniform else "mixed",
-            "pack_chunks": cfg.data.pack_chunks,
+            "pack_chunks": tr.pack_chunks, "pack_chunks_config": cfg.data.pack_chunks, "chunk_plan": tr.chunk_plan.note(),
             "tokens_per_s": round(tokens / tot, 1), "valid_blocks_per_s": round(blocks / tot, 1),
             "valid_block_share": round(blocks / sum(m.block_slots for m in steps), 4),
             "target_fill": round(tokens / sum(m.token_slots for m in steps), 4),
@@ -283,6 +283,31 @@ def gpu_idle(prof, top: int = 12) -> dict:
             "longest_gaps": [{"ms": round(g / 1e3, 2), "after": x[:80], "before": y[:80]} for g, x, y in gaps[:top]]}
 
 
+def machine_gemm(device) -> dict:
+    """This GPU's bf16 matmul rate on 8192^3 (median of 20 after 5), and its SM clock then: fresh machines of
+    one kind differ by a few percent, and a step is ~80% GEMMs, so compare tokens/s with this beside them."""
+    import torch
+
+    from cuda_timing import median_ms
+
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    ms = median_ms(lambda: a @ b, iters=20, warmup=5)
+    out = {"gemm_8192_tflops": round(2 * 8192 ** 3 / ms / 1e9, 1)}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(torch.device(device).index or 0)
+        out["sm_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
+        out["sm_clock_max_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)
+    except Exception:  # noqa: BLE001 - the clock is a nicety
+        pass
+    del a, b
+    torch.cuda.empty_cache()
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
@@ -296,7 +321,7 @@ def main() -> int:
     p.add_argument("--write-jsonl", metavar="FILE", help="write mixed-length chats (tiny words) and stop")
     p.add_argument("--scale", type=float, default=1.0, help="--write-jsonl: lengths times this")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--pack-chunks", type=int, default=0, help="data.pack_chunks (default: the recipe's)")
+    p.add_argument("--pack-chunks", default="", help='data.pack_chunks: 1, 2, 4 or auto (default: the recipe\'s)')
     p.add_argument("--profile", action="store_true", help="one more step under torch.profiler: kernel time by kind")
     p.add_argument("--memory-cap-gib", type=float, default=0.0,
                    help="cap PyTorch's allocator at this many GiB (torch.cuda.set_per_process_memory_fraction): "
@@ -314,11 +339,12 @@ def main() -> int:
         torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     elif a.memory_cap_gib:
         total = torch.cuda.get_device_properties(a.device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, a.memory_cap_gib * 2**30 / total), a.device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, a.memory_cap_gib * 2**30 / total), torch.device(a.device).index or 0)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     results = []
+    machine = machine_gemm(a.device) if a.device.startswith("cuda") else {}
     for layout in a.layouts.split(","):
-        r = run_layout(a, layout.strip() == "packed")
+        r = {**run_layout(a, layout.strip() == "packed"), **machine}
         print(json.dumps(r), flush=True)
         results.append(r)
         import gc

@@ -22,6 +22,9 @@ EMBEDDED_TARGET = "embedded:tiny"  # the tiny Qwen3 target built locally from a 
 EMBEDDED_DATA = "embedded:tiny-chat"  # the shipped prompts, answered by the target (dflash regen)
 GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}  # loss decay γ per block size (DFlash paper / SpecForge)
 
+AUTO_MAX_CHUNKS = 4
+"""data.pack_chunks "auto" picks 1, 2 or 4 chunks (dflash/training/memory_plan.py)."""
+
 
 def _need(cond: bool, name: str, msg: str) -> None:
     if not cond:
@@ -115,10 +118,12 @@ class DataConfig:
     blocks per token (anchors per sequence over its tokens) times the micro-batch's tokens, at least
     `batch_size` x `num_anchors` (what a padded micro-batch computes) and at most 4 x that (memory):
     on data with short answers the rows then fill before the blocks run out."""
-    pack_chunks: int = 1
+    pack_chunks: int | Literal["auto"] = 1
     """Packed: the drafter runs a micro-batch's blocks in this many equal chunks, each with the
     micro-batch's whole context and its own backward: the activation memory of one chunk, the same
-    gradient. The block budget is rounded to a multiple of 8 x this."""
+    gradient. The block budget is rounded to a multiple of 8 x this. "auto": the fewest of 1, 2, 4 whose
+    predicted peak fits 90% of the GPU's memory (dflash/training/memory_plan.py; the budget is then a
+    multiple of 32, so the batches do not depend on the GPU)."""
     strict: bool = False
     """Any skipped record (unreadable or oversized line, no assistant turn, one that starts with the
     assistant, refused by the chat template, no anchor position) is bad input (exit 2) instead of a
@@ -140,12 +145,17 @@ class DataConfig:
         _need(self.workers is None or self.workers >= 1, "data.workers", "must be >= 1 or none")
         _need(self.pack_blocks is None or self.pack_blocks >= self.num_anchors, "data.pack_blocks",
               "must be >= data.num_anchors (a sequence's blocks fit one micro-batch) or none")
-        _need(self.pack_chunks >= 1, "data.pack_chunks", "must be >= 1")
-        _need(self.pack_blocks is None or self.pack_blocks % self.pack_chunks == 0, "data.pack_chunks",
-              "must divide data.pack_blocks")
+        _need(self.pack_chunks == "auto" or self.pack_chunks >= 1, "data.pack_chunks", 'must be >= 1 or "auto"')
+        _need(self.pack_blocks is None or self.pack_blocks % self.chunk_quantum() == 0, "data.pack_chunks",
+              'must divide data.pack_blocks ("auto" may pick 4: a multiple of 4)')
         _need(self.cache_dir is None or bool(self.cache_dir), "data.cache_dir", 'must be a directory, "off" or none')
         _need(all(b >= 1 for b in self.buckets) and list(self.buckets) == sorted(set(self.buckets)),
               "data.buckets", "must be increasing positive lengths")
+
+    def chunk_quantum(self) -> int:
+        """The chunk counts the block budget must divide by: data.pack_chunks, or under "auto" the most
+        it may pick (dflash.training.memory_plan.AUTO_MAX_CHUNKS)."""
+        return self.pack_chunks if self.pack_chunks != "auto" else AUTO_MAX_CHUNKS
 
     def record_chars(self) -> int:
         """The most characters a conversation may have (max_record_chars, or 64 x max_length)."""
@@ -435,12 +445,12 @@ def qwen3_8b() -> Config:
         target=TargetConfig(path="Qwen3-8B"),
         drafter=DrafterConfig(num_layers=5, block_size=16),
         # 4 x 3,072 tokens per GPU per step as in the reference (4 sequences there), packed: one micro-batch
-        # of 4 rows, its drafter blocks run in 2 chunks (the loss denominator is global, so this is exactly
-        # the whole step's gradient with half of the drafter's activation memory). One H200, mixed-length
-        # chats: 2 chunks 10,613 tokens/s at a 55.8 GiB peak, 1 chunk 10,747 at 71.2 GiB (docs/benchmarks.md);
-        # `data.pack_chunks=1` on a GPU with room for it, 4 for a GPU with less memory
+        # of 4 rows, its drafter blocks in as few chunks as the GPU has memory for (the loss denominator is
+        # global, so any chunking is exactly the whole step's gradient). One H200, mixed-length chats: 1 chunk
+        # 10,747 tokens/s at a 71.2 GiB peak, 2 chunks 10,613 at 55.8 GiB (docs/benchmarks.md); "auto" picks 1
+        # there and 2 on an 80 GB GPU (dflash/training/memory_plan.py)
         data=DataConfig(path="data/train.jsonl", max_length=3072, num_anchors=512, batch_size=4,
-                        buckets=(512, 1024, 2048, 3072), pack=True, pack_chunks=2),
+                        buckets=(512, 1024, 2048, 3072), pack=True, pack_chunks="auto"),
         optim=OptimConfig(lr=6e-4, warmup_ratio=0.04, clip=1.0),
         train=TrainConfig(epochs=6, grad_accum=1),
         checkpoint=CheckpointConfig(every=1000),

@@ -436,12 +436,12 @@ class ChatDataset:
 
     def packed_block_budget(self) -> int:
         """The blocks of a packed micro-batch: `data.pack_blocks`, else the data's blocks per token times
-        the micro-batch's tokens, in multiples of 8 x data.pack_chunks (a flex tile of 128 queries at
+        the micro-batch's tokens, in multiples of 8 x data.pack_chunks ("auto": 8 x 4) (a flex tile of 128 queries at
         block size 16, per chunk), between batch_size x num_anchors and 4 x that."""
         cfg = self.cfg
         if cfg.pack_blocks is not None:
             return cfg.pack_blocks
-        quantum = 8 * cfg.pack_chunks
+        quantum = 8 * cfg.chunk_quantum()
         base = -(-cfg.batch_size * cfg.num_anchors // quantum) * quantum
         if not len(self.samples):
             return base

@@ -147,7 +147,7 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
     def loss(tr: Trainer, batch, taps: torch.Tensor):
         """Forward and backward of one micro-batch (packed: chunk by chunk, data.pack_chunks)."""
         return loss_backward(tr.drafter, tr.target.embed, tr.target.head, taps, batch,
-                             chunks=tr.cfg.data.pack_chunks, mask_token_id=tr.target.mask_token_id,
+                             chunks=tr.pack_chunks, mask_token_id=tr.target.mask_token_id,
                              weights=tr.weights, denominator=one[tr.device], backend=tr.backend,
                              compute_dtype=tr.compute_dtype)  # loss = Σ w·CE (denominator 1)
 

@@ -46,6 +46,7 @@ from dflash.model.target_dir import check_target
 from dflash.model.target_load import TargetLoad
 from dflash.model.weights import BUILDING
 from dflash.training import preload, warmup
+from dflash.training.memory_plan import plan_for
 from dflash.training.metrics import check_tensorboard
 from dflash.training.startup import Background, Phases
 
@@ -174,8 +175,10 @@ def _overlapped(cfg: Config, loading: TargetLoad, phases: Phases, on_event: Even
     if data is not None and loading.reading() and warmup.pays(drafter, device):
         with phases.phase("drafter warm-up"):  # its compiled code, while the weights are still being read
             first = (store.step_number(start.name) or 0) if start is not None else 0  # the step the run starts at
+            plan = plan_for(cfg, spec=spec, drafter=drafter, target_config=shape.config, block_budget=data[0].block_budget,
+                            device=device, target_dtype=loading.dtype)  # the trainer's own: the same shapes
             warmup.warm_drafter(cfg, drafter, data[0].step_batches(first, cfg.train.grad_accum)[:1],
-                                vocab_size=shape.vocab_size, dtype=loading.dtype, device=device,
+                                vocab_size=shape.vocab_size, dtype=loading.dtype, device=device, chunks=plan.chunks,
                                 until=lambda: not loading.reading())
     target = loading.result()
     if data is None:

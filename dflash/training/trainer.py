@@ -42,6 +42,7 @@ from dflash.model import (
     weight_sum,
 )
 from dflash.training.build import build_trainer
+from dflash.training.memory_plan import plan_for
 from dflash.training.metrics import MetricsWriter, StepClock, StepMetrics, memory_bytes
 from dflash.training.result import TrainResult
 from dflash.training.schedule import lr_at
@@ -66,6 +67,11 @@ class Trainer:
         self.backend = detect_backend(self.device, cfg.train.attention)
         self.compute_dtype = resolve_dtype(cfg.train.dtype, self.device)
         self.weights = loss_weights(cfg.drafter.block_size, cfg.gamma, device=self.device)
+        self.chunk_plan = plan_for(cfg, spec=drafter.spec, drafter=drafter, target_config=target.config,
+                                   block_budget=dataset.block_budget, device=self.device, target_dtype=target.dtype)
+        self.pack_chunks = self.chunk_plan.chunks  # data.pack_chunks resolved ("auto": by the GPU's memory)
+        if cfg.data.pack_chunks == "auto":
+            self.notes.append(self.chunk_plan.note())
         self.optimizer = torch.optim.AdamW(
             drafter.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
             weight_decay=cfg.optim.weight_decay, fused=self.device.type == "cuda")
@@ -127,7 +133,7 @@ class Trainer:
                                 getattr(batch, "run_bounds", None))  # (B, S, k·H)
         t1 = clock.mark()
         out = loss_backward(self.drafter, self.target.embed, self.target.head, taps, batch,
-                            chunks=self.cfg.data.pack_chunks, mask_token_id=self.target.mask_token_id,
+                            chunks=self.pack_chunks, mask_token_id=self.target.mask_token_id,
                             weights=self.weights, denominator=denominator, backend=self.backend,
                             compute_dtype=self.compute_dtype)
         clock.add("target", t0, t1)

@@ -39,10 +39,10 @@ def pays(drafter: DFlashDrafter, device: torch.device) -> bool:
 
 
 def warm_drafter(cfg, drafter: DFlashDrafter, batches: list, *, vocab_size: int, dtype: torch.dtype,
-                 device: torch.device, until: Callable[[], bool] = lambda: False) -> int:
+                 device: torch.device, chunks: int = 1, until: Callable[[], bool] = lambda: False) -> int:
     """Forward and backward of `drafter` on each of `batches` (micro-batches of the run's data) with the target
     stood in for (the module doc); the gradients are dropped. Stops before a batch once `until()` is
-    true. Returns how many batches ran. Each runs under BUILDING: transformers changes torch's default
+    true. `chunks`: the run's resolved data.pack_chunks (the trainer's, dflash.training.memory_plan). Returns how many batches ran. Each runs under BUILDING: transformers changes torch's default
     dtype while it builds the target, and dynamo would trace (and guard on) that."""
     hidden = drafter.spec.hidden_size
     taps_width = drafter.fc.in_features
@@ -51,7 +51,7 @@ def warm_drafter(cfg, drafter: DFlashDrafter, batches: list, *, vocab_size: int,
     def embed(ids: torch.Tensor) -> torch.Tensor:
         return torch.zeros(*ids.shape, hidden, dtype=dtype, device=device)
 
-    kwargs = dict(chunks=cfg.data.pack_chunks, mask_token_id=0,
+    kwargs = dict(chunks=chunks, mask_token_id=0,
                   weights=loss_weights(cfg.drafter.block_size, cfg.gamma, device=device),
                   denominator=torch.ones((), device=device), backend=detect_backend(device, cfg.train.attention),
                   compute_dtype=resolve_dtype(cfg.train.dtype, device))
