@@ -11,6 +11,7 @@ from dflash.model.drafter import DFlashDrafter, DrafterSpec
 from dflash.training import memory_plan as mp
 from tests.test_packing import _dataset, _mixed_dataset
 from tests.dflash_helpers import tiny_target  # noqa: F401 - fixture
+from tests.helpers import requires_cuda
 
 GIB = 2 ** 30
 # Peaks allocated on one H200 (torch 2.11, Qwen3-8B-shaped target, the qwen3_8b recipe's rows, one timed run
@@ -117,3 +118,27 @@ def test_a_trainer_resolves_auto_and_says_so(tmp_path, tiny_target):
     assert tr.pack_chunks == 1  # the CPU: nothing to bound
     assert any("pack_chunks auto: 1" in n for n in tr.notes)
     tr.train_step(tr.micro_batches(0))  # and it trains
+
+
+@requires_cuda
+def test_auto_on_a_gpu_given_without_an_index_reads_its_memory_and_the_process_cap():
+    """"cuda" (no index, what a trainer on the default GPU holds) and a per-process cap, as
+    torch.cuda.set_per_process_memory_fraction sets it: the cap is what the plan must fit."""
+    dev = torch.device("cuda")
+    full = mp.device_memory(dev)
+    assert full == torch.cuda.get_device_properties(0).total_memory
+    before = torch.cuda.get_per_process_memory_fraction(0) if hasattr(torch.cuda, "get_per_process_memory_fraction") else 1.0
+    torch.cuda.set_per_process_memory_fraction(0.5, 0)
+    try:
+        if hasattr(torch.cuda, "get_per_process_memory_fraction"):
+            assert mp.device_memory(dev) == int(full * 0.5)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(before, 0)
+    from transformers import Qwen3Config
+
+    from dflash.training.dryrun import QWEN3_8B
+
+    shapes = _qwen3_8b_shapes(2048)
+    plan = mp.pack_chunks("auto", packed=True, device=dev, spec=shapes["spec"], drafter_params=shapes["drafter_params"],
+                          target_config=Qwen3Config(**QWEN3_8B), rows=4, row_len=3072, blocks=2048)
+    assert plan.device_bytes == full and plan.chunks == mp.fewest_chunks(full, **shapes).chunks

@@ -119,9 +119,10 @@ def fewest_chunks(total: int, **shapes) -> ChunkPlan:
 def device_memory(device: torch.device) -> int:
     """The memory PyTorch may use on a GPU: its total, times the process's cap where one was set
     (torch.cuda.set_per_process_memory_fraction; the getter exists from torch 2.8 on)."""
-    total = torch.cuda.get_device_properties(device).total_memory
+    index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda": the current one
+    total = torch.cuda.get_device_properties(index).total_memory
     getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    return int(total * (getter(device) if getter is not None else 1.0))
+    return int(total * (getter(index) if getter is not None else 1.0))
 
 
 def plan_for(cfg, *, spec, drafter, target_config, block_budget: int, device: torch.device,
