@@ -120,7 +120,7 @@ def test_a_trainer_resolves_auto_and_says_so(tmp_path, tiny_target):
     tr.train_step(tr.micro_batches(0))  # and it trains
 
 
-@requires_cuda
+@requires_cuda()
 def test_auto_on_a_gpu_given_without_an_index_reads_its_memory_and_the_process_cap():
     """"cuda" (no index, what a trainer on the default GPU holds) and a per-process cap, as
     torch.cuda.set_per_process_memory_fraction sets it: the cap is what the plan must fit."""
