@@ -134,3 +134,118 @@ def test_property_any_manifest_checks_or_is_bad_input(tmp_path, body):
         assert "\n" not in e.message
     else:
         assert out is None
+
+
+# ---------------------------------------------------------------- large files: per-piece digests, checked in parallel
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Pieces of 8 KiB (the recipe's are 256 MiB): the same code paths on files of a few pieces."""
+    monkeypatch.setattr(manifest, "SEGMENT", 8 << 10)
+    monkeypatch.setattr(manifest, "CHUNK", 3000)  # reads that do not line up with the pieces
+    return 8 << 10
+
+
+def test_a_large_file_records_one_digest_per_piece_beside_the_whole_files(tmp_path, small_pieces):
+    import xxhash
+
+    data = noise(5 * small_pieces + 123, seed=31)
+    man = manifest.record(tmp_path, _files(tmp_path, big=data, small=b"tiny"))
+    big = man["files"]["big"]
+    assert big["xxh3_128"] == xxhash.xxh3_128(data).hexdigest()  # older readers check the whole file
+    assert big["segments"]["bytes"] == small_pieces
+    assert big["segments"]["xxh3_128"] == [xxhash.xxh3_128(data[i:i + small_pieces]).hexdigest()
+                                           for i in range(0, len(data), small_pieces)]  # 6 pieces, the last short
+    assert "segments" not in man["files"]["small"]
+    assert manifest.check(tmp_path) is None
+
+
+@pytest.mark.parametrize("size_in_pieces", [2, 3, 7])
+def test_a_bit_flip_in_any_piece_is_caught_and_located(tmp_path, small_pieces, size_in_pieces):
+    data = bytearray(noise(size_in_pieces * small_pieces, seed=32))  # whole pieces: the last is full
+    (tmp_path / "f").write_bytes(data)
+    manifest.record(tmp_path, ["f"])
+    for byte in (0, small_pieces - 1, small_pieces, len(data) - 1):
+        flipped = bytearray(data)
+        flipped[byte] ^= 0x10
+        (tmp_path / "f").write_bytes(flipped)
+        piece = byte // small_pieces
+        with pytest.raises(BadInput, match=f"at bytes {piece * small_pieces}\\.\\.") as e:
+            manifest.check(tmp_path)
+        assert "'" + str(tmp_path / "f") + "'" in e.value.message
+    (tmp_path / "f").write_bytes(data)
+    assert manifest.check(tmp_path) is None
+
+
+def test_pieces_are_checked_in_parallel_threads_and_agree_with_one(tmp_path, small_pieces, monkeypatch):
+    """Several threads hash pieces at once (pread: no shared offset); one thread gives the same verdicts."""
+    import threading
+
+    data = bytearray(noise(9 * small_pieces, seed=33))
+    (tmp_path / "f").write_bytes(data)
+    manifest.record(tmp_path, ["f"])
+    seen = set()
+    real = os.pread
+
+    def pread(fd, n, off):
+        seen.add(threading.current_thread().name)
+        return real(fd, n, off)
+
+    monkeypatch.setattr(manifest.os, "pread", pread)
+    monkeypatch.setattr(manifest.os, "cpu_count", lambda: 4)
+    assert manifest.check(tmp_path) is None
+    assert len({n for n in seen if n.startswith("manifest-check")}) >= 1 and len(seen) <= 4
+    data[5 * small_pieces + 7] ^= 1
+    (tmp_path / "f").write_bytes(data)
+    for threads in (1, 4):
+        monkeypatch.setattr(manifest, "CHECK_THREADS", threads)
+        with pytest.raises(BadInput, match=f"at bytes {5 * small_pieces}\\."):
+            manifest.check(tmp_path)
+
+
+def test_a_manifest_without_pieces_is_checked_by_the_whole_digest(tmp_path, small_pieces):
+    """Checkpoints written before pieces existed: the whole file's digest, as then."""
+    data = bytearray(noise(4 * small_pieces, seed=34))
+    (tmp_path / "f").write_bytes(data)
+    man = manifest.record(tmp_path, ["f"])
+    del man["files"]["f"]["segments"]
+    (tmp_path / manifest.MANIFEST).write_text(json.dumps(man))
+    assert manifest.check(tmp_path) is None
+    data[-1] ^= 1
+    (tmp_path / "f").write_bytes(data)
+    with pytest.raises(BadInput, match="checksum"):
+        manifest.check(tmp_path)
+
+
+@pytest.mark.parametrize("segments", [
+    {"bytes": 8 << 10, "xxh3_128": ["0" * 32] * 3},  # too few digests for the size
+    {"bytes": 8 << 10, "xxh3_128": ["0" * 32] * 5},  # too many
+    {"bytes": 100, "xxh3_128": ["0" * 32] * 328},  # pieces under the minimum (a huge list)
+    {"bytes": True, "xxh3_128": ["0" * 32] * 4},
+    {"bytes": 8 << 10, "xxh3_128": ["zz"] * 4},
+    {"bytes": 8 << 10, "xxh3_128": "0" * 32},
+    [],
+    {"bytes": 32 << 10, "xxh3_128": ["0" * 32]},  # one piece: the whole digest says it all
+])
+def test_malformed_pieces_are_bad_input_before_any_read(tmp_path, segments, monkeypatch):
+    (tmp_path / "f").write_bytes(noise(32 << 10, seed=35))
+    man = manifest.record(tmp_path, ["f"])
+    man["files"]["f"]["segments"] = segments
+    (tmp_path / manifest.MANIFEST).write_text(json.dumps(man))
+    monkeypatch.setattr(manifest.os, "pread", lambda *a: pytest.fail("read before the manifest was checked"))
+    with pytest.raises(BadInput, match="segments"):
+        manifest.check(tmp_path)
+
+
+def test_a_forged_piece_digest_does_not_pass_a_file_whose_whole_digest_also_differs(tmp_path, small_pieces):
+    """The pieces are what is checked when present: a manifest that lists the true pieces of other bytes is
+    refused for those pieces (every byte is compared with what the manifest recorded)."""
+    (tmp_path / "f").write_bytes(noise(3 * small_pieces, seed=36))
+    man = manifest.record(tmp_path, ["f"])
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "f").write_bytes(noise(3 * small_pieces, seed=37))
+    forged = manifest.record(other, ["f"])
+    man["files"]["f"]["segments"] = forged["files"]["f"]["segments"]
+    (tmp_path / manifest.MANIFEST).write_text(json.dumps(man))
+    with pytest.raises(BadInput, match="at bytes 0\\.\\."):
+        manifest.check(tmp_path)

@@ -10,6 +10,7 @@ import shutil
 import threading
 
 import pytest
+import torch
 
 from compilewatch.errors import BadInput
 from dflash.checkpoint import rundir
@@ -17,6 +18,7 @@ from dflash.checkpoint.runlock import RunLock
 from dflash.training import build
 from dflash.training.trainer import Trainer
 from tests.dflash_helpers import chat_file, small_config, tiny_target  # noqa: F401 - fixtures
+from tests.helpers import requires_cuda
 
 WAIT = 120  # seconds: a generous bound on an Event that a correct start sets within a second
 
@@ -52,9 +54,9 @@ def test_overlapped_resume_trains_bit_identically_to_the_sequential_one(tmp_path
     data_started = threading.Event()
     real_load, real_data = rundir.load_resume_state, build.load_training_data
 
-    def held_load(start):
+    def held_load(start, device=None):
         assert data_started.wait(WAIT), "the data phase never began while the checkpoint was read"
-        return real_load(start)
+        return real_load(start, device)
 
     def data(*a, **k):
         data_started.set()
@@ -112,7 +114,7 @@ def test_an_unexpected_error_in_the_thread_is_raised_by_the_start(tmp_path, chat
     """Not only BadInput: whatever the read raises comes out of the start as that exception."""
     run = _first_run(tmp_path, chat_file)
 
-    def broken(start):
+    def broken(start, device=None):
         raise RuntimeError("injected: the read failed")
 
     monkeypatch.setattr(build, "load_resume_state", broken)
@@ -130,10 +132,10 @@ def test_a_failing_target_waits_for_the_thread_then_releases_the_lock(tmp_path, 
     read_ended = threading.Event()
     real_load = rundir.load_resume_state
 
-    def slow_load(start):
+    def slow_load(start, device=None):
         assert target_failed.wait(WAIT)
         try:
-            return real_load(start)
+            return real_load(start, device)
         finally:
             read_ended.set()
 
@@ -148,3 +150,59 @@ def test_a_failing_target_waits_for_the_thread_then_releases_the_lock(tmp_path, 
     assert read_ended.is_set()  # the read ended before the start returned
     RunLock(run).acquire().release()
     assert _no_start_threads()
+
+
+def _trained_state(device: str):
+    """A small model's Trainer-like state after one fused (CUDA) or plain AdamW step."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=device.startswith("cuda"))
+    model(torch.randn(3, 8, device=device, generator=None)).sum().backward()
+    opt.step()
+    state = {"step": 1, "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+             "optimizer": opt.state_dict(), "spec": {}, "total_steps": 10}
+    state["optimizer"] = {**state["optimizer"], "state": {i: {k: v.cpu() for k, v in e.items()}
+                                                          for i, e in state["optimizer"]["state"].items()}}
+    return model, opt, state
+
+
+def test_staging_a_state_keeps_it_whole_and_leaves_the_loaded_one_alone():
+    from dflash.checkpoint.rundir import staged
+
+    torch.manual_seed(0)
+    _, _, state = _trained_state("cpu")
+    before = {k: v.clone() for k, v in state["model"].items()}
+    out = staged(state, torch.device("cpu"), threads=3)
+    assert out is not state and out.keys() == state.keys() and out["step"] == 1
+    assert out["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    for k, v in before.items():
+        assert torch.equal(out["model"][k], v) and torch.equal(state["model"][k], v)
+    for i, e in state["optimizer"]["state"].items():
+        assert out["optimizer"]["state"][i].keys() == e.keys()
+        assert all(torch.equal(out["optimizer"]["state"][i][k], e[k]) for k in e)
+
+
+@requires_cuda()
+def test_a_state_staged_on_the_gpu_loads_into_a_fused_adamw_without_another_copy():
+    """The resume thread's copies (`load_resume_state(start, device)`): the weights and moments land on the
+    GPU, the step counters stay as saved, and loading keeps the staged moments (no second copy)."""
+    from dflash.checkpoint.rundir import staged
+    from dflash.checkpoint.state_check import load_optimizer_state
+
+    torch.manual_seed(0)
+    model, opt, state = _trained_state("cuda")
+    out = staged(state, torch.device("cuda"))
+    assert all(v.is_cuda for v in out["model"].values())
+    for i, e in out["optimizer"]["state"].items():
+        assert e["exp_avg"].is_cuda and e["exp_avg_sq"].is_cuda
+        assert e["step"].device == state["optimizer"]["state"][i]["step"].device  # as saved
+    fresh = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)).cuda()
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2, fused=True)
+    fresh.load_state_dict(out["model"])
+    load_optimizer_state(fresh_opt, out["optimizer"])
+    for (k, v), (_, w) in zip(fresh.state_dict().items(), model.state_dict().items()):
+        assert torch.equal(v, w), k
+    for p_new, p_old in zip(fresh.parameters(), model.parameters()):
+        a, b = fresh_opt.state[p_new], opt.state[p_old]
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+    staged_ptrs = {e["exp_avg"].data_ptr() for e in out["optimizer"]["state"].values()}
+    assert {fresh_opt.state[p]["exp_avg"].data_ptr() for p in fresh.parameters()} == staged_ptrs

@@ -6,7 +6,11 @@
 
 `record` streams each file through xxh3-128 (1 MiB of memory; benchmarks/dflash_manifest.py measures
 the rate) and writes the manifest atomically, so a checkpoint directory holds either no
-manifest or a complete one. `check` compares sizes first (no reading), then digests; a bit flip, a
+manifest or a complete one. A file over SEGMENT bytes also gets the digest of each SEGMENT-byte piece
+("segments"), computed in the same pass: `check` then reads and hashes the pieces in parallel threads
+(a resume's 13.7 GB training state at 8B is read at the page cache's rate over several cores, not at one
+core's), and every byte is still compared with what was recorded. Manifests without segments (older
+checkpoints) are checked by the whole file's digest. `check` compares sizes first (no reading), then digests; a bit flip, a
 truncation, a missing file or something that is not a regular file (a directory, a FIFO: never
 opened for reading, so never blocks) is BadInput naming that file. A checkpoint without
 manifest.json (written before manifests existed) is accepted: `check` returns a note saying that
@@ -32,6 +36,9 @@ VERSION = 1
 ALGORITHM = "xxh3_128"
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists a handful of files: a few hundred bytes
 CHUNK = 1 << 20  # bytes hashed per read (one reused buffer)
+SEGMENT = 256 << 20  # a large file's pieces, each with its own digest (checked in parallel)
+MIN_SEGMENT = 4 << 10  # the smallest piece a manifest may claim (bounds the digests a file can list)
+CHECK_THREADS = 8  # at most, for one file's pieces
 _HEX128 = re.compile(r"[0-9a-f]{32}")
 
 
@@ -46,29 +53,76 @@ def open_regular(path: Path, what: str) -> tuple[int, os.stat_result]:
 def _digest(fd: int, size: int) -> str:
     """xxh3-128 of the first `size` bytes of `fd` (the size fstat gave: a file that grows while it
     is hashed does not make this read forever). One reused buffer: no allocation per chunk."""
+    return _digests(fd, size, 0)[0]
+
+
+def _digests(fd: int, size: int, segment: int) -> tuple[str, list[str] | None]:
+    """(the whole first `size` bytes' xxh3-128, each `segment`-byte piece's, or None for segment 0 or a
+    file of one piece), in one pass over the file."""
     import xxhash
 
-    h = xxhash.xxh3_128()
-    buf = memoryview(bytearray(max(1, min(CHUNK, size))))
+    whole = xxhash.xxh3_128()
+    pieces: list[str] | None = [] if segment and size > segment else None
+    part = xxhash.xxh3_128()
+    in_part = 0
+    step = max(1, min(CHUNK, segment or CHUNK, size))
+    buf = memoryview(bytearray(step))
     left = size
     with io.FileIO(fd, "rb", closefd=False) as f:
         while left > 0:
-            n = f.readinto(buf[: min(len(buf), left)])
+            n = f.readinto(buf[: min(step, left, (segment - in_part) if pieces is not None else step)])
             if not n:
                 break
-            h.update(buf[:n])
+            whole.update(buf[:n])
             left -= n
-    return h.hexdigest()
+            if pieces is not None:
+                part.update(buf[:n])
+                in_part += n
+                if in_part == segment or left == 0:
+                    pieces.append(part.hexdigest())
+                    part, in_part = xxhash.xxh3_128(), 0
+    return whole.hexdigest(), pieces
+
+
+def _pieces_match(fd: int, size: int, segment: int, digests: list[str]) -> int | None:
+    """Hash each `segment`-byte piece of `fd` in parallel threads (pread: no shared file offset) and
+    compare with `digests`; the index of the first piece that differs, or None when all match."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import xxhash
+
+    def piece(i: int) -> bool:
+        h = xxhash.xxh3_128()
+        off, end = i * segment, min(size, (i + 1) * segment)
+        while off < end:
+            data = os.pread(fd, min(CHUNK, end - off), off)
+            if not data:
+                return False  # shorter than its size said (it shrank while read)
+            h.update(data)
+            off += len(data)
+        return h.hexdigest() == digests[i]
+
+    workers = max(1, min(CHECK_THREADS, os.cpu_count() or 1, len(digests)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="manifest-check") as pool:
+        for i, ok in enumerate(pool.map(piece, range(len(digests)))):
+            if not ok:
+                return i
+    return None
 
 
 def file_entry(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """{"bytes": size, "xxh3_128": digest} of one regular file (BadInput if it is not one)."""
+    """{"bytes": size, "xxh3_128": digest} of one regular file (BadInput if it is not one), and
+    "segments": {"bytes": SEGMENT, "xxh3_128": [each piece's digest]} when it is over SEGMENT bytes."""
     p = Path(path)
     fd, st = open_regular(p, "checkpoint file")
     try:
-        return {"bytes": st.st_size, ALGORITHM: _digest(fd, st.st_size)}
+        whole, pieces = _digests(fd, st.st_size, SEGMENT)
     finally:
         os.close(fd)
+    entry: dict[str, Any] = {"bytes": st.st_size, ALGORITHM: whole}
+    if pieces is not None:
+        entry["segments"] = {"bytes": SEGMENT, ALGORITHM: pieces}
+    return entry
 
 
 def _plain_name(name: Any, where: str) -> str:
@@ -132,7 +186,23 @@ def read(directory: Path) -> dict[str, dict[str, Any]] | None:
         if not isinstance(digest, str) or not _HEX128.fullmatch(digest):
             raise BadInput(f"{where}: {name}: {ALGORITHM!r} is not a 32-digit hex digest")
         out[name] = {"bytes": size, ALGORITHM: digest}
+        if isinstance(entry, dict) and "segments" in entry:
+            out[name]["segments"] = _read_segments(entry["segments"], size, f"{where}: {name}")
     return out
+
+
+def _read_segments(seg: Any, size: int, where: str) -> dict[str, Any]:
+    """A file entry's "segments", every field checked: a piece size of at least MIN_SEGMENT bytes and one
+    32-digit hex digest for each piece of the file's size."""
+    piece = seg.get("bytes") if isinstance(seg, dict) else None
+    digests = seg.get(ALGORITHM) if isinstance(seg, dict) else None
+    if isinstance(piece, bool) or not isinstance(piece, int) or piece < MIN_SEGMENT:
+        raise BadInput(f"{where}: \"segments\" has no piece size of at least {MIN_SEGMENT} bytes ({piece!r})")
+    if not isinstance(digests, list) or len(digests) != -(-size // piece) or len(digests) < 2:
+        raise BadInput(f"{where}: \"segments\" must list one digest per {piece}-byte piece of its {size} bytes")
+    if not all(isinstance(d, str) and _HEX128.fullmatch(d) for d in digests):
+        raise BadInput(f"{where}: \"segments\" holds something that is not a 32-digit hex digest")
+    return {"bytes": piece, ALGORITHM: list(digests)}
 
 
 def check(directory: Path, names: Iterable[str] | None = None) -> str | None:
@@ -157,7 +227,14 @@ def check(directory: Path, names: Iterable[str] | None = None) -> str | None:
         try:
             if st.st_size != want["bytes"]:
                 raise BadInput(f"{str(path)!r} is {st.st_size} bytes, {MANIFEST} says {want['bytes']}", hint=hint)
-            if _digest(fd, st.st_size) != want[ALGORITHM]:
+            seg = want.get("segments")
+            if seg is not None:  # every byte, piece by piece, in parallel
+                bad = _pieces_match(fd, st.st_size, seg["bytes"], seg[ALGORITHM])
+                if bad is not None:
+                    raise BadInput(f"{str(path)!r} does not match its {ALGORITHM} checksum in {MANIFEST} at bytes "
+                                   f"{bad * seg['bytes']}..{min(st.st_size, (bad + 1) * seg['bytes']) - 1} "
+                                   "(its bytes changed after it was written)", hint=hint)
+            elif _digest(fd, st.st_size) != want[ALGORITHM]:
                 raise BadInput(f"{str(path)!r} does not match its {ALGORITHM} checksum in {MANIFEST} "
                                "(its bytes changed after it was written)", hint=hint)
         finally:

@@ -83,7 +83,7 @@ def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: 
             imports = preload.start_imports(cfg.target)
             imports.wait("torch")  # torch's own lazy imports are in before this thread meets any (preload's doc)
             if start is not None:
-                reading = Background(phases, "resume state", lambda: load_resume_state(start))
+                reading = Background(phases, "resume state", lambda: load_resume_state(start, device))
             gpus = sorted({str(d) for d in (device, home) if d.type == "cuda"})
             warming = Background(phases, "cuda", lambda: _warm_cuda(gpus)) if gpus else None
             on_event("phase", {"name": "target", "source": cfg.target.path})
