@@ -180,8 +180,11 @@ def _render(r: dict) -> None:
                 + " ".join(f"{a:.2f}" if a is not None else "-" for a in acc))
     ev = r.get("eval")
     if ev:
+        beyond = ev["mismatched_prompts"] - ev.get("near_tie_prompts", 0)
+        outputs = ("match" if ev["outputs_match"] else f"DIFFER on {beyond}" if beyond
+                   else f"match up to rounding (near-ties on {ev['near_tie_prompts']})")
         o.print(f"speculative decoding: τ = {ev['tau']:.2f} (max {ev['max_tau']}), speedup {ev['speedup']:.2f}x vs plain "
-                f"decoding, outputs {'match' if ev['outputs_match'] else 'DIFFER'} ({ev['prompts']} prompts)")
+                f"decoding, outputs {outputs} ({ev['prompts']} prompts)")
     if r["checkpoints"]:
         o.print(f"export: {r['checkpoints'][-1]} (config.json + model.safetensors)")
         for line in _check_lines(r["checkpoints"][-1]):

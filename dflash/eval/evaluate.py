@@ -38,6 +38,8 @@ def evaluate_drafter(drafter, target, prompts: list[list[int]], max_new_tokens: 
     the reference ran, why graphs were turned off, or that the plain baseline was reused. `state`
     (dflash.eval.reuse.EvalState): what a run's evals keep for the next (`step`: this one's training
     step); without it, as `dflash eval` runs, everything is measured afresh."""
+    from dflash.eval.divergence import weigh
+
     why = batched_unsupported(target, block_size) if batched else "asked for the batch-1 reference"
     if why is None:
         result, notes = evaluate_batched(drafter, target, prompts, max_new_tokens, block_size, progress,
@@ -45,12 +47,13 @@ def evaluate_drafter(drafter, target, prompts: list[list[int]], max_new_tokens: 
         for note in notes:
             if on_note is not None:
                 on_note(note)
-        return result
+        return weigh(result, target, prompts)  # where outputs differ: near-ties of the target's logits or not
     if on_note is not None and batched:
         on_note(f"decoded one prompt at a time: {why}")
     if state is not None:
         state.record_reference()
-    return evaluate(DrafterProposer(drafter, target), target, prompts, max_new_tokens, block_size, progress)
+    result = evaluate(DrafterProposer(drafter, target), target, prompts, max_new_tokens, block_size, progress)
+    return weigh(result, target, prompts)
 
 
 def check_num_prompts(n: int | None) -> None:

@@ -31,6 +31,21 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class Divergence:
+    """Where one prompt's speculative tokens first differ from its plain greedy tokens, and how close the
+    target's logits were there (`dflash.eval.divergence.weigh`)."""
+
+    prompt: int  # the prompt's index
+    position: int  # index among the new tokens
+    plain_token: int | None  # None: that decoding had ended
+    spec_token: int | None
+    shared_tokens: tuple[int, ...] = ()  # the new tokens both decodings produced before `position`
+    logit_gap: float | None = None  # |logit(plain) - logit(spec)| from one fresh target forward of the shared prefix
+    tolerance: float | None = None  # what rounding in the target's dtype can move two logits by there
+    near_tie: bool = False  # logit_gap <= tolerance: the two decodings' arithmetic can pick either token
+
+
+@dataclass(frozen=True)
 class EvalResult:
     prompts: int
     rounds: int
@@ -47,6 +62,13 @@ class EvalResult:
     mismatched_prompts: int
     # per block position 1..B-1: share of the rounds drafting it that accepted drafts 1..k (None: never drafted)
     acceptance_by_position: tuple[float | None, ...] = ()
+    near_tie_prompts: int = 0  # mismatched prompts whose first difference is a near-tie of the target's logits
+    divergences: tuple[Divergence, ...] = ()  # each mismatched prompt's first difference
+
+    @property
+    def differ_beyond_rounding(self) -> int:
+        """Mismatched prompts not explained by rounding: the ones a lossless check fails on."""
+        return self.mismatched_prompts - self.near_tie_prompts
 
 
 def acceptance_by_position(accepted: list[int], drafted: list[int], block_size: int) -> list[float | None]:
@@ -66,7 +88,8 @@ def summarize(plain: list[Generation], spec: list[Generation], plain_seconds: fl
     accepted = [a for g in spec for a in g.accepted]
     drafted = [d for g in spec for d in g.drafted]
     n_tokens = sum(len(g.tokens) for g in spec)
-    mismatches = sum(s.tokens != p.tokens for s, p in zip(spec, plain))
+    divergences = tuple(d for i, (p, s) in enumerate(zip(plain, spec)) if (d := first_divergence(i, p.tokens, s.tokens)))
+    mismatches = len(divergences)
     hist: dict[int, int] = {}
     for a in acc:
         hist[a] = hist.get(a, 0) + 1
@@ -79,7 +102,18 @@ def summarize(plain: list[Generation], spec: list[Generation], plain_seconds: fl
         spec_tokens_per_s=n_tokens / spec_seconds if spec_seconds else float("nan"),
         outputs_match=mismatches == 0, mismatched_prompts=mismatches,
         acceptance_by_position=tuple(acceptance_by_position(accepted, drafted, block_size)),
+        divergences=divergences,
     )
+
+
+def first_divergence(prompt: int, plain: list[int], spec: list[int]) -> Divergence | None:
+    """The first new-token position where `spec` differs from `plain` (None when they are equal); a token
+    is None where that decoding had already ended."""
+    if plain == spec:
+        return None
+    j = next((k for k, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
+    return Divergence(prompt, j, plain[j] if j < len(plain) else None, spec[j] if j < len(spec) else None,
+                      tuple(plain[:j]))
 
 
 @functools.cache

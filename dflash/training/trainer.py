@@ -356,7 +356,8 @@ class RunLog:
         t0 = time.perf_counter()
         r = t.evaluate(limit=t.cfg.eval.every_prompts)
         data = {"step": step, "tau": r.tau, "max_tau": r.max_tau, "speedup": r.speedup, "prompts": r.prompts,
-                "outputs_match": r.outputs_match, "seconds": round(time.perf_counter() - t0, 3), **last_cost(t)}
+                "outputs_match": r.outputs_match, "mismatched_prompts": r.mismatched_prompts,
+                "near_tie_prompts": r.near_tie_prompts, "seconds": round(time.perf_counter() - t0, 3), **last_cost(t)}
         t.write_event("periodic_eval", data)
         t.on_event("periodic_eval", data)
 
