@@ -96,6 +96,7 @@ def make_prompts(target, n: int, max_tokens: int) -> list[list[int]]:
 
 def case(target, drafter, prompts: list[list[int]], new: int, old_prompts: int, use_graphs: bool | None) -> dict:
     from dflash.eval.batched import batched_unsupported, plain_batch, speculative_batch
+    from dflash.eval.divergence import weigh
     from dflash.eval.generation import summarize, sync
     from dflash.eval.reference import DrafterProposer, plain_generate, speculative_generate
 
@@ -113,9 +114,18 @@ def case(target, drafter, prompts: list[list[int]], new: int, old_prompts: int, 
     sync(target.device)
     wall = time.perf_counter() - t0
     r = summarize(list(plain.generations), list(spec.generations), plain.seconds, spec.seconds, bs)
+    t_w = time.perf_counter()
+    r = weigh(r, target, prompts)  # evaluate_drafter's last part: each divergence's logit gap
+    sync(target.device)
+    weigh_s = time.perf_counter() - t_w
     row["batched"] = {"eval_wall_s": round(wall, 3), "spec_s": round(spec.seconds, 3), "plain_s": round(plain.seconds, 3),
                       "rounds": r.rounds, "steps": spec.steps, "plain_steps": plain.steps, "tau": round(r.tau, 4),
                       "speedup": round(r.speedup, 3), "outputs_match": r.outputs_match,
+                      "mismatched_prompts": r.mismatched_prompts, "near_tie_prompts": r.near_tie_prompts,
+                      "weigh_s": round(weigh_s, 3),
+                      "divergences": [{"position": d.position, "gap": None if d.logit_gap is None else round(d.logit_gap, 4),
+                                       "tolerance": None if d.tolerance is None else round(d.tolerance, 4)}
+                                      for d in r.divergences],
                       "graphs": spec.graphs and plain.graphs, "notes": list(plain.notes + spec.notes)}
     k = min(old_prompts, len(prompts))
     if k:  # what dflash.eval.reference.evaluate runs, prompt by prompt (its tokens kept for the comparison)
