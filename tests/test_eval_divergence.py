@@ -41,22 +41,26 @@ def test_tolerance_is_a_few_epsilons_of_the_dtype_relative_to_the_logits():
 
 
 class _FixedLogits(torch.nn.Module):
-    """A target whose next-token logits are fixed, and which records what it was asked about."""
+    """A target whose next-token logits are fixed whatever the prefix (a one-wide hidden state through a head
+    holding the logits), and which records what its decoder was asked."""
 
     def __init__(self, logits):
         super().__init__()
-        self.logits = torch.tensor(logits)
+        self.head = torch.nn.Linear(1, len(logits), bias=False)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.tensor(logits)[:, None])
         self.seen = []
-        self.anchor = torch.nn.Parameter(torch.zeros(1, dtype=torch.bfloat16))
 
-    def forward(self, input_ids):
-        self.seen.append(input_ids.tolist())
-        return types.SimpleNamespace(logits=self.logits.expand(1, input_ids.shape[1], -1))
+    def get_decoder(self):
+        def decoder(input_ids, attention_mask):
+            self.seen.append([row[: int(m.sum())] for row, m in zip(input_ids.tolist(), attention_mask)])
+            return types.SimpleNamespace(last_hidden_state=torch.ones(*input_ids.shape, 1))
+        return decoder
 
 
 def test_weigh_calls_a_bf16_near_tie_rounding_and_a_wide_gap_a_difference():
     model = _FixedLogits([0.0, 10.0, 10.02, 8.0])  # tokens 1 and 2 tied within bf16 rounding; 3 far below
-    target = types.SimpleNamespace(model=model, dtype=torch.bfloat16, device=torch.device("cpu"))
+    target = types.SimpleNamespace(model=model, head=model.head, dtype=torch.bfloat16, device=torch.device("cpu"))
     plain = [_gen([1, 1, 1]), _gen([2, 1]), _gen([1, 1])]
     spec = [_gen([1, 2, 1]), _gen([2, 3]), _gen([1])]
     prompts = [[100, 101], [102], [103]]
@@ -66,8 +70,10 @@ def test_weigh_calls_a_bf16_near_tie_rounding_and_a_wide_gap_a_difference():
     assert not wide.near_tie and wide.logit_gap == pytest.approx(2.0) and wide.tolerance < 2.0
     assert not ended.near_tie and ended.logit_gap is None  # one decoding ended: not a rounding question
     assert r.near_tie_prompts == 1 and r.differ_beyond_rounding == 2
-    # the target was asked about each prompt plus the new tokens both decodings shared, once each
-    assert model.seen == [[[100, 101, 1]], [[102, 2]]]
+    # the target was asked about each prompt plus the new tokens both decodings shared, in one padded forward
+    assert model.seen == [[[100, 101, 1], [102, 2]]]
+    r1 = weigh(summarize(plain, spec, 1.0, 1.0, 4), target, prompts, batch=1)  # one prefix a forward: the same
+    assert r1.divergences == r.divergences and model.seen[1:] == [[[100, 101, 1]], [[102, 2]]]
 
 
 def test_weigh_on_the_real_tiny_target_in_fp32_fails_a_second_choice(tiny_target):
@@ -77,8 +83,10 @@ def test_weigh_on_the_real_tiny_target_in_fp32_fails_a_second_choice(tiny_target
     with torch.inference_mode():
         logits = tiny_target.model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
     best, second = torch.topk(logits, 2).indices.tolist()
-    r = weigh(summarize([_gen([best])], [_gen([second])], 1.0, 1.0, 4), tiny_target, [prompt])
-    (d,) = r.divergences
-    assert d.logit_gap == pytest.approx(float(logits[best] - logits[second]), rel=1e-5)
-    assert not d.near_tie and d.tolerance < 1e-4 and r.differ_beyond_rounding == 1
+    other = tiny_target.tokenizer("bo bu", add_special_tokens=False)["input_ids"]  # a shorter prefix beside it
+    plain, spec = [_gen([best]), _gen([best, best])], [_gen([second]), _gen([best, second])]
+    r = weigh(summarize(plain, spec, 1.0, 1.0, 4), tiny_target, [prompt, other])
+    d, _ = r.divergences
+    assert d.logit_gap == pytest.approx(float(logits[best] - logits[second]), rel=1e-4, abs=1e-5)  # padded or not
+    assert not d.near_tie and d.tolerance < 1e-4 and r.differ_beyond_rounding == 2
     assert weigh(summarize([_gen([best])], [_gen([best])], 1.0, 1.0, 4), tiny_target, [prompt]).divergences == ()
