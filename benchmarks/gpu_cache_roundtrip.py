@@ -10,7 +10,7 @@
    paths at B: `paths_rewritten`), `cache verify` B (expect no findings);
 4. the same workload in a fresh process on B: FX-graph / AOTAutograd hits and misses, wall time;
 5. Mega-Cache: a fresh process with an empty dir C preloads the archive's Mega-Cache
-   (`compilewatch.cache.archive.load_mega_cache`), then runs the workload: hits and misses.
+   (`compilewatch.cache.archive.load.load_mega_cache`), then runs the workload: hits and misses.
 
 Writes `cache_roundtrip.json` and `cache_roundtrip.md` (plus each command's JSON) to --out ($OUT).
 """
@@ -37,7 +37,7 @@ device = sys.argv[1]
 mega = sys.argv[2] if len(sys.argv) > 2 else ""
 loaded = None
 if mega:
-    from compilewatch.cache.archive import load_mega_cache
+    from compilewatch.cache.archive.load import load_mega_cache
     loaded = load_mega_cache(mega)
 t0 = time.perf_counter()
 if device.startswith("cuda"):

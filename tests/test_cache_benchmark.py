@@ -23,12 +23,11 @@ def test_benchmark_smoke(tmp_path):
 
 
 @pytest.mark.slow
-def test_roundtrip_script_on_cpu(tmp_path, request):
+def test_roundtrip_script_on_cpu(tmp_path):
     """benchmarks/gpu_cache_roundtrip.py on CPU: the moved cache and the Mega-Cache both hit.
 
-    Two cold inductor compiles (~1 min on 2 cores): runs only when asked for, with `-m slow`."""
-    if "slow" not in (request.config.getoption("-m") or ""):
-        pytest.skip("slow (two cold inductor compiles): run with -m slow")
+    Two cold inductor compiles (~1 min on 2 cores). It runs in every suite: skipped by default, it let the
+    script rot (it imported `load_mega_cache` from where the cache package no longer keeps it)."""
     spec = importlib.util.spec_from_file_location("cw_rt", ROOT / "benchmarks" / "gpu_cache_roundtrip.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
