@@ -153,12 +153,7 @@ def drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.
     masks = build_masks(batch.anchors, seq, spec.block_size, backend, spec.sliding_window,
                         need_sliding="sliding_attention" in spec.layer_types)
     ctx_pos = torch.arange(seq, device=dev).expand(batch.input_ids.shape[0], seq)  # (B, S)
-    with torch.no_grad():
-        embeds = embed(blocks.ids)  # (B, N*bs, H), frozen
-    autocast = torch.autocast(dev.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
-    with autocast:
-        hidden = drafter(embeds, taps, blocks.pos, ctx_pos, masks=masks)  # (B, N*bs, H)
-        return draft_loss(hidden, head, blocks, weights, denominator)
+    return _blocks_loss(drafter, embed, head, blocks, taps, ctx_pos, masks, weights, denominator, compute_dtype)
 
 
 def _packed_drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.Module, taps: torch.Tensor,
@@ -179,11 +174,19 @@ def _packed_drafter_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: t
     masks = build_packed_masks(src.anchor_row, src.doc_start, src.anchor_col, L, rows * L, spec.block_size,
                                backend, spec.sliding_window, need_sliding="sliding_attention" in spec.layer_types,
                                device=taps.device)
+    return _blocks_loss(drafter, embed, head, blocks, ctx, ctx_pos, masks, weights, denominator, compute_dtype)
+
+
+def _blocks_loss(drafter: DFlashDrafter, embed: torch.nn.Module, head: torch.nn.Module, blocks: Blocks,
+                 ctx: torch.Tensor, ctx_pos: torch.Tensor, masks, weights: torch.Tensor,
+                 denominator: torch.Tensor | float, compute_dtype: torch.dtype) -> LossOutput:
+    """The drafter over `blocks` (embedded by the frozen target embedding) with the context `ctx` (taps at
+    `ctx_pos`), then the loss, under autocast to `compute_dtype`: what the padded and packed layouts share."""
     with torch.no_grad():
-        embeds = embed(blocks.ids)  # (1, N*bs, H), frozen
-    autocast = torch.autocast(taps.device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
+        embeds = embed(blocks.ids)  # (rows, N*bs, H), frozen
+    autocast = torch.autocast(ctx.device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
     with autocast:
-        hidden = drafter(embeds, ctx, blocks.pos, ctx_pos, masks=masks)  # (1, N*bs, H)
+        hidden = drafter(embeds, ctx, blocks.pos, ctx_pos, masks=masks)  # (rows, N*bs, H)
         return draft_loss(hidden, head, blocks, weights, denominator)
 
 
