@@ -179,7 +179,7 @@ def profile_step(tr, step: int, device, top: int = 60) -> dict:
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     before = tr.micro_batches(step - 1)  # a step before the profiled one: the GPU's idle time between the two
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, record_shapes=True) as prof:
         tr.train_step(before)
         batches = tr.micro_batches(step)
         with torch.profiler.record_function("dflash_mixed.second_step"):
@@ -205,8 +205,46 @@ def profile_step(tr, step: int, device, top: int = 60) -> dict:
             "by_kind_ms": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
             "top": [{"ms": round(ms, 2), "calls": n, "kernel": k} for ms, n, k in kernels[:top]],
             "top_host_ops": [{"ms": round(ms, 2), "calls": n, "op": k} for ms, n, k in ops[:40]],
+            "gemm_shapes": gemm_shapes(prof),
             "note": "kernel and host-op totals cover the profiled step and the one before it (two steps)",
             **boundary, **gpu_idle(prof)}
+
+
+def gemm_dims(op: str, shapes: list) -> tuple[int, int, int, int] | None:
+    """(batch, M, N, K) of a matmul host op from its recorded input shapes (aten::mm [M,K] x [K,N],
+    aten::addmm [N] + [M,K] x [K,N], aten::bmm [B,M,K] x [B,K,N], aten::_scaled_mm like mm), or None."""
+    dims = [s for s in shapes if isinstance(s, (list, tuple)) and len(s) >= 2]
+    if op == "aten::bmm" and len(dims) >= 2 and len(dims[0]) == 3 and len(dims[1]) == 3:
+        (b, m, k), (_, k2, n) = dims[0], dims[1]
+        return (b, m, n, k) if k == k2 else None
+    two = [s for s in dims if len(s) == 2]
+    if len(two) >= 2 and two[0][1] == two[1][0]:
+        (m, k), (_, n) = two[0], two[1]
+        return (1, m, n, k)
+    return None
+
+
+def gemm_shapes(prof, top: int = 40) -> dict:
+    """The matmul host ops by input shape: their kernels' GPU time and the rate they ran at (2*B*M*N*K
+    FLOPs a call), the ones that took the most first. Which GEMMs run under the chip's rate, and by how much."""
+    from torch.autograd import DeviceType
+
+    rows, total_ms, total_flop = [], 0.0, 0.0
+    for ev in prof.key_averages(group_by_input_shape=True):
+        if ev.device_type != DeviceType.CPU or ev.key not in ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm"):
+            continue
+        us = getattr(ev, "self_device_time_total", 0.0) or getattr(ev, "self_cuda_time_total", 0.0)
+        d = gemm_dims(ev.key, list(ev.input_shapes or []))
+        if us <= 0 or d is None:
+            continue
+        flop = 2.0 * d[0] * d[1] * d[2] * d[3] * ev.count
+        total_ms += us / 1e3
+        total_flop += flop
+        rows.append({"ms": round(us / 1e3, 2), "calls": ev.count, "op": ev.key, "bmnk": list(d),
+                     "tflops": round(flop / (us / 1e6) / 1e12, 1)})
+    rows.sort(key=lambda r: -r["ms"])
+    return {"ms": round(total_ms, 1), "tflop": round(total_flop / 1e12, 1),
+            "tflops": round(total_flop / (total_ms / 1e3) / 1e12, 1) if total_ms else None, "top": rows[:top]}
 
 
 def step_boundary(prof) -> dict:
