@@ -35,6 +35,7 @@ target's template when it has a tokenizer, else random token ids of --prompt-tok
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -148,6 +149,31 @@ def case(target, drafter, prompts: list[list[int]], new: int, old_prompts: int, 
     return row
 
 
+@contextlib.contextmanager
+def timed_weigh():
+    """The seconds evaluate_drafter spends in dflash.eval.divergence.weigh (the near-tie forwards), appended
+    to the yielded list: a periodic eval's wall time is decoding plus this."""
+    import dflash.eval.divergence as div
+
+    spent: list[float] = []
+    real = div.weigh
+
+    def weigh(*args, **kw):
+        t = time.perf_counter()
+        try:
+            return real(*args, **kw)
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            spent.append(time.perf_counter() - t)
+
+    div.weigh = weigh
+    try:
+        yield spent
+    finally:
+        div.weigh = real
+
+
 def periodic(target, drafter, prompts: list[list[int]], new: int, evals: int, use_graphs: bool | None,
              check_fresh: bool) -> list[dict]:
     """`evals` periodic evals on one EvalState (module docstring): one row each, then the fresh check."""
@@ -170,12 +196,15 @@ def periodic(target, drafter, prompts: list[list[int]], new: int, evals: int, us
         notes: list[str] = []
         sync(target.device)
         t0 = time.perf_counter()
-        r = evaluate_drafter(training, target, prompts, new, bs, use_graphs=use_graphs, state=state,
-                             step=i + 1, on_note=notes.append)
+        with timed_weigh() as weigh_s:
+            r = evaluate_drafter(training, target, prompts, new, bs, use_graphs=use_graphs, state=state,
+                                 step=i + 1, on_note=notes.append)
         sync(target.device)
         rows.append({"eval": i + 1, "eval_wall_s": round(time.perf_counter() - t0, 3), "spec_s": round(r.spec_seconds, 3),
-                     "plain_s": round(r.plain_seconds, 3), "tau": round(r.tau, 4), "rounds": r.rounds,
+                     "plain_s": round(r.plain_seconds, 3), "weigh_s": round(sum(weigh_s), 3),
+                     "tau": round(r.tau, 4), "rounds": r.rounds,
                      "speedup": round(r.speedup, 3), "outputs_match": r.outputs_match,
+                     "mismatched_prompts": r.mismatched_prompts, "near_tie_prompts": r.near_tie_prompts,
                      **(state.last.event() if state.last else {}), "notes": notes})
     if check_fresh and r is not None:
         t0 = time.perf_counter()

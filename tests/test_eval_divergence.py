@@ -52,8 +52,11 @@ class _FixedLogits(torch.nn.Module):
         self.seen = []
 
     def get_decoder(self):
-        def decoder(input_ids, attention_mask):
-            self.seen.append([row[: int(m.sum())] for row, m in zip(input_ids.tolist(), attention_mask)])
+        def decoder(input_ids, position_ids, attention_mask):
+            b, n = input_ids.shape  # right-padded rows under one 4-D causal mask, positions from 0
+            assert attention_mask.shape == (b, 1, n, n) and torch.equal(attention_mask[0, 0], torch.ones(n, n).tril().bool())
+            assert torch.equal(position_ids, torch.arange(n).expand(b, n))
+            self.seen.append(input_ids.tolist())
             return types.SimpleNamespace(last_hidden_state=torch.ones(*input_ids.shape, 1))
         return decoder
 
@@ -71,7 +74,7 @@ def test_weigh_calls_a_bf16_near_tie_rounding_and_a_wide_gap_a_difference():
     assert not ended.near_tie and ended.logit_gap is None  # one decoding ended: not a rounding question
     assert r.near_tie_prompts == 1 and r.differ_beyond_rounding == 2
     # the target was asked about each prompt plus the new tokens both decodings shared, in one padded forward
-    assert model.seen == [[[100, 101, 1], [102, 2]]]
+    assert model.seen == [[[100, 101, 1], [102, 2, 0]]]
     r1 = weigh(summarize(plain, spec, 1.0, 1.0, 4), target, prompts, batch=1)  # one prefix a forward: the same
     assert r1.divergences == r.divergences and model.seen[1:] == [[[100, 101, 1]], [[102, 2]]]
 

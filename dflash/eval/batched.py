@@ -131,16 +131,16 @@ def _chunks(lengths: list[int]) -> list[list[int]]:
     return out
 
 
-def _target_mask(target, mask: torch.Tensor) -> torch.Tensor:
+def target_mask(target, mask: torch.Tensor) -> torch.Tensor:
     """A bool mask (True = read) as the target's attention takes it: bool for sdpa, additive for eager."""
-    if getattr(target.config, "_attn_implementation", None) == "eager":
+    if getattr(getattr(target, "config", None), "_attn_implementation", None) == "eager":
         return torch.zeros(mask.shape, dtype=target.dtype, device=mask.device).masked_fill(
             ~mask, torch.finfo(target.dtype).min)
     return mask
 
 
 def _forward(target, slots: TargetSlots, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, **kw):
-    return target.model(input_ids=ids, position_ids=pos, attention_mask=_target_mask(target, mask),
+    return target.model(input_ids=ids, position_ids=pos, attention_mask=target_mask(target, mask),
                         **with_cache(target, slots), **kw)
 
 

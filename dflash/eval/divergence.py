@@ -21,6 +21,7 @@ import dataclasses
 
 import torch
 
+from dflash.eval.batched import target_mask
 from dflash.eval.generation import Divergence, EvalResult
 
 NEAR_TIE_EPS = 8  # machine epsilons (relative to the logit's size): bf16 0.0078 each, so ~6% of the logit.
@@ -66,11 +67,15 @@ def _last_logits(target, seqs: list[list[int]]) -> torch.Tensor:
     the decoder's last hidden state at each sequence's end through the LM head)."""
     longest = max(map(len, seqs))
     ids = torch.zeros(len(seqs), longest, dtype=torch.long)
-    mask = torch.zeros(len(seqs), longest, dtype=torch.long)
     for r, s in enumerate(seqs):
         ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[r, : len(s)] = 1
-    ids, mask = ids.to(target.device), mask.to(target.device)
-    hidden = target.model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    dev = target.device
+    ids = ids.to(dev)
+    # the 4-D causal mask the eval's own prefill passes (right-padded: a real position never reads a pad),
+    # which transformers takes as given, rather than a 2-D padding mask it would build one from
+    causal = torch.ones((longest, longest), dtype=torch.bool, device=dev).tril()[None, None]
+    pos = torch.arange(longest, device=dev)[None].expand(len(seqs), longest)
+    hidden = target.model.get_decoder()(input_ids=ids, position_ids=pos, attention_mask=target_mask(
+        target, causal.expand(len(seqs), 1, longest, longest))).last_hidden_state
     ends = torch.tensor([len(s) - 1 for s in seqs], device=hidden.device)
     return target.head(hidden[torch.arange(len(seqs), device=hidden.device), ends]).float()
