@@ -102,6 +102,8 @@ def run_layout(a, pack: bool) -> dict:
             "data.path": "embedded:tiny-chat", "train.max_steps": 10**6}
     if a.pack_chunks:
         over["data.pack_chunks"] = a.pack_chunks
+    if a.fp8_target:
+        over["target.fp8"] = True
     if not pack:  # the recipe before packing: 4 micro-batches of one padded sequence a step
         over.update({"data.batch_size": 1, "train.grad_accum": 4, "data.pack_chunks": 1})
     if a.small:
@@ -110,6 +112,7 @@ def run_layout(a, pack: bool) -> dict:
     device = torch.device(a.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target = random_target(fields, device, dtype, cfg.drafter.num_layers, compile_taps=cfg.target.compile)
+    fp8_taps = fp8_target(target, seq, fields["vocab_size"]) if a.fp8_target else None
     scale = 128 / 3072 if a.small else 1.0
     ds = mixed_dataset(a.n, fields["vocab_size"], cfg, uniform=a.uniform, scale=scale)
     spec = drafter_spec(cfg, target)
@@ -151,7 +154,29 @@ def run_layout(a, pack: bool) -> dict:
             "memory_cap_gib": a.memory_cap_gib or None,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, **({"profile": profile} if profile else {}),
+            **({"fp8_target": fp8_taps} if fp8_taps else {}),
             **({"syncs": syncs} if syncs is not None else {})}
+
+
+def fp8_target(target, seq: int, vocab: int) -> dict:
+    """target.fp8 as `load_target` applies it (dflash.model.fp8.quantize_decoder), and how far the taps move:
+    one row of `seq` random tokens through the target before and after (eagerly), per tap the relative error
+    ||fp8 - bf16|| / ||bf16|| and the tokens' mean cosine similarity. Random weights: not a trained model's."""
+    import torch
+
+    from dflash.model import fp8
+
+    ids = torch.randint(0, vocab - 1, (1, seq), generator=torch.Generator().manual_seed(1)).to(target.device)
+    with torch.compiler.set_stance("force_eager"):
+        ref = target.taps(ids).float()
+        note = fp8.quantize_decoder(target.model)
+        got = target.taps(ids).float()
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    taps = []
+    for r, g in zip(ref.chunk(len(target.layer_ids), -1), got.chunk(len(target.layer_ids), -1)):
+        taps.append({"rel_err": round(float((g - r).norm() / r.norm()), 4),
+                     "cos_mean": round(float(torch.nn.functional.cosine_similarity(g, r, dim=-1).mean()), 5)})
+    return {"note": note, "layer_ids": list(target.layer_ids), "taps": taps}
 
 
 KERNEL_KINDS = (  # (kind, substrings of a CUDA kernel's name), first match wins
@@ -364,6 +389,8 @@ def main() -> int:
     p.add_argument("--memory-cap-gib", type=float, default=0.0,
                    help="cap PyTorch's allocator at this many GiB (torch.cuda.set_per_process_memory_fraction): "
                         "does a layout fit a smaller GPU")
+    p.add_argument("--fp8-target", action="store_true",
+                   help="target.fp8: the target's decoder linears as FP8 GEMMs; reports how far the taps move")
     p.add_argument("--sync-check", action="store_true", help="one more step in CUDA's sync debug mode: where it syncs")
     a = p.parse_args()
     if a.write_jsonl:
@@ -391,7 +418,7 @@ def main() -> int:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     name = (f"dflash_mixed{'_uniform' if a.uniform else ''}{'_small' if a.small else ''}"
-            f"{f'_chunks{a.pack_chunks}' if a.pack_chunks else ''}.json")
+            f"{f'_chunks{a.pack_chunks}' if a.pack_chunks else ''}{'_fp8' if a.fp8_target else ''}.json")
     (Path(a.out) / name).write_text(json.dumps(results, indent=2))
     return 0
 

@@ -139,6 +139,7 @@ def test_print_config_json():
     (["--set", "topology.target_devices=cpu"], "go together"),
     (["--target-devices", "cpu", "--drafter-devices", "cuda:7"], "not visible"),
     (["--device", "cpu", "--target-devices", "cpu", "--drafter-devices", "cpu"], "--device does not go with"),
+    (["--device", "cpu", "--set", "target.fp8=true"], "target.fp8 = true: FP8 GEMMs need a CUDA GPU"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, chat_file, args, message):
     out = tmp_path / "run"

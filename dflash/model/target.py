@@ -29,7 +29,7 @@ from torch import nn
 from compilewatch import BadInput
 from dflash.config import EMBEDDED_TARGET, TargetConfig
 from dflash.data.packing import run_bounds
-from dflash.model import packed_attention
+from dflash.model import fp8, packed_attention
 from dflash.model.drafter import default_layer_ids
 
 TINY_SEED = 1234  # the embedded target's weights depend on this alone
@@ -545,9 +545,23 @@ def finish_target(cfg: TargetConfig, shape: TargetShape, model: nn.Module, devic
     model.requires_grad_(False)
     model.eval()
     model.to(device)
+    if cfg.fp8:
+        notes.append(fp8.quantize_decoder(model))
     return Target(model=model, tokenizer=shape.tokenizer, layer_ids=shape.layer_ids, mask_token_id=mask_id,
                   device=device, dtype=dtype, source=cfg.path, notes=[*shape.notes, *notes],
                   compile_taps=cfg.compile and device.type == "cuda")
+
+
+def check_fp8(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """BadInput, before any weight is read, when `target.fp8` is set and cannot run here."""
+    why = fp8.unsupported(device, dtype) if cfg.fp8 else None
+    if why is not None:
+        raise BadInput(f"target.fp8 = true: {why}. Set target.fp8 = false (the default) to run the target in "
+                       f"{dtype_name(dtype)}, or run on such a GPU.")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
 def load_target(cfg: TargetConfig, num_draft_layers: int, device: torch.device,
@@ -555,5 +569,6 @@ def load_target(cfg: TargetConfig, num_draft_layers: int, device: torch.device,
     """Load (or build) the target, freeze it, choose the taps, make sure the mask token exists: the
     stages above, one after another (a start runs them beside its other work: target_load)."""
     dtype = resolve_dtype(dtype_spec or cfg.dtype, device)
+    check_fp8(cfg, device, dtype)
     shape = target_shape(cfg, num_draft_layers)
     return finish_target(cfg, shape, load_model(cfg, shape.config, dtype, device), device, dtype)

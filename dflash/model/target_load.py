@@ -26,7 +26,7 @@ import torch
 
 from dflash.config import TargetConfig
 from dflash.model.target import (
-    Target, TargetShape, finish_target, load_model, read_target_weights, resolve_dtype, target_shape, weight_files,
+    Target, TargetShape, check_fp8, finish_target, load_model, read_target_weights, resolve_dtype, target_shape, weight_files,
 )
 
 Wait = Callable[[str], None]  # blocks until an import stage ("tokenizer", "model") is done, or raises its error
@@ -74,6 +74,7 @@ class TargetLoad:
         self.cfg, self.num_draft_layers = cfg, num_draft_layers
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype_spec or cfg.dtype, self.device)
+        check_fp8(cfg, self.device, self.dtype)
         self._wait = wait or (lambda stage: None)
         self._shape: TargetShape | None = None
         self._shape_ready = threading.Event()

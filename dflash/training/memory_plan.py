@@ -52,14 +52,20 @@ def target_parameters(config) -> int:
     """A decoder-only transformer's parameters from its config (embedding, layers, norms, LM head)."""
     h = int(config.hidden_size)
     heads = int(config.num_attention_heads)
+    d = int(getattr(config, "head_dim", None) or h // heads)
+    vocab = int(config.vocab_size)
+    per_layer_norms = 2 * h + 2 * d
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    return vocab * h * (1 if tied else 2) + decoder_linear_parameters(config) + int(config.num_hidden_layers) * per_layer_norms + h
+
+
+def decoder_linear_parameters(config) -> int:
+    """The decoder layers' linear weights (q, k, v, o, gate, up, down): what `target.fp8` stores in one byte."""
+    h = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
     kv = int(getattr(config, "num_key_value_heads", None) or heads)
     d = int(getattr(config, "head_dim", None) or h // heads)
-    inter = int(config.intermediate_size)
-    vocab = int(config.vocab_size)
-    layers = int(config.num_hidden_layers)
-    per_layer = h * heads * d * 2 + h * kv * d * 2 + 3 * h * inter + 2 * h + 2 * d
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    return vocab * h * (1 if tied else 2) + layers * per_layer + h
+    return int(config.num_hidden_layers) * (h * heads * d * 2 + h * kv * d * 2 + 3 * h * int(config.intermediate_size))
 
 
 def drafter_block_bytes(spec, dtype_bytes: int = 2) -> int:
@@ -73,15 +79,16 @@ def drafter_block_bytes(spec, dtype_bytes: int = 2) -> int:
 
 
 def predicted_peak_bytes(*, spec, drafter_params: int, target_params: int, rows: int, row_len: int,
-                         blocks: int, chunks: int, target_dtype_bytes: int = 2, vocab: int) -> int:
-    """A packed step's peak at `chunks` chunks (the module doc): the target's weights, the drafter's fp32
-    weights, gradients and AdamW moments, the taps, the target forward's largest transients, one chunk's
-    context and blocks, and the fused head + CE's row chunk of fp32 logits (three of its size at once)."""
+                         blocks: int, chunks: int, target_dtype_bytes: int = 2, vocab: int, target_fp8_params: int = 0) -> int:
+    """A packed step's peak at `chunks` chunks (the module doc): the target's weights (`target_fp8_params` of
+    them in one byte: target.fp8), the drafter's fp32 weights, gradients and AdamW moments, the taps, the target
+    forward's largest transients, one chunk's context and blocks, and the fused head + CE's row chunk of fp32
+    logits (three of its size at once)."""
     from dflash.model.head_ce import CHUNK_ELEMENTS
 
     h, kv, k_taps = spec.hidden_size, spec.num_key_value_heads * spec.head_dim, len(spec.target_layer_ids)
     tokens = rows * row_len
-    fixed = target_params * target_dtype_bytes + drafter_params * 16
+    fixed = (target_params - target_fp8_params) * target_dtype_bytes + target_fp8_params + drafter_params * 16
     taps = tokens * k_taps * h * target_dtype_bytes
     target_transient = tokens * (3 * spec.intermediate_size + 4 * h) * target_dtype_bytes
     context = tokens * (2 * h + spec.num_hidden_layers * 2 * kv) * 2  # the fused context and every layer's K/V
@@ -92,7 +99,7 @@ def predicted_peak_bytes(*, spec, drafter_params: int, target_params: int, rows:
 
 
 def pack_chunks(requested, *, packed: bool, device: torch.device, spec, drafter_params: int, target_config,
-                rows: int, row_len: int, blocks: int, target_dtype_bytes: int = 2) -> ChunkPlan:
+                rows: int, row_len: int, blocks: int, target_dtype_bytes: int = 2, target_fp8: bool = False) -> ChunkPlan:
     """`data.pack_chunks` resolved: an integer as given; "auto" (packed, on a GPU) `fewest_chunks` for the
     memory PyTorch may use there."""
     if requested != "auto":
@@ -101,7 +108,8 @@ def pack_chunks(requested, *, packed: bool, device: torch.device, spec, drafter_
         return ChunkPlan(1, 0, None, True)
     return fewest_chunks(device_memory(device), spec=spec, drafter_params=drafter_params,
                          target_params=target_parameters(target_config), rows=rows, row_len=row_len, blocks=blocks,
-                         target_dtype_bytes=target_dtype_bytes, vocab=int(target_config.vocab_size))
+                         target_dtype_bytes=target_dtype_bytes, vocab=int(target_config.vocab_size),
+                         target_fp8_params=decoder_linear_parameters(target_config) if target_fp8 else 0)
 
 
 def fewest_chunks(total: int, **shapes) -> ChunkPlan:
@@ -131,4 +139,4 @@ def plan_for(cfg, *, spec, drafter, target_config, block_budget: int, device: to
     return pack_chunks(cfg.data.pack_chunks, packed=cfg.data.pack, device=device, spec=spec,
                        drafter_params=sum(p.numel() for p in drafter.parameters()), target_config=target_config,
                        rows=cfg.data.batch_size, row_len=cfg.data.max_length, blocks=block_budget,
-                       target_dtype_bytes=target_dtype.itemsize)
+                       target_dtype_bytes=target_dtype.itemsize, target_fp8=cfg.target.fp8)
