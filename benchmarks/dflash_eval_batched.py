@@ -214,6 +214,45 @@ def periodic(target, drafter, prompts: list[list[int]], new: int, evals: int, us
     return rows
 
 
+def profile_decode(target, drafter, prompts: list[list[int]], new: int) -> dict:
+    """plain_batch and speculative_batch over `prompts` for `new` tokens (CUDA graphs), each run once unprofiled,
+    then once under torch.profiler: wall seconds, steps, GPU kernel time by kind (dflash_mixed's kinds), kernels
+    per step, and the GPU's idle time: is a decode step bound by its kernels or by the host between them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dflash.eval.batched import plain_batch, speculative_batch
+    from dflash_mixed import gpu_idle, kernel_kind
+
+    bs = drafter.spec.block_size
+    runs = {"plain": lambda: plain_batch(target, prompts, new),
+            "speculative": lambda: speculative_batch(drafter, target, prompts, new, bs)}
+    out = {}
+    for name, fn in runs.items():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            d = fn()
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        kinds: dict[str, float] = {}
+        n_kernels = 0
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA and ev.time_range.end > ev.time_range.start:
+                kinds[kernel_kind(ev.name)] = kinds.get(kernel_kind(ev.name), 0.0) + (ev.time_range.end - ev.time_range.start) / 1e3
+                n_kernels += 1
+        top: dict[str, float] = {}
+        for ev in prof.key_averages():
+            us = getattr(ev, "self_device_time_total", 0.0) or 0.0
+            if ev.device_type == torch.autograd.DeviceType.CUDA and us > 0:
+                top[ev.key[:100]] = us / 1e3
+        out[name] = {"wall_s": round(wall, 3), "steps": d.steps, "graphs": d.graphs, "ms_per_step": round(wall * 1e3 / max(1, d.steps), 2),
+                     "kernels_per_step": round(n_kernels / max(1, d.steps), 1), "setup_s": round(d.setup_s, 3),
+                     "kernel_ms_by_kind": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+                     "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:15]), **gpu_idle(prof, top=6)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", help="a local Hugging Face model directory (default: the embedded tiny target)")
@@ -229,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="CPU torch threads (the tiny recipe uses 1)")
     ap.add_argument("--periodic", type=int, default=0, metavar="N",
                     help="N consecutive periodic evals per case on one trainer-like EvalState (one line per eval)")
+    ap.add_argument("--profile", type=int, default=0, metavar="NEW",
+                    help="CUDA: per case, plain and speculative decoding of NEW tokens under torch.profiler (one JSON line)")
     ap.add_argument("--check-fresh", action="store_true",
                     help="with --periodic: decode the last weights again without the state; same τ?")
     a = ap.parse_args(argv)
@@ -240,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built target {target.source} and drafter on {a.device} in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
     for n, new in cases:
+        if a.profile and target.device.type == "cuda":
+            print(json.dumps({"case": f"{n}x{a.profile}", "profile": profile_decode(
+                target, drafter, make_prompts(target, n, a.prompt_tokens), a.profile)}), flush=True)
         if a.periodic > 0:
             head = {"case": f"{n}x{new}", "target": target.source, "device": str(target.device)}
             for row in periodic(target, drafter, make_prompts(target, n, a.prompt_tokens), new, a.periodic,
