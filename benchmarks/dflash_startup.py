@@ -273,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-bytecode", action="store_true", help="keep PYTHONDONTWRITEBYTECODE as the environment has it "
                                                              "(default: bytecode cached under --work/pycache)")
     p.add_argument("--device", default=None, help="the engine runs' device (default cuda:0, cpu with --small)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every run (dflash train --set), e.g. target.fp8=true")
     p.add_argument("--evict-target", action="store_true", help="drop the target's weights from the page cache "
                                                                "before each run (read from disk, as on a fresh machine)")
     a = p.parse_args(argv)
@@ -291,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.small:
         base = ["--target", str(target), "--data", str(data), "--set", "data.max_length=512",
                 "--set", "data.buckets=[256,512]", "--set", "eval.at_end=false"]
+    for kv in a.set:
+        base += ["--set", kv]
     skip = set(a.skip.split(","))
     import shutil
 

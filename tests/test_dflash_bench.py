@@ -184,3 +184,23 @@ def test_startup_benchmark_reads_the_engines_prewarm_per_replica():
              "[__recompiles]     - 0/0: tensor 'x' size mismatch at index 0. expected 2, actual 3",
              "[0/2] [__recompiles] Recompiling function forward in /w/dflash/model/drafter.py:190"]
     assert bench.recompiles_by_function(lines) == {"forward (drafter.py:190)": 2}
+
+
+def test_fp8_fidelity_small_compares_fp8_and_bf16_against_fp32(tmp_path):
+    """benchmarks/fp8_fidelity.py --small: every layer's output under bf16 rounding and under target.fp8,
+    against fp32. FP8 (3 mantissa bits) moves the states more than bf16 (7); both stay close on the tiny model."""
+    spec = importlib.util.spec_from_file_location("fp8_fidelity", SCRIPT.parent / "fp8_fidelity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        torch._scaled_mm(torch.ones(16, 16).to(torch.float8_e4m3fn), torch.ones(16, 16).to(torch.float8_e4m3fn).t(),
+                         scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError):
+        import pytest
+        pytest.skip("this torch has no CPU torch._scaled_mm (rowwise)")
+    assert mod.main(["--small", "--out", str(tmp_path), "--tokens", "32", "--device", "cpu"]) == 0
+    data = json.loads((tmp_path / "fp8_fidelity_small.json").read_text())
+    assert len(data["layers"]) == 6 and "42 decoder linears in FP8" in data["note"]
+    for row in data["layers"]:
+        assert 0 < row["bf16"]["rel_err"] < row["fp8"]["rel_err"] < 0.2
+        assert row["fp8"]["cos_mean"] > 0.99
