@@ -149,3 +149,13 @@ def test_cuda_fp8_target_compiled_taps_match_the_eager_ones_and_stay_near_bf16()
     torch.testing.assert_close(got, eager, rtol=0.05, atol=0.05)  # one quantization, two kernels' rounding
     rel = (got - ref).norm() / ref.norm()
     assert 0 < rel < 0.15, float(rel)
+
+
+def test_an_eval_where_fp8_cannot_run_uses_the_unquantized_target_and_says_so():
+    from dflash.eval.evaluate import eval_target_config
+
+    off = TargetConfig(path=EMBEDDED_TARGET)
+    assert eval_target_config(off, torch.device("cpu")) == (off, None)
+    on = TargetConfig(path=EMBEDDED_TARGET, fp8=True)
+    cfg, note = eval_target_config(on, torch.device("cpu"))
+    assert cfg.fp8 is False and cfg.path == on.path and "trained with target.fp8" in note and "unquantized" in note

@@ -56,6 +56,25 @@ def evaluate_drafter(drafter, target, prompts: list[list[int]], max_new_tokens: 
     return weigh(result, target, prompts)
 
 
+def eval_target_config(target_cfg, device: torch.device):
+    """(the target config an eval on `device` runs, a note or None): a run trained with `target.fp8` is
+    evaluated with its FP8 target where the device has FP8 GEMMs, and with the target in its dtype where it
+    has not (a CPU, an older GPU), rather than refused: the note says that τ is then the unquantized target's."""
+    import dataclasses
+
+    from dflash.model import fp8
+    from dflash.model.target import resolve_dtype
+
+    if not target_cfg.fp8:
+        return target_cfg, None
+    why = fp8.unsupported(device, resolve_dtype(target_cfg.dtype, device))
+    if why is None:
+        return target_cfg, None
+    return dataclasses.replace(target_cfg, fp8=False), (
+        f"the run trained with target.fp8, which cannot run here ({why}): the target runs unquantized, "
+        "so τ is that of the target it was not trained beside")
+
+
 def check_num_prompts(n: int | None) -> None:
     """BadInput unless `n` (a prompt count given by the user) is None or at least 1."""
     from compilewatch import BadInput
@@ -110,7 +129,10 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     if dev.type == "cpu" and cfg.train.cpu_threads:
         torch.set_num_threads(cfg.train.cpu_threads)
     spec = read_export_spec(ck)
-    target = load_target(cfg.target, spec.num_hidden_layers, dev)
+    target_cfg, why = eval_target_config(cfg.target, dev)
+    if why is not None and on_note is not None:
+        on_note(why)
+    target = load_target(target_cfg, spec.num_hidden_layers, dev)
     if cfg.target.layer_ids is None:  # the checkpoint's taps are authoritative
         target.layer_ids = tuple(spec.target_layer_ids)
     check_compatible(spec, target.hidden_size, target.num_layers, target.layer_ids, str(ck),
