@@ -150,28 +150,39 @@ def case(target, drafter, prompts: list[list[int]], new: int, old_prompts: int, 
 
 
 @contextlib.contextmanager
-def timed_weigh():
-    """The seconds evaluate_drafter spends in dflash.eval.divergence.weigh (the near-tie forwards), appended
-    to the yielded list: a periodic eval's wall time is decoding plus this."""
+def timed_calls():
+    """Seconds evaluate_drafter spends in each of its parts, by name, appended to the yielded dict's lists:
+    `weigh` (dflash.eval.divergence.weigh, the near-tie forwards), `plain` and `speculative` (each call of
+    dflash.eval.batched's plain_batch / speculative_batch: the first of each is the eval's eager warm-up
+    when it makes one), `workspace` (EvalState.workspace_for: the speculative buffers). A periodic eval's
+    wall time is these plus what is left (the comparison, the bookkeeping)."""
+    import dflash.eval.batched as batched
     import dflash.eval.divergence as div
+    from dflash.eval.reuse import EvalState
 
-    spent: list[float] = []
-    real = div.weigh
+    spent: dict[str, list[float]] = {}
+    patched = [(div, "weigh", "weigh"), (batched, "plain_batch", "plain"),
+               (batched, "speculative_batch", "speculative"), (EvalState, "workspace_for", "workspace")]
+    real = [getattr(owner, attr) for owner, attr, _ in patched]
 
-    def weigh(*args, **kw):
-        t = time.perf_counter()
-        try:
-            return real(*args, **kw)
-        finally:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            spent.append(time.perf_counter() - t)
+    def timed(fn, name):
+        def call(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                spent.setdefault(name, []).append(round(time.perf_counter() - t, 3))
+        return call
 
-    div.weigh = weigh
+    for (owner, attr, name), fn in zip(patched, real):
+        setattr(owner, attr, timed(fn, name))
     try:
         yield spent
     finally:
-        div.weigh = real
+        for (owner, attr, _), fn in zip(patched, real):
+            setattr(owner, attr, fn)
 
 
 def periodic(target, drafter, prompts: list[list[int]], new: int, evals: int, use_graphs: bool | None,
@@ -196,12 +207,13 @@ def periodic(target, drafter, prompts: list[list[int]], new: int, evals: int, us
         notes: list[str] = []
         sync(target.device)
         t0 = time.perf_counter()
-        with timed_weigh() as weigh_s:
+        with timed_calls() as parts:
             r = evaluate_drafter(training, target, prompts, new, bs, use_graphs=use_graphs, state=state,
                                  step=i + 1, on_note=notes.append)
         sync(target.device)
         rows.append({"eval": i + 1, "eval_wall_s": round(time.perf_counter() - t0, 3), "spec_s": round(r.spec_seconds, 3),
-                     "plain_s": round(r.plain_seconds, 3), "weigh_s": round(sum(weigh_s), 3),
+                     "plain_s": round(r.plain_seconds, 3), "weigh_s": round(sum(parts.get("weigh", [])), 3),
+                     "parts_s": parts,
                      "tau": round(r.tau, 4), "rounds": r.rounds,
                      "speedup": round(r.speedup, 3), "outputs_match": r.outputs_match,
                      "mismatched_prompts": r.mismatched_prompts, "near_tie_prompts": r.near_tie_prompts,
