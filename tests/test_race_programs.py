@@ -128,8 +128,12 @@ def test_hot_calls_during_another_threads_compile_are_no_false_alarm():
     if TORCH_2_13_PLUS:  # is_compiling() held for the session hides the flag: nothing may fail here
         assert truth["errors"] == {} and s.ok and s.failures == 0, s.verdicts
         assert all(f.severity == "risk" for f in s.findings)
-        # the serving module's calls went through the trainer's tracer and returned: labelled, not failed
-        assert [f.kind for f in s.findings] == ["module_call_leak"] and s.verdicts[0].startswith("nothing failed")
+        # the serving module's calls went through the trainer's tracer and returned: labelled, not failed.
+        # One finding per module type that went through it (the watcher keys them by module): the
+        # OptimizedModule, and also an inner module when the tracer's class-level patch went in while a serving
+        # call was already past its own entry. Thread timing decides that, so the count is 1 or more (CI once saw 2)
+        kinds = [f.kind for f in s.findings]
+        assert kinds and set(kinds) == {"module_call_leak"} and s.verdicts[0].startswith("nothing failed"), kinds
 
 
 def test_warm_then_threads_has_no_finding_at_all():
