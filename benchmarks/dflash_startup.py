@@ -20,7 +20,8 @@ synthetic chats, the `qwen3_8b` recipe:
 Every stderr line of each process is stamped with the seconds since that process started; the CLI
 prints each start phase with its time ("· first step: 2.1 s (at 14.3 s since process start)"). Run
 directories are deleted once measured (an 8B checkpoint is 14.7 GB; the disk is 64 GiB).
-Results: <out>/dflash_startup.json (+ <out>/startup_<run>.log, and warm.prof.txt with --profile).
+Results: <out>/dflash_startup.json (+ <out>/startup_<run>.log, and warm.prof.txt and the raw warm.prof with
+--profile).
 
 Issue 39 (starts bounded by the machine): cold / warm / --resume only, each run's start phases
 (imports, cuda, weights, target, data, drafter, resume state, trainer, first step: the ones that ran
@@ -319,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         ck = run_dir / "checkpoints"
         r["checkpoint_bytes"] = {d.name: dir_bytes(d) for d in ck.glob("step_*")} if ck.is_dir() else {}
         r["checkpoint_events"] = [m for m in rows if m.get("event") in ("checkpoint", "checkpoint-skipped")]
+        r["eval_events"] = [m for m in rows if m.get("event") == "periodic_eval"]  # with --set eval.every=N
         eng = [m for m in rows if m.get("event") == "engine"]
         if eng:
             pre = (eng[-1].get("report") or {}).get("prewarm") or {}
@@ -352,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             st.sort_stats("cumulative").print_stats(60)
             st.sort_stats("tottime").print_stats(30)
             (out / "warm.prof.txt").write_text(s.getvalue())
+            shutil.copy(prof, out / "warm.prof")  # the whole profile: pstats' print_callees on any function
     if "resume" not in skip and (work / "run-warm").is_dir():
         runs.append(measure("resume", work / "run-warm", ["--out", str(work / "run-warm"), "--resume", "--max-steps", "2"]))
     if "stall" not in skip:

@@ -188,6 +188,11 @@ def test_periodic_evals_of_a_run_report_what_they_reused(tmp_path, chat_file):
         evals = [d for k, d in events if k == "periodic_eval"]
         assert [(e["step"], e["plain_baseline"], e["warmed_up"], e["graphs_captured"]) for e in evals] == [
             (2, "measured", True, 0), (4, "step 2", False, 0)]  # CPU: eager steps
+        # each event says where its seconds went: the first warmed up and measured the plain pass, the second did neither
+        assert [list(e["parts_s"]) for e in evals] == [["warm_up", "plain", "speculative", "weigh"]] * 2
+        first, second = (e["parts_s"] for e in evals)
+        assert first["warm_up"] > 0 and first["plain"] > 0 and second["warm_up"] == 0 and second["plain"] == 0
+        assert all(sum(e["parts_s"].values()) <= e["seconds"] for e in evals)  # parts of the event's own wall time
         assert eval_state(t).evals == 3 and eval_state(t).last.plain_baseline == "step 2"  # the end-of-run one too
         assert any(n.startswith("eval: plain baseline from step 2's eval") for n in result.notes)
         again = t.evaluate()  # the state reused once more: what a fresh eval of these weights gives

@@ -470,10 +470,12 @@ def evaluate_batched(drafter, target, prompts: list[list[int]], max_new_tokens: 
     n = len(prompts)
     if progress:
         progress(0, n)
-    warm = state is None or state.evals == 0
-    if prompts and warm:  # warm both paths once (allocator, kernels, first-call overheads) outside the timing
+    warm_up_s = None
+    if prompts and (state is None or state.evals == 0):  # warm both paths once (allocator, kernels, first-call
+        t0 = time.perf_counter()                            # overheads) outside the timing
         plain_batch(target, prompts[:1], 2, use_graphs=False)
         speculative_batch(drafter, target, prompts[:1], 2, block_size, use_graphs=False)
+        warm_up_s = time.perf_counter() - t0
     done = [0, 0]
 
     def report(which: int):
@@ -501,6 +503,6 @@ def evaluate_batched(drafter, target, prompts: list[list[int]], max_new_tokens: 
     if progress and (done[0] + done[1]) // 2 < n:
         progress(n, n)
     if state is not None:
-        state.record(plain, spec, base, warm)
+        state.record(plain, spec, base, warm_up_s)
     result = summarize(list(plain_gens), list(spec.generations), plain_s, spec.seconds, block_size)
     return result, notes + spec.notes

@@ -13,6 +13,7 @@ What is reported (EvalResult, τ, acceptance by block position, speedup) is dfla
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -47,13 +48,17 @@ def evaluate_drafter(drafter, target, prompts: list[list[int]], max_new_tokens: 
         for note in notes:
             if on_note is not None:
                 on_note(note)
-        return weigh(result, target, prompts)  # where outputs differ: near-ties of the target's logits or not
-    if on_note is not None and batched:
-        on_note(f"decoded one prompt at a time: {why}")
-    if state is not None:
-        state.record_reference()
-    result = evaluate(DrafterProposer(drafter, target), target, prompts, max_new_tokens, block_size, progress)
-    return weigh(result, target, prompts)
+    else:
+        if on_note is not None and batched:
+            on_note(f"decoded one prompt at a time: {why}")
+        if state is not None:
+            state.record_reference()
+        result = evaluate(DrafterProposer(drafter, target), target, prompts, max_new_tokens, block_size, progress)
+    t0 = time.perf_counter()
+    result = weigh(result, target, prompts)  # where outputs differ: near-ties of the target's logits or not
+    if state is not None and state.last is not None:
+        state.last = state.last.with_part("weigh", time.perf_counter() - t0)
+    return result
 
 
 def eval_target_config(target_cfg, device: torch.device):

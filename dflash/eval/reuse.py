@@ -28,7 +28,7 @@ that over the batch sizes a shrinking batch passes through) and the graphs' pool
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dflash.eval.batched import BatchDecode, SpecWorkspace, spec_length
@@ -44,12 +44,18 @@ class EvalCost:
     graph_setup_s: float  # warm-ups, captures and replay checks of this eval's graphs
     plain_baseline: str  # "measured", or "step N" / "an earlier eval": whose plain decode this eval reused
     warmed_up: bool  # the warm-up decodes ran (an EvalState's first eval)
+    # where the eval's seconds went, in order: "warm_up", "plain" (0 when reused), "speculative", then
+    # "weigh" (the near-tie forwards, dflash.eval.divergence) once the caller adds it (`with_part`)
+    parts_s: tuple[tuple[str, float], ...] = ()
+
+    def with_part(self, name: str, seconds: float) -> EvalCost:
+        return replace(self, parts_s=(*self.parts_s, (name, seconds)))
 
     def event(self) -> dict[str, Any]:
         """The fields as a metrics event carries them."""
         return {"graphs_captured": self.graphs_captured, "graphs_reused": self.graphs_reused,
                 "graph_setup_s": round(self.graph_setup_s, 3), "plain_baseline": self.plain_baseline,
-                "warmed_up": self.warmed_up}
+                "warmed_up": self.warmed_up, "parts_s": {k: round(v, 3) for k, v in self.parts_s}}
 
 
 def _version(p) -> int:
@@ -129,14 +135,19 @@ class EvalState:
                                           graphs, plain.generations, plain.seconds - plain.setup_s, plain.setup_s,
                                           step)
 
-    def record(self, plain: BatchDecode | None, spec: BatchDecode, base: PlainBaseline | None, warmed: bool) -> None:
-        """An eval ended: `plain` measured (None: `base` reused), `spec` decoded."""
+    def record(self, plain: BatchDecode | None, spec: BatchDecode, base: PlainBaseline | None, warm_up_s: float | None
+               ) -> None:
+        """An eval ended: `plain` measured (None: `base` reused), `spec` decoded; `warm_up_s` the
+        warm-up's seconds (None: no warm-up ran)."""
         decodes = [d for d in (plain, spec) if d is not None]
         self.evals += 1
         self.last = EvalCost(graphs_captured=sum(d.captured for d in decodes),
                              graphs_reused=sum(d.reused for d in decodes),
                              graph_setup_s=sum(d.setup_s for d in decodes),
-                             plain_baseline="measured" if base is None else base.source(), warmed_up=warmed)
+                             plain_baseline="measured" if base is None else base.source(),
+                             warmed_up=warm_up_s is not None,
+                             parts_s=(("warm_up", warm_up_s or 0.0), ("plain", plain.seconds if plain else 0.0),
+                                      ("speculative", spec.seconds)))
 
     def record_reference(self) -> None:
         """An eval ran the batch-1 reference (a target batching cannot take): nothing kept or reused."""
