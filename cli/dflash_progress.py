@@ -84,8 +84,15 @@ class TrainProgress:
                     f"on disk: {data['newest'] or 'none'}; {data['then']}", highlight=False)
         elif kind == "periodic_eval":
             self.last_eval = f" eval τ {data['tau']:.2f}@{data['step']}"
+            parts = data.get("parts_s") or {}
+            setup = (f" (first eval: {parts.get('warm_up', 0) + parts.get('plain', 0):.1f} s of it warm-up and the "
+                     "plain baseline, reused later)" if data.get("warmed_up") and parts.get("plain") else "")
+            extra = "".join(f"; {what} ran beside it" for what in data.get("beside") or ())
+            if data.get("waited_for_pinning_s", 0) >= 0.05:
+                extra += f"; waited {data['waited_for_pinning_s']:.1f} s for the checkpoint buffers to be pinned first"
             p.print(f"[dim]·[/] eval at step {data['step']}: τ = {data['tau']:.2f} (max {data['max_tau']}), speedup "
-                    f"{data['speedup']:.2f}x on {data['prompts']} prompts, {data['seconds']:.1f} s", highlight=False)
+                    f"{data['speedup']:.2f}x on {data['prompts']} prompts, {data['seconds']:.1f} s{setup}{extra}",
+                    highlight=False)
 
 
 def render_skips(p: Progress, stats) -> None:

@@ -137,6 +137,25 @@ def test_a_phase_with_a_known_size_starts_with_its_total():
     assert "[progress] regenerate started 0/13" in buf.getvalue()
 
 
+def test_a_periodic_eval_line_says_what_the_first_eval_paid_and_what_ran_beside():
+    from cli.dflash_progress import TrainProgress
+
+    buf = io.StringIO()
+    tp = TrainProgress()
+    tp.progress = progress.Progress(console=Console(file=buf, width=1000, no_color=True), interval_s=0)
+    base = {"tau": 2.5, "max_tau": 16, "speedup": 1.8, "prompts": 4}
+    with tp:
+        tp("periodic_eval", {**base, "step": 500, "seconds": 14.2, "warmed_up": True, "waited_for_pinning_s": 2.34,
+                             "parts_s": {"warm_up": 3.0, "plain": 5.5, "speculative": 5.0, "weigh": 0.7}, "beside": []})
+        tp("periodic_eval", {**base, "step": 1000, "seconds": 5.0, "warmed_up": False, "waited_for_pinning_s": 0.0,
+                             "parts_s": {"warm_up": 0.0, "plain": 0.0, "speculative": 4.9, "weigh": 0.1},
+                             "beside": ["a checkpoint write"]})
+    first, second = [line for line in buf.getvalue().splitlines() if "eval at step" in line]
+    assert "14.2 s (first eval: 8.5 s of it warm-up and the plain baseline, reused later)" in first
+    assert "waited 2.3 s for the checkpoint buffers to be pinned first" in first and "beside" not in first
+    assert second.endswith("5.0 s; a checkpoint write ran beside it")
+
+
 def test_counts_agree_with_their_number():
     assert (output.count(1, "variable"), output.count(0, "variable"), output.count(3, "entry", "entries")) == \
         ("1 variable", "0 variables", "3 entries")

@@ -237,3 +237,51 @@ def test_cuda_graphs_kept_across_decodes_replay_the_updated_weights(tiny_target)
         assert out.graphs and out.captured == 0 and out.reused >= 2 and not out.notes, out.notes
         for r, g in zip(reference(drafter, target, prompts), out.generations):
             assert (g.tokens, g.acceptance) == (r.tokens, r.acceptance)
+
+
+def test_a_periodic_eval_is_not_timed_beside_pinning_and_says_what_ran_beside_it(tmp_path, chat_file, monkeypatch):
+    """The checkpoint buffers pinned after step 1 (Saver.reserve, on CUDA) are waited for before the
+    eval's timed decodes (its plain baseline is reused all run long); a checkpoint write still running
+    is named in the event, not waited for. Fault injection: a stand-in reservation thread and write."""
+    import threading
+
+    import dflash.eval.in_training as in_training
+    from dflash.training.trainer import Trainer
+
+    cfg = small_config(tmp_path, chat_file, **{"train.max_steps": 2, "eval.every": 1, "eval.every_prompts": 1,
+                                               "eval.num_prompts": 1, "eval.max_new_tokens": 4, "eval.at_end": False,
+                                               "checkpoint.every": 100})
+    order, release, writing = [], threading.Event(), threading.Event()
+    events = []
+
+    def on_event(kind, data):
+        events.append((kind, data))
+        if kind == "step" and data["metrics"].step == 1:
+            release.set()  # the "pinning" may end now; the eval must still come after it
+        if kind == "periodic_eval":
+            writing.set()  # the stand-in write ends once the eval that ran beside it is reported
+
+    def pin():
+        release.wait()
+        order.append("pinned")
+
+    real = in_training.evaluate_trainer
+    monkeypatch.setattr(in_training, "evaluate_trainer", lambda t, limit=None: (order.append("eval"), real(t, limit))[1])
+    t = Trainer.from_config(cfg, on_event=on_event)
+    try:
+        t.saver._reserving = threading.Thread(target=pin, daemon=True)
+        t.saver._reserving.start()
+        t.train(until=1)
+        assert order == ["pinned", "eval"]
+        writing.clear()
+        t.saver._thread = threading.Thread(target=writing.wait, daemon=True)  # a save's write, running at step 2
+        t.saver._thread.start()
+        t.train(until=2)
+        evals = [d for k, d in events if k == "periodic_eval"]
+        assert [e["beside"] for e in evals] == [[], ["a checkpoint write"]]
+        assert evals[0]["waited_for_pinning_s"] >= 0 and evals[1]["waited_for_pinning_s"] == 0
+        assert order == ["pinned", "eval", "eval"]
+    finally:
+        writing.set()
+        release.set()
+        t.close()

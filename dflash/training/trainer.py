@@ -347,17 +347,22 @@ class RunLog:
 
     def periodic_eval(self, step: int) -> None:
         """τ by real speculative decoding on a few held-out prompts (eval.every): a metrics.jsonl
-        "periodic_eval" event with its cost (seconds; what it captured and reused from earlier evals:
-        dflash.eval.in_training.last_cost), and the same event for the progress line. On the engine
-        it runs inside the step barrier (every replica waits: the weights are the step's)."""
+        "periodic_eval" event with its cost (seconds; where they went, and what it captured and reused
+        from earlier evals: dflash.eval.in_training.last_cost), and the same event for the progress line.
+        It first waits for the checkpoint buffers being pinned after step 1 (`waited_for_pinning_s`), and
+        names a checkpoint write still running beside it (`beside`). On the engine it runs inside the
+        step barrier (every replica waits: the weights are the step's)."""
         from dflash.eval.in_training import last_cost
 
         t = self.trainer
+        waited = t.saver.settle()  # the first save's pinned buffers (reserved after step 1): not beside the timing
+        beside = ["a checkpoint write"] if t.saver.busy else []  # a save's write still running: said, not waited for
         t0 = time.perf_counter()
         r = t.evaluate(limit=t.cfg.eval.every_prompts)
         data = {"step": step, "tau": r.tau, "max_tau": r.max_tau, "speedup": r.speedup, "prompts": r.prompts,
                 "outputs_match": r.outputs_match, "mismatched_prompts": r.mismatched_prompts,
-                "near_tie_prompts": r.near_tie_prompts, "seconds": round(time.perf_counter() - t0, 3), **last_cost(t)}
+                "near_tie_prompts": r.near_tie_prompts, "seconds": round(time.perf_counter() - t0, 3),
+                "waited_for_pinning_s": round(waited, 3), "beside": beside, **last_cost(t)}
         t.write_event("periodic_eval", data)
         t.on_event("periodic_eval", data)
 
