@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli.dflash_main import app
+from tests.dflash_helpers import chat_file, tiny_target  # noqa: F401 (fixtures)
 from tests.helpers import invoke, invoke_json
 
 
@@ -188,6 +189,31 @@ def test_eval_needs_at_least_one_prompt(run, n):
     assert r.exit_code == 2 and "must be >= 1" in r.stderr
     r = invoke(app, ["check", str(run[0]), "--target", "embedded:tiny", "-n", n])
     assert r.exit_code == 2 and "must be >= 1" in r.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-new-tokens", "0"], "--max-new-tokens is 0: it must be >= 1"),  # 0 once meant "the config's 128"
+    (["--max-new-tokens", "-3"], "--max-new-tokens is -3: it must be >= 1"),  # once an IndexError traceback
+    (["--temperature", "nan"], "--temperature is nan"),
+])
+def test_eval_and_check_refuse_bad_flags_before_loading(run, flags, message):
+    for cmd in (["eval", str(run[0])], ["check", str(run[0]), "--target", "embedded:tiny"]):
+        if flags[0] == "--temperature" and cmd[0] == "eval":
+            continue  # eval decodes greedily: it has no --temperature
+        r = invoke(app, [*cmd, *flags])
+        assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.stderr, (cmd, r.stderr)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-new-tokens", "0"], "--max-new-tokens is 0"), (["--max-new-tokens", "-1"], "--max-new-tokens is -1"),
+    (["--batch-size", "0"], "--batch-size is 0"), (["--temperature", "-1"], "--temperature is -1.0"),
+    (["--temperature", "inf"], "--temperature is inf"),
+])
+def test_regen_refuses_bad_flags_and_writes_nothing(tmp_path, chat_file, flags, message):
+    out = tmp_path / "out.jsonl"
+    r = invoke(app, ["regen", str(chat_file), str(out), "--target", "embedded:tiny", "--device", "cpu", *flags])
+    assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not out.exists()
 
 
 def test_eval_reports_acceptance_by_position(run):

@@ -61,11 +61,11 @@ def check_export(path: str, *, target_path: str | None = None, data_path: str | 
     from dflash.checkpoint import manifest
     from dflash.checkpoint.store import CONFIG_FILE, read_export_spec, resolve_checkpoint
     from dflash.config import apply_overrides, load_toml
-    from dflash.eval.evaluate import check_num_prompts
+    from dflash.flags import check_max_new_tokens, check_num_prompts, check_temperature
 
     check_num_prompts(num_prompts)
-    if not (isinstance(temperature, (int, float)) and 0 <= temperature <= 100):
-        raise BadInput(f"--temperature is {temperature!r}: it must be in [0, 100] (0: greedy)")
+    check_max_new_tokens(max_new_tokens)
+    check_temperature(temperature)
     ck = resolve_checkpoint(path)
     notes: list[str] = []
     findings: list[Finding] = []
@@ -111,8 +111,9 @@ def check_export(path: str, *, target_path: str | None = None, data_path: str | 
         if not convs:
             why = source
         else:
-            acceptance = _measure(ck, cfg, spec, convs, source, data_cfg if train_cfg is not None else None,
-                                  max_new_tokens or cfg.eval.max_new_tokens, temperature, seed, device, record, progress)
+            new = max_new_tokens if max_new_tokens is not None else cfg.eval.max_new_tokens
+            acceptance = _measure(ck, cfg, spec, convs, source, data_cfg if train_cfg is not None else None, new,
+                                  temperature, seed, device, record, progress)
     return CheckReport(export=str(ck), target=cfg.target.path, verdict=verdict, findings=tuple(findings),
                        acceptance=acceptance, acceptance_note=why, notes=tuple(notes))
 

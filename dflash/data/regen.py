@@ -134,6 +134,11 @@ def regen(input_path: str, output_path: str, *, target: str, device: str | None 
     from dflash.config import TargetConfig
     from dflash.model.target import load_target, resolve_device
 
+    from dflash.flags import check_count, check_temperature
+
+    check_count(max_new_tokens, "--max-new-tokens", "the longest answer, in tokens", hint="leave it out for 512")
+    check_count(batch_size, "--batch-size", "the conversations generated together", hint="leave it out for 32")
+    check_temperature(temperature)
     on_event = on_event or (lambda kind, data: None)
     convs = read_input(input_path)  # the input first: a missing file is said before the target loads
     dev = resolve_device(device or "auto")

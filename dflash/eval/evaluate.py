@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from dflash.eval.reuse import EvalState
 
 __all__ = ["EvalResult", "Generation", "acceptance_by_position", "DrafterProposer", "Proposer", "evaluate",
-           "plain_generate", "speculative_generate", "evaluate_drafter", "check_num_prompts", "prompt_ids",
+           "plain_generate", "speculative_generate", "evaluate_drafter", "prompt_ids",
            "eval_checkpoint"]
 
 
@@ -40,7 +40,9 @@ def evaluate_drafter(drafter, target, prompts: list[list[int]], max_new_tokens: 
     (dflash.eval.reuse.EvalState): what a run's evals keep for the next (`step`: this one's training
     step); without it, as `dflash eval` runs, everything is measured afresh."""
     from dflash.eval.divergence import weigh
+    from dflash.flags import check_count
 
+    check_count(max_new_tokens, "max_new_tokens", "the tokens generated per prompt")
     why = batched_unsupported(target, block_size) if batched else "asked for the batch-1 reference"
     if why is None:
         result, notes = evaluate_batched(drafter, target, prompts, max_new_tokens, block_size, progress,
@@ -80,15 +82,6 @@ def eval_target_config(target_cfg, device: torch.device):
         "so τ is that of the target it was not trained beside")
 
 
-def check_num_prompts(n: int | None) -> None:
-    """BadInput unless `n` (a prompt count given by the user) is None or at least 1."""
-    from compilewatch import BadInput
-
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise BadInput(f"-n/--prompts is {n!r}: it must be >= 1 (the number of prompts to decode)",
-                       hint="leave -n out for the config's eval.num_prompts")
-
-
 def prompt_ids(tokenizer, convs: list[list[dict[str, str]]]) -> list[list[int]]:
     from dflash.data.dataset import render_ids
 
@@ -109,9 +102,11 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
                                          resolve_checkpoint)
     from dflash.config import apply_overrides, load_toml
     from dflash.data.dataset import eval_prompts
+    from dflash.flags import check_max_new_tokens, check_num_prompts
     from dflash.model.target import load_target, resolve_device
 
     check_num_prompts(num_prompts)
+    check_max_new_tokens(max_new_tokens)
     ck = resolve_checkpoint(path)
     unverified = manifest.check(ck, [*EXPORT_FILES, *([CONFIG_FILE] if (ck / CONFIG_FILE).exists() else [])])
     if unverified and on_note is not None:
@@ -147,5 +142,5 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     if not convs:
         raise BadInput(f"no prompts found in {cfg.data.path!r}", hint="pass --data with chat JSONL holding user turns")
     prompts = prompt_ids(target.tokenizer, convs)
-    return evaluate_drafter(drafter, target, prompts, max_new_tokens or cfg.eval.max_new_tokens,
-                            drafter.spec.block_size, progress=progress, on_note=on_note)
+    new = max_new_tokens if max_new_tokens is not None else cfg.eval.max_new_tokens
+    return evaluate_drafter(drafter, target, prompts, new, drafter.spec.block_size, progress=progress, on_note=on_note)
