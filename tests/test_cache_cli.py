@@ -96,7 +96,7 @@ def _foreign_archive(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("case", [
     "missing-dir", "not-a-cache", "corrupt-archive", "foreign-archive", "bad-size", "bad-suffix",
-    "no-backup-without-yes", "missing-archive", "unknown-sort",
+    "no-backup-without-yes", "missing-archive", "unknown-sort", "gzip-level-99", "gzip-level-0", "level-on-plain-tar",
 ])
 def test_bad_input_exits_2_with_a_message_and_changes_nothing(tmp_path, monkeypatch, case):
     root = make_cache(tmp_path / "c")
@@ -114,6 +114,9 @@ def test_bad_input_exits_2_with_a_message_and_changes_nothing(tmp_path, monkeypa
         "no-backup-without-yes": ["cache", "clear", "--no-backup", "--dir", str(root)],
         "missing-archive": ["cache", "load", str(tmp_path / "nope.tar.gz"), "--dir", str(root)],
         "unknown-sort": ["cache", "ls", "--sort", "age", "--dir", str(root)],
+        "gzip-level-99": ["cache", "save", str(tmp_path / "a.tar.gz"), "--level", "99", "--dir", str(root)],  # once zlib's traceback
+        "gzip-level-0": ["cache", "save", str(tmp_path / "a.tar.gz"), "--level", "0", "--dir", str(root)],  # once quietly 3
+        "level-on-plain-tar": ["cache", "save", str(tmp_path / "a.tar"), "--level", "5", "--dir", str(root)],
     }[case]
     if case == "foreign-archive":
         args[2] = str(_foreign_archive(tmp_path, monkeypatch))
@@ -122,6 +125,7 @@ def test_bad_input_exits_2_with_a_message_and_changes_nothing(tmp_path, monkeypa
     assert r.stderr.startswith("error:") and "Traceback" not in r.stderr
     assert tree(root) == before and (proj / "README.md").read_text() == "mine"
     assert not [n for n in os.listdir(tmp_path) if ".load-" in n or ".backup-" in n or n.endswith(".tmp")]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("a.")]  # no archive written
 
 
 def test_json_is_the_only_stdout(tmp_path):

@@ -3,6 +3,7 @@ every command answers --help, and every command that reports has --json."""
 
 from __future__ import annotations
 
+import pytest
 import typer
 
 from cli.main import app
@@ -54,3 +55,16 @@ def test_options_of_the_trust_surface_are_frozen():
 def test_unknown_command_is_a_usage_error():
     r = invoke(app, ["no-such-command"])
     assert r.exit_code == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["probe", "create_block_mask", "--threads", "2", "--timeout", "0"], "--timeout must be a number of seconds > 0"),
+    (["probe", "create_block_mask", "--threads", "2", "--timeout", "-1"], "--timeout must be a number of seconds > 0"),
+    (["probe", "create_block_mask", "--threads", "2", "--timeout", "nan"], "--timeout must be a number of seconds > 0"),
+    (["warm", "--devices", "cpu", "--steps", "0"], "--steps must be >= 1"),
+])
+def test_numbers_out_of_range_are_bad_input_not_findings(args, message):
+    """A --timeout of 0 or less once made every probe thread a "hang" finding (exit 1) before it could
+    start; --steps 0 was quietly 1."""
+    r = invoke(app, args)
+    assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.stderr, (r.stdout, r.stderr)

@@ -327,10 +327,14 @@ def probe_threads(target: str | Target, n: int, *, devices: str | list[str] = "c
                   timeout: float = 300.0, fresh_cache: bool = True) -> ThreadsReport:
     """The cross-thread race on demand: reset dynamo, point inductor at a fresh cache dir (unless
     `fresh_cache=False`), start `n` threads on the target together, watch them with a watchdog."""
-    if n < 1:
-        from compilewatch.errors import BadInput
+    from compilewatch.errors import BadInput
 
+    if n < 1:
         raise BadInput(f"--threads must be at least 1, got {n}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        # 0 or less once made every thread a "hang" finding before it could start
+        raise BadInput(f"--timeout must be a number of seconds > 0, got {timeout!r}",
+                       hint="leave --timeout out for 300 s")
     tgt = resolve(target, backend) if isinstance(target, str) else target
     devs = parse_devices(devices)
     per_thread = [devs[i % len(devs)] for i in range(n)]

@@ -252,6 +252,11 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
         nothing). `report.warm` is empty; a recompile is reported as in any verify pass.
     Never raises for the workload's own errors: they are in the report (report.ok is False).
     """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        from compilewatch.errors import BadInput
+
+        raise BadInput(f"--steps must be >= 1 (workload runs per device in the warm pass), got {steps!r}",
+                       hint="leave --steps out for 1")
     devs = parse_devices(devices)
     workload = as_workload(fn, name)
     _repair_cache_swap()
@@ -260,7 +265,7 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
     verify_remote_reads()  # torch's remote-cache reads verified before it unpickles them
     t0 = time.perf_counter()
     workload.build()
-    warm = [] if verify_only else _pass(workload, devs, "warm", strict, max(1, steps), progress)
+    warm = [] if verify_only else _pass(workload, devs, "warm", strict, steps, progress)
     verify_runs = (_pass(workload, devs, "verify", strict, 1, progress)
                    if (verify or verify_only) and all(r.ok for r in warm) else [])
     report_wall = time.perf_counter() - t0

@@ -91,6 +91,21 @@ def compression_for(archive: Path) -> str:
                    hint="name it *.tar.zst (zstd), *.tar.gz / *.tgz (gzip) or *.tar (uncompressed)")
 
 
+LEVELS = {"gzip": (1, 9), "zstd": (1, 22)}  # the compression levels `cache save --level` takes, by compression
+
+
+def check_level(comp: str, level: int | None, archive: Path) -> None:
+    """BadInput unless `level` is None or a level `comp` takes (an uncompressed .tar takes none)."""
+    if level is None:
+        return
+    if comp not in LEVELS:
+        raise BadInput(f"--level {level}: {archive.name!r} is an uncompressed archive, which has no level",
+                       hint="name it *.tar.gz or *.tar.zst to compress it, or leave --level out")
+    lo, hi = LEVELS[comp]
+    if isinstance(level, bool) or not isinstance(level, int) or not lo <= level <= hi:
+        raise BadInput(f"--level {level!r}: {comp} levels are {lo}-{hi}", hint="leave --level out for 3")
+
+
 def _zstd_module():
     try:
         from compression import zstd  # type: ignore[import-not-found]  # Python >= 3.14

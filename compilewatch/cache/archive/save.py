@@ -35,6 +35,7 @@ from compilewatch.cache.archive.reader import (
     _compressed_writer,
     _umask,
     _zstd_module,
+    check_level,
     compression_for,
 )
 from compilewatch.cache.content import fingerprint as fp_mod
@@ -208,6 +209,7 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
     t0 = time.perf_counter()
     archive = Path(os.path.abspath(os.path.expanduser(archive)))
     comp = compression_for(archive)
+    check_level(comp, level, archive)
     if comp == "zstd" and _zstd_module()[0] is None:
         _compressed_writer(io.BytesIO(), comp, level)  # raises the BadInput with the hint
     if archive.exists() and not overwrite:
