@@ -82,6 +82,21 @@ def check_devices(topo: TopologyConfig) -> None:
                 raise BadInput(f"topology.{name} (--{name.replace('_', '-')}): {e.message}", hint=e.hint) from None
 
 
+def _raise_if_out_of_memory(e: RuntimeError, trainer) -> None:
+    """A step that ran out of memory is a config too large for the device: BadInput (exit 2) that
+    says which step and what to lower, with the checkpoints written so far kept; not a traceback."""
+    from dflash.training.memory_plan import out_of_memory
+
+    why = out_of_memory(e)
+    if why is None:
+        return
+    d = trainer.cfg.data
+    raise BadInput(f"training ran out of memory on {trainer.device} at step {trainer.step + 1}: {why}",
+                   hint=f"lower data.batch_size ({d.batch_size}), data.num_anchors ({d.num_anchors}) or "
+                        f"data.max_length ({d.max_length}), or with data.pack = true raise data.pack_chunks; "
+                        "the checkpoints written so far are kept") from None
+
+
 def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None, on_event: Event | None = None,
           info: "RankInfo | None" = None, until: int | None = None, watch: bool = True) -> RunOutcome:
     """Train the run `cfg` describes (see the module docstring). Events, in order: "mode" ({"mode"},
@@ -143,6 +158,9 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
 
             result, report = train_multi(trainer, topo, watch=watch, until=until,
                                          group=joined.group if joined is not None else None)
+    except RuntimeError as e:  # torch.OutOfMemoryError is one
+        _raise_if_out_of_memory(e, trainer)
+        raise
     finally:
         trainer.close()
     if joined is None:

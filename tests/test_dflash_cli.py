@@ -235,3 +235,34 @@ def test_prepare_bad_input_exits_2(tmp_path):
     assert r.exit_code == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
     r = invoke(app, ["prepare", str(tmp_path / "x.jsonl"), "--target", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "does not exist" in r.stderr
+
+
+@pytest.mark.parametrize("error", ["cpu", "cuda"])
+def test_a_step_out_of_memory_is_bad_input_and_keeps_the_checkpoints(tmp_path, chat_file, monkeypatch, error):
+    """Fault injection: the second step runs out of memory (the CPU allocator's RuntimeError, or CUDA's
+    OutOfMemoryError). Exit 2 with the step, the allocator's words and what to lower; step 1's
+    checkpoint stays."""
+    import torch
+
+    from dflash.training.trainer import Trainer
+
+    real, calls = Trainer.train_step, []
+
+    def step(self, batches):
+        calls.append(1)
+        if len(calls) == 2:
+            raise (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                                "memory: you tried to allocate 5121638400000 bytes. Error code 12")
+                   if error == "cpu" else torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB."))
+        return real(self, batches)
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+    out = tmp_path / "run"
+    r = invoke(app, ["train", "--out", str(out), "--data", str(chat_file), *COMMON, "--max-steps", "3",
+                     "--set", "checkpoint.every=1"])
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    err = " ".join(r.stderr.split())
+    assert "training ran out of memory on cpu at step 2" in err and "Traceback" not in r.stderr
+    assert ("you tried to allocate 5121638400000 bytes" if error == "cpu" else "Tried to allocate 80.00 GiB") in err
+    assert "lower data.batch_size" in err
+    assert (out / "checkpoints" / "step_000001").is_dir()

@@ -140,3 +140,14 @@ def plan_for(cfg, *, spec, drafter, target_config, block_budget: int, device: to
                        drafter_params=sum(p.numel() for p in drafter.parameters()), target_config=target_config,
                        rows=cfg.data.batch_size, row_len=cfg.data.max_length, blocks=block_budget,
                        target_dtype_bytes=target_dtype.itemsize, target_fp8=cfg.target.fp8)
+
+
+def out_of_memory(e: BaseException) -> str | None:
+    """The allocator's complaint, on one line, when `e` says a device ran out of memory (CUDA's
+    torch.OutOfMemoryError; the CPU allocator's RuntimeError "can't allocate memory"); else None."""
+    text = str(e)
+    if isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in text):
+        line = " ".join(text.split())
+        cut = line.find("you tried to allocate")  # the CPU allocator's useful part; CUDA's starts with it
+        return (line[cut:] if cut >= 0 else line)[:300]
+    return None
