@@ -5,7 +5,9 @@ periodic eval costs about as many target forwards as one prompt's rounds, not th
 
 Each trainer has one dflash.eval.reuse.EvalState (`eval_state`, made at its first eval): the later
 evals reuse its slots and CUDA graphs, skip the warm-up, and take the first eval's plain baseline
-where it applies (the target is frozen: only the drafter trains). `last_cost` says what the latest
+where it applies (the target is frozen: only the drafter trains). The baseline is also kept in the
+run directory (RUN/eval_baseline.json, dflash.eval.baseline_store): a resumed run's first eval takes
+it from there where it provably applies (the same target files, device, versions, prompts and budget). `last_cost` says what the latest
 eval captured and reused. In the split topology the drafter decodes as a copy beside the target,
 made at the first eval; later evals copy the trainer's weights into it in place (its graphs read
 them by address)."""
@@ -14,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from dflash.eval import baseline_store
 from dflash.eval.evaluate import EvalResult, evaluate_drafter, prompt_ids
 from dflash.eval.reuse import EvalState
 from dflash.model.build import build_drafter
@@ -29,7 +33,8 @@ def eval_state(trainer: Any) -> EvalState:
     """`trainer`'s EvalState, made the first time it is asked for."""
     state = _STATES.get(trainer)
     if state is None:
-        state = _STATES[trainer] = EvalState()
+        run_dir = getattr(trainer, "run_dir", None)
+        state = _STATES[trainer] = EvalState(store=Path(run_dir) / baseline_store.FILE if run_dir else None)
     return state
 
 
@@ -74,8 +79,12 @@ def evaluate_trainer(trainer: Any, limit: int | None = None) -> EvalResult:
         drafter = _drafter_beside(t, state, target.device)
         prompts = prompt_ids(target.tokenizer, convs)
         with stance:
-            return evaluate_drafter(drafter, target, prompts, t.cfg.eval.max_new_tokens, t.cfg.drafter.block_size,
-                                    progress=lambda d, n: t.on_event("eval", {"done": d, "total": n}),
-                                    on_note=lambda note: _note_once(t, note), state=state, step=t.step)
+            result = evaluate_drafter(drafter, target, prompts, t.cfg.eval.max_new_tokens, t.cfg.drafter.block_size,
+                                      progress=lambda d, n: t.on_event("eval", {"done": d, "total": n}),
+                                      on_note=lambda note: _note_once(t, note), state=state, step=t.step)
+        if state.store_note is not None:
+            _note_once(t, state.store_note)
+            state.store_note = None
+        return result
     finally:
         t.drafter.train()

@@ -29,6 +29,7 @@ that over the batch sizes a shrinking batch passes through) and the graphs' pool
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from dflash.eval.batched import BatchDecode, SpecWorkspace, spec_length
@@ -84,6 +85,7 @@ class PlainBaseline:
     seconds: float  # the decode's wall time less its graph setup
     setup_s: float  # the graph setup it paid then
     step: int | None  # the training step of the eval that measured it (None: not a training eval)
+    stored: str | None = None  # read from this file (dflash.eval.baseline_store): an earlier process measured it
 
     def applies(self, target, prompts: list[list[int]], max_new_tokens: int, graphs: bool) -> bool:
         """Whether a plain decode of `prompts` by `target` now would give these tokens."""
@@ -94,16 +96,22 @@ class PlainBaseline:
         return f"step {self.step}" if self.step is not None else "an earlier eval"
 
     def note(self) -> str:
+        where = f", read from {self.stored} (an earlier process of this run measured it)" if self.stored else ""
         return (f"plain baseline from {self.source()}'s eval (the target is frozen): its tokens and its time "
                 f"({self.seconds:.2f} s, its {self.setup_s:.2f} s of graph setup taken off), reused by every later "
-                f"eval of the same {len(self.prompts)} prompts")
+                f"eval of the same {len(self.prompts)} prompts{where}")
 
 
 class EvalState:
     """What a run's evals keep (module docstring): made empty, filled by the first eval
     (dflash.eval.batched.evaluate_batched with `state=`), used by the later ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: Path | None = None) -> None:
+        """`store`: where the baseline is kept between processes (a run's RUN/eval_baseline.json,
+        dflash.eval.baseline_store): read at the first eval that finds none in memory, written when one is measured."""
+        self.store = store
+        self.store_note: str | None = None  # why the stored baseline was not used (None: used, or no file)
+        self._store_read = False
         self.workspace: SpecWorkspace | None = None
         self.baseline: PlainBaseline | None = None
         self.drafter_copy: Any = None  # dflash.eval.in_training: the drafter beside a target on another device
@@ -124,16 +132,29 @@ class EvalState:
         return ws
 
     def baseline_for(self, target, prompts: list[list[int]], max_new_tokens: int, graphs: bool) -> PlainBaseline | None:
+        if self.baseline is None and self.store is not None and not self._store_read:
+            from dflash.eval import baseline_store
+
+            self._store_read = True
+            self.baseline, self.store_note = baseline_store.read(self.store, target, prompts, max_new_tokens, graphs)
         base = self.baseline
         return base if base is not None and base.applies(target, prompts, max_new_tokens, graphs) else None
 
     def keep_baseline(self, target, prompts: list[list[int]], max_new_tokens: int, graphs: bool,
                       plain: BatchDecode, step: int | None) -> None:
-        """Keep `plain` (a decode just measured) as the baseline, unless one is kept already."""
+        """Keep `plain` (a decode just measured) as the baseline, unless one is kept already; and in
+        the store (a stored baseline is taken only where it applies, so one that did not is replaced)."""
         if self.baseline is None:
             self.baseline = PlainBaseline(target, target_stamp(target), tuple(map(tuple, prompts)), max_new_tokens,
                                           graphs, plain.generations, plain.seconds - plain.setup_s, plain.setup_s,
                                           step)
+            if self.store is not None:
+                from dflash.eval import baseline_store
+
+                try:
+                    baseline_store.write(self.store, self.baseline, target)
+                except OSError as e:  # a full or read-only disk costs the next process a plain pass, nothing more
+                    self.store_note = f"plain baseline not kept in {self.store} ({type(e).__name__}: {e})"
 
     def record(self, plain: BatchDecode | None, spec: BatchDecode, base: PlainBaseline | None, warm_up_s: float | None
                ) -> None:

@@ -1,0 +1,140 @@
+"""A run's plain baseline on disk (`RUN/eval_baseline.json`), so that a resumed run's first periodic
+eval reuses it instead of decoding the prompts plainly again (at 8B, 4 prompts × 256 tokens, the plain
+pass is ~5 s of a first eval's ~15 s: docs/benchmarks.md).
+
+dflash.eval.reuse keeps the baseline in memory, proved to apply by the target's identity and its
+parameters' version counters; neither survives the process. On disk it applies when everything that
+decides the plain tokens and their time is the same as when it was measured (`identity`):
+- the target: its directory, and each of its files' name, size and modification time (config, weights,
+  tokenizer); its dtype, whether it runs in FP8 (target.fp8), its vocabulary (the mask token may grow it);
+- where it ran: the device's name, torch's and transformers' versions;
+- the decode: the prompts' token ids, the token budget, CUDA graphs on or off.
+Anything else, or a file that does not parse or check, and the baseline is measured again (and the
+file replaced), with a note that says why. The file is JSON (never a pickle), read up to MAX_BYTES;
+every token must be an id of the target's vocabulary and every time finite and positive. It may have
+come with a run directory from elsewhere: it is data, and the worst a forged one can do is misstate
+the speedup that reuses it, which the note names as coming from this file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash.eval.generation import Generation
+
+FILE = "eval_baseline.json"
+FORMAT = 1
+MAX_BYTES = 16 << 20  # 64 prompts × 4,096 tokens of JSON ints is ~2 MB
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def identity(target) -> dict[str, Any]:
+    """What decides a plain greedy decode's tokens and time, besides the prompts and the budget."""
+    import transformers
+
+    from dflash.model.fp8 import Fp8Linear
+
+    src = Path(str(target.source))
+    files = []
+    if src.is_dir():
+        for f in sorted(src.iterdir()):
+            if f.is_file():
+                st = f.stat()
+                files.append([f.name, st.st_size, st.st_mtime_ns])
+    emb = target.model.get_input_embeddings()
+    return {"source": str(target.source), "files": files, "dtype": str(target.dtype),
+            "fp8": any(isinstance(m, Fp8Linear) for m in target.model.modules()),
+            "vocab": int(emb.weight.shape[0]), "device": _device_name(target.device),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def prompts_digest(prompts) -> str:
+    return hashlib.sha256(json.dumps([list(p) for p in prompts]).encode()).hexdigest()
+
+
+def write(path: Path, base, target) -> None:
+    """Keep `base` (a dflash.eval.reuse.PlainBaseline just measured) at `path`, atomically."""
+    from compilewatch.fsutil import atomic_write_text
+
+    rec = {"format": FORMAT, "identity": identity(target), "prompts": prompts_digest(base.prompts),
+           "max_new_tokens": base.max_new_tokens, "graphs": base.graphs, "seconds": base.seconds,
+           "setup_s": base.setup_s, "step": base.step, "tokens": [list(g.tokens) for g in base.generations]}
+    atomic_write_text(path, json.dumps(rec) + "\n")
+
+
+def _changed(key: str, then: Any, now: Any) -> str:
+    if key == "files":
+        was = {f[0]: f for f in then if isinstance(f, list) and f and isinstance(f[0], str)} \
+            if isinstance(then, list) else {}
+        is_ = {f[0]: f for f in now}
+        names = sorted(n for n in was.keys() | is_.keys() if was.get(n) != is_.get(n))[:4]
+        return "the target's files changed since" + (f" ({', '.join(names)})" if names else "")
+    return f"{key} was {str(then)[:80]!r} then, is {str(now)[:80]!r} now"
+
+
+def _why_not(rec: Any, target, prompts, max_new_tokens: int, graphs: bool) -> str | None:
+    """Why the record `rec` (parsed JSON) does not apply to this decode (None: it does)."""
+    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+        return "not a baseline of this dflash's format"
+    now = identity(target)
+    then = rec.get("identity")
+    if not isinstance(then, dict):
+        return "it names no target"
+    changed = [k for k in now if then.get(k) != now[k]]
+    if changed:
+        return "; ".join(_changed(k, then.get(k), now[k]) for k in changed)
+    if rec.get("prompts") != prompts_digest(prompts) or rec.get("max_new_tokens") != max_new_tokens:
+        return "other prompts or another token budget"
+    if rec.get("graphs") is not graphs:
+        return "CUDA graphs were " + ("on" if rec.get("graphs") else "off") + " then"
+    tokens, vocab = rec.get("tokens"), now["vocab"]
+    if (not isinstance(tokens, list) or len(tokens) != len(prompts)
+            or not all(isinstance(t, list) and len(t) <= max_new_tokens for t in tokens)
+            or not all(type(x) is int and 0 <= x < vocab for t in tokens for x in t)):
+        return "its tokens do not check (not one list of token ids per prompt, within the budget and the vocabulary)"
+    times = (rec.get("seconds"), rec.get("setup_s"))
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in times) \
+            or not times[0] > 0 or not times[1] >= 0:
+        return "its times do not check"
+    step = rec.get("step")
+    if step is not None and (type(step) is not int or step < 0):
+        return "its step does not check"
+    return None
+
+
+def read(path: Path, target, prompts, max_new_tokens: int, graphs: bool) -> tuple[Any, str | None]:
+    """(the kept baseline as a dflash.eval.reuse.PlainBaseline for `target` now, or None; a note
+    saying why it was not used, None when there was no file)."""
+    from dflash.eval.reuse import PlainBaseline, target_stamp
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"{path} not read ({type(e).__name__}: {e}): the plain baseline is measured again"
+    if len(raw) > MAX_BYTES:
+        return None, f"{path} is over {MAX_BYTES >> 20} MiB: not read; the plain baseline is measured again"
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None, f"{path} is not JSON: the plain baseline is measured again"
+    why = _why_not(rec, target, prompts, max_new_tokens, graphs)
+    if why is not None:
+        return None, f"{path} does not apply ({why}): the plain baseline is measured again"
+    gens = tuple(Generation(tokens=list(t), acceptance=[], seconds=float(rec["seconds"])) for t in rec["tokens"])
+    base = PlainBaseline(target, target_stamp(target), tuple(map(tuple, prompts)), max_new_tokens, graphs, gens,
+                         float(rec["seconds"]), float(rec["setup_s"]), rec["step"], stored=str(path))
+    return base, None

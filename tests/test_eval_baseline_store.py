@@ -1,0 +1,193 @@
+"""dflash.eval.baseline_store: a run's plain baseline kept in RUN/eval_baseline.json, taken by a
+resumed run's first eval only where it provably applies, measured again (with a note) otherwise;
+the file is untrusted data, bounded and checked (CPU, eager, the tiny target)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from dflash.eval import baseline_store
+from dflash.eval.evaluate import evaluate_drafter
+from dflash.eval.reuse import EvalState
+from tests.dflash_helpers import chat_file, small_config, tiny_target  # noqa: F401 (fixtures)
+from tests.test_eval_batched import NEW, mixed_prompts, trained_drafter
+from tests.test_eval_reuse import facts
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_target):
+    return trained_drafter(tiny_target, sliding=False)
+
+
+def _measured(drafter, target, prompts, path, step=3) -> EvalState:
+    state = EvalState(store=path)
+    evaluate_drafter(drafter, target, prompts, NEW, drafter.spec.block_size, state=state, step=step)
+    assert state.last.plain_baseline == "measured" and path.is_file()
+    return state
+
+
+def test_a_new_process_takes_the_stored_baseline_and_gives_a_fresh_evals_result(drafter, tiny_target, tmp_path):
+    prompts = mixed_prompts(tiny_target, 3)
+    path = tmp_path / baseline_store.FILE
+    first = _measured(drafter, tiny_target, prompts, path)
+    again = EvalState(store=path)  # what a resumed process makes
+    r = evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=again, step=9)
+    assert again.last.plain_baseline == "step 3" and dict(again.last.parts_s)["plain"] == 0
+    assert again.baseline.stored == str(path) and again.store_note is None
+    assert [g.tokens for g in again.baseline.generations] == [g.tokens for g in first.baseline.generations]
+    assert again.baseline.seconds == pytest.approx(first.baseline.seconds)
+    fresh = evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size)
+    assert facts(r) == facts(fresh)
+    assert "read from" in again.baseline.note() and "an earlier process of this run" in again.baseline.note()
+
+
+def _rewrite(path, **changes):
+    rec = json.loads(path.read_text())
+    for k, v in changes.items():
+        if k.startswith("identity."):
+            rec["identity"][k.split(".", 1)[1]] = v
+        else:
+            rec[k] = v
+    path.write_text(json.dumps(rec))
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"identity.device": "NVIDIA H100 80GB HBM3"}, "device was 'NVIDIA H100 80GB HBM3' then, is 'cpu' now"),
+    ({"identity.torch": "2.0.0"}, "torch was '2.0.0' then"),
+    ({"identity.fp8": True}, "fp8 was 'True' then, is 'False' now"),
+    ({"identity.source": "/elsewhere"}, "source was '/elsewhere' then"),
+    ({"identity.files": [["model.safetensors", 1, 2]]}, "the target's files changed since (model.safetensors)"),
+    ({"identity.files": "x"}, "the target's files changed since"),
+    ({"identity.files": [[["unhashable"]]]}, "the target's files changed since"),
+    ({"max_new_tokens": NEW + 1}, "other prompts or another token budget"),
+    ({"prompts": "0" * 64}, "other prompts or another token budget"),
+    ({"graphs": True}, "CUDA graphs were on then"),
+    ({"tokens": [[10 ** 9]] * 3}, "its tokens do not check"),
+    ({"tokens": [[1.5]] * 3}, "its tokens do not check"),
+    ({"tokens": [[True]] * 3}, "its tokens do not check"),
+    ({"tokens": [[1] * (NEW + 1)] * 3}, "its tokens do not check"),
+    ({"tokens": [[1]] * 2}, "its tokens do not check"),
+    ({"seconds": -1.0}, "its times do not check"),
+    ({"seconds": "fast"}, "its times do not check"),
+    ({"setup_s": float("nan")}, "its times do not check"),
+    ({"step": "3"}, "its step does not check"),
+    ({"format": 99}, "not a baseline of this dflash's format"),
+])
+def test_a_stored_baseline_that_does_not_apply_is_measured_again_and_replaced(drafter, tiny_target, tmp_path,
+                                                                             change, why):
+    prompts = mixed_prompts(tiny_target, 3)
+    path = tmp_path / baseline_store.FILE
+    first = _measured(drafter, tiny_target, prompts, path)
+    _rewrite(path, **change)
+    state = EvalState(store=path)
+    evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=state, step=5)
+    assert state.last.plain_baseline == "measured" and why in state.store_note and str(path) in state.store_note
+    assert state.baseline.stored is None and state.baseline.step == 5
+    assert [g.tokens for g in state.baseline.generations] == [g.tokens for g in first.baseline.generations]
+    assert json.loads(path.read_text())["step"] == 5  # replaced by this measurement
+    assert EvalState(store=path).baseline_for(tiny_target, prompts, NEW, False) is not None  # and it applies
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"\xff\xfe not utf-8", "is not JSON"), (b"[" * 100_000, "is not JSON"), (b"{}", "not a baseline"),
+    (b"[]", "not a baseline"), (b"null", "not a baseline"),
+])
+def test_a_damaged_file_is_not_json_and_costs_a_measurement_only(drafter, tiny_target, tmp_path, content, why):
+    prompts = mixed_prompts(tiny_target, 2)
+    path = tmp_path / baseline_store.FILE
+    path.write_bytes(content)
+    state = EvalState(store=path)
+    evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=state, step=1)
+    assert state.last.plain_baseline == "measured" and why in state.store_note
+
+
+def test_an_oversized_file_is_not_read(drafter, tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setattr(baseline_store, "MAX_BYTES", 64)
+    prompts = mixed_prompts(tiny_target, 2)
+    path = tmp_path / baseline_store.FILE
+    _measured(drafter, tiny_target, prompts, path)
+    assert path.stat().st_size > 64
+    base, note = baseline_store.read(path, tiny_target, prompts, NEW, False)
+    assert base is None and "over 0 MiB: not read" in note
+
+
+def test_a_changed_target_file_means_measured_again(drafter, tmp_path, local_target_dir_copy):
+    from dflash.config import TargetConfig
+    from dflash.model.target import load_target
+
+    import torch
+
+    target = load_target(TargetConfig(path=str(local_target_dir_copy)), 2, torch.device("cpu"))
+    prompts = mixed_prompts(target, 2)
+    path = tmp_path / baseline_store.FILE
+    state = EvalState(store=path)
+    d = trained_drafter(target, sliding=False)
+    evaluate_drafter(d, target, prompts, NEW, d.spec.block_size, state=state, step=1)
+    assert EvalState(store=path).baseline_for(target, prompts, NEW, False) is not None
+    weights = next(local_target_dir_copy.glob("*.safetensors"))
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # rewritten in place, say
+    later = EvalState(store=path)
+    assert later.baseline_for(target, prompts, NEW, False) is None and "the target's files changed since (model.safetensors)" in later.store_note
+
+
+@pytest.fixture()
+def local_target_dir_copy(tmp_path):
+    """A small saved target of our own (its files' times are this test's to change)."""
+    from transformers import Qwen3ForCausalLM
+
+    import torch
+
+    from dflash.model.target import build_tiny_tokenizer, tiny_target_config
+
+    tok = build_tiny_tokenizer()
+    torch.manual_seed(5)
+    model = Qwen3ForCausalLM(tiny_target_config(len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                                head_dim=8))
+    path = tmp_path / "target"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_a_store_that_cannot_be_written_costs_a_note_not_the_eval(drafter, tiny_target, tmp_path, monkeypatch):
+    import compilewatch.fsutil as fsutil
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fsutil, "atomic_write_text", full)
+    prompts = mixed_prompts(tiny_target, 2)
+    state = EvalState(store=tmp_path / baseline_store.FILE)
+    evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=state, step=1)
+    assert state.baseline is not None and "not kept" in state.store_note and "No space left" in state.store_note
+    assert not (tmp_path / baseline_store.FILE).exists()
+
+
+def test_a_resumed_run_takes_its_baseline_from_the_run_directory(tmp_path, chat_file):
+    from dflash.training.trainer import Trainer
+
+    over = {"eval.every": 1, "eval.every_prompts": 2, "eval.num_prompts": 2, "eval.max_new_tokens": 8,
+            "checkpoint.every": 2}
+    events = []
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{**over, "train.max_steps": 2}),
+                            on_event=lambda k, d: events.append(d) if k == "periodic_eval" else None)
+    try:
+        t.train()
+    finally:
+        t.close()
+    assert (tmp_path / baseline_store.FILE).is_file()
+    t = Trainer.from_config(small_config(tmp_path, chat_file, **{**over, "train.max_steps": 3}), resume=True,
+                            on_event=lambda k, d: events.append(d) if k == "periodic_eval" else None)
+    try:
+        result = t.train()
+    finally:
+        t.close()
+    assert [(e["step"], e["plain_baseline"], e["warmed_up"], e["parts_s"]["plain"] == 0) for e in events] == [
+        (1, "measured", True, False), (2, "step 1", False, True), (3, "step 1", True, True)]
+    assert any("read from" in n and baseline_store.FILE in n for n in result.notes)
+    assert dataclasses.asdict(result)  # the result still serializes
