@@ -155,12 +155,12 @@ def local_target_dir_copy(tmp_path):
 
 
 def test_a_store_that_cannot_be_written_costs_a_note_not_the_eval(drafter, tiny_target, tmp_path, monkeypatch):
-    import compilewatch.fsutil as fsutil
+    import compilewatch
 
     def full(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(fsutil, "atomic_write_text", full)
+    monkeypatch.setattr(compilewatch, "atomic_write_text", full)
     prompts = mixed_prompts(tiny_target, 2)
     state = EvalState(store=tmp_path / baseline_store.FILE)
     evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=state, step=1)

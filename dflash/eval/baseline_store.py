@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def prompts_digest(prompts) -> str:
 
 def write(path: Path, base, target) -> None:
     """Keep `base` (a dflash.eval.reuse.PlainBaseline just measured) at `path`, atomically."""
-    from compilewatch.fsutil import atomic_write_text
+    from compilewatch import atomic_write_text
 
     rec = {"format": FORMAT, "identity": identity(target), "prompts": prompts_digest(base.prompts),
            "max_new_tokens": base.max_new_tokens, "graphs": base.graphs, "seconds": base.seconds,
@@ -113,11 +114,20 @@ def _why_not(rec: Any, target, prompts, max_new_tokens: int, graphs: bool) -> st
     return None
 
 
-def read(path: Path, target, prompts, max_new_tokens: int, graphs: bool) -> tuple[Any, str | None]:
-    """(the kept baseline as a dflash.eval.reuse.PlainBaseline for `target` now, or None; a note
-    saying why it was not used, None when there was no file)."""
-    from dflash.eval.reuse import PlainBaseline, target_stamp
+@dataclass(frozen=True)
+class Stored:
+    """A kept baseline that applies to the decode it was read for (dflash.eval.reuse makes it a PlainBaseline)."""
 
+    generations: tuple[Generation, ...]
+    seconds: float
+    setup_s: float
+    step: int | None
+    path: str
+
+
+def read(path: Path, target, prompts, max_new_tokens: int, graphs: bool) -> tuple[Stored | None, str | None]:
+    """(the kept baseline where it applies to this decode of `prompts` by `target`, or None; a note
+    saying why it was not used, None when there was no file)."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_BYTES + 1)
@@ -135,6 +145,4 @@ def read(path: Path, target, prompts, max_new_tokens: int, graphs: bool) -> tupl
     if why is not None:
         return None, f"{path} does not apply ({why}): the plain baseline is measured again"
     gens = tuple(Generation(tokens=list(t), acceptance=[], seconds=float(rec["seconds"])) for t in rec["tokens"])
-    base = PlainBaseline(target, target_stamp(target), tuple(map(tuple, prompts)), max_new_tokens, graphs, gens,
-                         float(rec["seconds"]), float(rec["setup_s"]), rec["step"], stored=str(path))
-    return base, None
+    return Stored(gens, float(rec["seconds"]), float(rec["setup_s"]), rec["step"], str(path)), None

@@ -136,7 +136,11 @@ class EvalState:
             from dflash.eval import baseline_store
 
             self._store_read = True
-            self.baseline, self.store_note = baseline_store.read(self.store, target, prompts, max_new_tokens, graphs)
+            kept, self.store_note = baseline_store.read(self.store, target, prompts, max_new_tokens, graphs)
+            if kept is not None:
+                self.baseline = PlainBaseline(target, target_stamp(target), tuple(map(tuple, prompts)), max_new_tokens,
+                                              graphs, kept.generations, kept.seconds, kept.setup_s, kept.step,
+                                              stored=kept.path)
         base = self.baseline
         return base if base is not None and base.applies(target, prompts, max_new_tokens, graphs) else None
 
