@@ -105,6 +105,21 @@ def test_a_damaged_file_is_not_json_and_costs_a_measurement_only(drafter, tiny_t
     assert state.last.plain_baseline == "measured" and why in state.store_note
 
 
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_path_that_is_not_a_regular_file_is_not_opened(tiny_target, tmp_path, kind):
+    """A FIFO would block the open (the eval would hang), a device would never end: neither is read."""
+    path = tmp_path / baseline_store.FILE
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+    prompts = mixed_prompts(tiny_target, 2)
+    base, note = baseline_store.read(path, tiny_target, prompts, NEW, False)
+    assert base is None and "is not a regular file" in note
+
+
 def test_an_oversized_file_is_not_read(drafter, tiny_target, tmp_path, monkeypatch):
     monkeypatch.setattr(baseline_store, "MAX_BYTES", 64)
     prompts = mixed_prompts(tiny_target, 2)

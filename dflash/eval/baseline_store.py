@@ -128,7 +128,12 @@ class Stored:
 def read(path: Path, target, prompts, max_new_tokens: int, graphs: bool) -> tuple[Stored | None, str | None]:
     """(the kept baseline where it applies to this decode of `prompts` by `target`, or None; a note
     saying why it was not used, None when there was no file)."""
+    import os
+    import stat
+
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open, a device never end
+            return None, f"{path} is not a regular file: not read; the plain baseline is measured again"
         with open(path, "rb") as fh:
             raw = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
