@@ -228,3 +228,24 @@ def test_sampled_acceptance_runs_at_a_temperature(run):
     data, _ = check([str(run[0]), "--target", "embedded:tiny", "-n", "1", "--max-new-tokens", "12",
                      "--temperature", "0.8"], 0)
     assert data["acceptance"]["temperature"] == 0.8 and 1.0 <= data["acceptance"]["tau"] <= 8
+
+
+def test_a_tokenizer_that_cannot_load_is_one_clean_line(tmp_path, monkeypatch):
+    """transformers' message carries literal "\\n" sequences; the error is one line, with a hint, for
+    `dflash check` as for training (one loader: dflash.model.target.shipped_tokenizer)."""
+    import transformers
+
+    (tmp_path / "config.json").write_text("{}")
+
+    def fails(*a, **k):
+        raise ValueError("Couldn't instantiate the backend tokenizer from one of: \\n(1) a `tokenizers` file, \\n(2) ...")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fails)
+    from compilewatch import BadInput
+    from dflash.check.record import target_tokenizer
+
+    with pytest.raises(BadInput) as e:
+        target_tokenizer(str(tmp_path))
+    assert "\\n" not in e.value.message and "\n" not in e.value.message
+    assert "Couldn't instantiate the backend tokenizer from one of: (1) a `tokenizers` file, (2) ..." in e.value.message
+    assert "tokenizer files" in e.value.hint

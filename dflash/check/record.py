@@ -52,22 +52,10 @@ def digest(obj: Any) -> str:
 def target_tokenizer(path: str):
     """The target's tokenizer as shipped (no mask token added): the embedded tiny one, or a local
     directory's (nothing is downloaded). BadInput when it cannot be loaded."""
-    if path == EMBEDDED_TARGET:
-        from dflash.model.target import build_tiny_tokenizer
+    from dflash.config import TargetConfig
+    from dflash.model.target import shipped_tokenizer
 
-        return build_tiny_tokenizer()
-    if path.startswith("embedded:"):
-        raise BadInput(f"unknown embedded target {path!r}", hint=f"the embedded target is {EMBEDDED_TARGET}")
-    p = Path(path).expanduser()
-    if not p.is_dir():
-        raise BadInput(f"target directory {str(p)!r} does not exist",
-                       hint="pass a local Hugging Face model directory (--target DIR) or embedded:tiny")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    except (OSError, ValueError, TypeError) as e:
-        raise BadInput(f"could not load the target's tokenizer from {str(p)!r}: {str(e)[:300]}") from None
+    return shipped_tokenizer(TargetConfig(path=path))
 
 
 def _template_text(tok) -> str | None:

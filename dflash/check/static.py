@@ -40,16 +40,10 @@ def target_facts(path: str, mask_token: str) -> TargetFacts:
 
         tc = tiny_target_config(len(tok))
     else:
-        from transformers import AutoConfig
+        from dflash.config import TargetConfig
+        from dflash.model.target import load_config
 
-        p = Path(path).expanduser()
-        if not (p / "config.json").is_file():
-            raise BadInput(f"{str(p)!r} has no config.json: not a Hugging Face model directory",
-                           hint="point --target at the folder holding config.json, tokenizer and weights")
-        try:
-            tc = AutoConfig.from_pretrained(str(p), local_files_only=True)
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            raise BadInput(f"could not read the target's config from {str(p)!r}: {str(e)[:300]}") from None
+        tc = load_config(TargetConfig(path=path))
     text = tc.get_text_config() if hasattr(tc, "get_text_config") else tc
     from dflash.model.build import target_rope_scaling
 

@@ -334,19 +334,29 @@ def _target_dir(cfg: TargetConfig) -> Path:
     return Path(cfg.path).expanduser()
 
 
+def shipped_tokenizer(cfg: TargetConfig):
+    """The target's tokenizer as shipped (no mask token added): the embedded tiny one, or a checked
+    local directory's (nothing is downloaded). BadInput, on one line, when it cannot be loaded."""
+    if cfg.path == EMBEDDED_TARGET:
+        return build_tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    from compilewatch import one_line
+
+    path = _target_dir(cfg)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, TypeError) as e:  # transformers' text carries literal "\n"s
+        raise BadInput(f"could not load the target's tokenizer from {str(path)!r}: "
+                       f"{one_line(str(e).replace(chr(92) + 'n', ' '), 300)}",
+                       hint="the directory needs the tokenizer files (tokenizer.json or what its "
+                            "tokenizer_config.json names) beside config.json") from None
+
+
 def tokenizer_with_mask(cfg: TargetConfig):
     """(tokenizer, mask token id, notes): the target's tokenizer (no weights) with its chat template
     checked and the mask token added when missing; the notes say what was added."""
-    if cfg.path == EMBEDDED_TARGET:
-        tok = build_tiny_tokenizer()
-    else:
-        from transformers import AutoTokenizer
-
-        path = _target_dir(cfg)
-        try:
-            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise BadInput(f"could not load the target's tokenizer from {str(path)!r}: {e}") from None
+    tok = shipped_tokenizer(cfg)
     _check_template(tok, cfg.path)
     mask_id, notes = add_mask_token(tok, cfg.mask_token)
     return tok, mask_id, notes
@@ -364,11 +374,14 @@ def load_config(cfg: TargetConfig):
         return tiny_target_config(len(build_tiny_tokenizer()))  # the expression build_tiny_target uses
     from transformers import AutoConfig
 
+    from compilewatch import one_line
+
     path = _target_dir(cfg)
     try:
         return AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise BadInput(f"could not load the target from {str(path)!r}: {e}") from None
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise BadInput(f"could not read the target's config from {str(path)!r}: "
+                       f"{one_line(str(e).replace(chr(92) + 'n', ' '), 300)}") from None
 
 
 def add_mask_token(tokenizer, mask_token: str) -> tuple[int, list[str]]:
