@@ -17,7 +17,9 @@ trainer holds it, its weights changed in place between evals (as an optimizer st
 JSON line per eval: its wall seconds (`eval_wall_s`: what the periodic_eval event's `seconds` counts
 of decoding), τ, speedup, and what it captured and reused (graphs, the plain baseline, the warm-up);
 `--check-fresh` then decodes the last weights once more without the state and says whether τ, rounds
-and the acceptance histogram are the same.
+and the acceptance histogram are the same. Each row has the eval's own `parts_s` (what the periodic_eval
+event carries) and `calls_s` (every timed call: the warm-up's plain and speculative decodes come first);
+`--profile-first` runs the first eval under cProfile (`host_profile`: where its first-call seconds go).
 
 Targets: the embedded tiny one (default; CPU), `--target DIR` (a local Hugging Face directory), or
 `--random-8b` (a Qwen3-8B-shaped model with random weights, bf16 on CUDA, built from its config on the device:
@@ -29,6 +31,7 @@ target's template when it has a tokenizer, else random token ids of --prompt-tok
                 python benchmarks/dflash_eval_batched.py --cases 4x32 --periodic 3 --check-fresh
     GPU (8B):   python benchmarks/dflash_eval_batched.py --random-8b --device cuda
                 python benchmarks/dflash_eval_batched.py --random-8b --device cuda --cases 4x256 --periodic 3 --check-fresh
+                python benchmarks/dflash_eval_batched.py --random-8b --device cuda --cases 4x256 --periodic 2 --profile-first
                 python benchmarks/dflash_eval_batched.py --target /models/Qwen3-8B --device cuda --drafter RUN
 """
 
@@ -185,9 +188,26 @@ def timed_calls():
             setattr(owner, attr, fn)
 
 
+def host_profile(fn, top: int = 40) -> tuple[object, list[str]]:
+    """(fn(), the `top` functions by cumulative time under cProfile): where a first eval's host seconds
+    go (first calls, kernel loading inside the first launches, imports), one line per function."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(top)
+    lines = [ln.rstrip() for ln in s.getvalue().splitlines() if ln.strip()]
+    return out, lines[-top - 1:]
+
+
 def periodic(target, drafter, prompts: list[list[int]], new: int, evals: int, use_graphs: bool | None,
-             check_fresh: bool) -> list[dict]:
-    """`evals` periodic evals on one EvalState (module docstring): one row each, then the fresh check."""
+             check_fresh: bool, profile_first: bool = False) -> list[dict]:
+    """`evals` periodic evals on one EvalState (module docstring): one row each, then the fresh check.
+    `profile_first`: the first eval under cProfile (its row gains `host_profile`; its times include
+    cProfile's overhead, so the later rows are the timing)."""
     import copy
 
     from dflash.eval.evaluate import evaluate_drafter
@@ -207,17 +227,24 @@ def periodic(target, drafter, prompts: list[list[int]], new: int, evals: int, us
         notes: list[str] = []
         sync(target.device)
         t0 = time.perf_counter()
+        hot: list[str] = []
         with timed_calls() as parts:
-            r = evaluate_drafter(training, target, prompts, new, bs, use_graphs=use_graphs, state=state,
-                                 step=i + 1, on_note=notes.append)
+            def run():
+                return evaluate_drafter(training, target, prompts, new, bs, use_graphs=use_graphs, state=state,
+                                        step=i + 1, on_note=notes.append)
+            if profile_first and i == 0:
+                r, hot = host_profile(run)
+            else:
+                r = run()
         sync(target.device)
         rows.append({"eval": i + 1, "eval_wall_s": round(time.perf_counter() - t0, 3), "spec_s": round(r.spec_seconds, 3),
                      "plain_s": round(r.plain_seconds, 3), "weigh_s": round(sum(parts.get("weigh", [])), 3),
-                     "parts_s": parts,
+                     "calls_s": parts,  # each timed call (the warm-up's plain and speculative first); parts_s: the eval's own
                      "tau": round(r.tau, 4), "rounds": r.rounds,
                      "speedup": round(r.speedup, 3), "outputs_match": r.outputs_match,
                      "mismatched_prompts": r.mismatched_prompts, "near_tie_prompts": r.near_tie_prompts,
-                     **(state.last.event() if state.last else {}), "notes": notes})
+                     **(state.last.event() if state.last else {}), "notes": notes,
+                     **({"host_profile": hot} if hot else {})})
     if check_fresh and r is not None:
         t0 = time.perf_counter()
         fresh = evaluate_drafter(training, target, prompts, new, bs, use_graphs=use_graphs)
@@ -284,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="CUDA: per case, plain and speculative decoding of NEW tokens under torch.profiler (one JSON line)")
     ap.add_argument("--check-fresh", action="store_true",
                     help="with --periodic: decode the last weights again without the state; same τ?")
+    ap.add_argument("--profile-first", action="store_true",
+                    help="with --periodic: the first eval under cProfile (its row's host_profile: where its "
+                         "first-call seconds go; its times then include cProfile's overhead)")
     a = ap.parse_args(argv)
     if a.device == "cpu":
         torch.set_num_threads(a.threads)
@@ -299,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.periodic > 0:
             head = {"case": f"{n}x{new}", "target": target.source, "device": str(target.device)}
             for row in periodic(target, drafter, make_prompts(target, n, a.prompt_tokens), new, a.periodic,
-                                False if a.no_graphs else None, a.check_fresh):
+                                False if a.no_graphs else None, a.check_fresh, a.profile_first):
                 print(json.dumps({**head, **row}), flush=True)
             continue
         old = a.old_prompts if a.old_prompts is not None else (n if target.device.type == "cpu" else min(n, 4))

@@ -206,11 +206,15 @@ def test_periodic_evals_of_a_run_report_what_they_reused(tmp_path, chat_file):
 def test_the_benchmark_runs_periodic_evals_on_one_state(capsys):
     """benchmarks/dflash_eval_batched.py --periodic on the embedded tiny target: one line per eval, the
     first measuring everything, the later ones reusing; the fresh decode of the last weights agrees."""
-    rows = run_benchmark(["--cases", "2x8", "--periodic", "3", "--check-fresh"], capsys)
+    rows = run_benchmark(["--cases", "2x8", "--periodic", "3", "--check-fresh", "--profile-first"], capsys)
     assert [(r.get("eval"), r.get("plain_baseline"), r.get("warmed_up")) for r in rows[:3]] == [
         (1, "measured", True), (2, "step 1", False), (3, "step 1", False)]
     assert all(r["case"] == "2x8" and r["eval_wall_s"] > 0 for r in rows)
     assert rows[3]["fresh"] and rows[3]["same_as_last_periodic"] is True
+    # the first eval's calls: the warm-up's plain and speculative decodes, then the measured passes
+    assert len(rows[0]["calls_s"]["plain"]) == 2 and len(rows[1]["calls_s"].get("plain", [])) == 0
+    assert set(rows[0]["parts_s"]) == {"warm_up", "plain", "speculative", "weigh"}
+    assert any("evaluate_drafter" in line for line in rows[0]["host_profile"]) and "host_profile" not in rows[1]
 
 
 # ----------------------------------------------------------------------------- GPU (run with -m gpu)
