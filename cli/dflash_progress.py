@@ -85,8 +85,13 @@ class TrainProgress:
         elif kind == "periodic_eval":
             self.last_eval = f" eval τ {data['tau']:.2f}@{data['step']}"
             parts = data.get("parts_s") or {}
-            setup = (f" (first eval: {parts.get('warm_up', 0) + parts.get('plain', 0):.1f} s of it warm-up and the "
-                     "plain baseline, reused later)" if data.get("warmed_up") and parts.get("plain") else "")
+            setup = ""
+            if data.get("warmed_up") and parts.get("plain"):
+                setup = (f" (first eval: {parts.get('warm_up', 0) + parts['plain']:.1f} s of it warm-up and the "
+                         "plain baseline, reused later)")
+            elif data.get("warmed_up"):
+                setup = (f" (first eval of this process: {parts.get('warm_up', 0):.1f} s of it warm-up; plain "
+                         f"baseline of {data.get('plain_baseline')})")
             extra = "".join(f"; {what} ran beside it" for what in data.get("beside") or ())
             if data.get("waited_for_pinning_s", 0) >= 0.05:
                 extra += f"; waited {data['waited_for_pinning_s']:.1f} s for the checkpoint buffers to be pinned first"

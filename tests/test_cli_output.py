@@ -150,7 +150,12 @@ def test_a_periodic_eval_line_says_what_the_first_eval_paid_and_what_ran_beside(
         tp("periodic_eval", {**base, "step": 1000, "seconds": 5.0, "warmed_up": False, "waited_for_pinning_s": 0.0,
                              "parts_s": {"warm_up": 0.0, "plain": 0.0, "speculative": 4.9, "weigh": 0.1},
                              "beside": ["a checkpoint write"]})
-    first, second = [line for line in buf.getvalue().splitlines() if "eval at step" in line]
+        tp("periodic_eval", {**base, "step": 1500, "seconds": 7.0, "warmed_up": True, "waited_for_pinning_s": 0.0,
+                             "plain_baseline": "step 500, from eval_baseline.json",
+                             "parts_s": {"warm_up": 3.0, "plain": 0.0, "speculative": 3.9, "weigh": 0.1}, "beside": []})
+    first, second, resumed = [line for line in buf.getvalue().splitlines() if "eval at step" in line]
+    assert resumed.endswith("7.0 s (first eval of this process: 3.0 s of it warm-up; plain baseline of step 500, "
+                            "from eval_baseline.json)")
     assert "14.2 s (first eval: 8.5 s of it warm-up and the plain baseline, reused later)" in first
     assert "waited 2.3 s for the checkpoint buffers to be pinned first" in first and "beside" not in first
     assert second.endswith("5.0 s; a checkpoint write ran beside it")

@@ -36,7 +36,7 @@ def test_a_new_process_takes_the_stored_baseline_and_gives_a_fresh_evals_result(
     first = _measured(drafter, tiny_target, prompts, path)
     again = EvalState(store=path)  # what a resumed process makes
     r = evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=again, step=9)
-    assert again.last.plain_baseline == "step 3" and dict(again.last.parts_s)["plain"] == 0
+    assert again.last.plain_baseline == "step 3, from eval_baseline.json" and dict(again.last.parts_s)["plain"] == 0
     assert again.baseline.stored == str(path) and again.store_note is None
     assert [g.tokens for g in again.baseline.generations] == [g.tokens for g in first.baseline.generations]
     assert again.baseline.seconds == pytest.approx(first.baseline.seconds)
@@ -203,6 +203,6 @@ def test_a_resumed_run_takes_its_baseline_from_the_run_directory(tmp_path, chat_
     finally:
         t.close()
     assert [(e["step"], e["plain_baseline"], e["warmed_up"], e["parts_s"]["plain"] == 0) for e in events] == [
-        (1, "measured", True, False), (2, "step 1", False, True), (3, "step 1", True, True)]
+        (1, "measured", True, False), (2, "step 1", False, True), (3, "step 1, from eval_baseline.json", True, True)]
     assert any("read from" in n and baseline_store.FILE in n for n in result.notes)
     assert dataclasses.asdict(result)  # the result still serializes

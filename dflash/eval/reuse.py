@@ -93,11 +93,13 @@ class PlainBaseline:
                 and tuple(map(tuple, prompts)) == self.prompts and target_stamp(target) == self.stamp)
 
     def source(self) -> str:
-        return f"step {self.step}" if self.step is not None else "an earlier eval"
+        src = f"step {self.step}" if self.step is not None else "an earlier eval"
+        return f"{src}, from {Path(self.stored).name}" if self.stored else src
 
     def note(self) -> str:
         where = f", read from {self.stored} (an earlier process of this run measured it)" if self.stored else ""
-        return (f"plain baseline from {self.source()}'s eval (the target is frozen): its tokens and its time "
+        step = f"step {self.step}" if self.step is not None else "an earlier eval"
+        return (f"plain baseline from {step}'s eval (the target is frozen): its tokens and its time "
                 f"({self.seconds:.2f} s, its {self.setup_s:.2f} s of graph setup taken off), reused by every later "
                 f"eval of the same {len(self.prompts)} prompts{where}")
 
