@@ -156,6 +156,14 @@ def test_empty_dataset_exits_2(tmp_path):
     assert r.exit_code == 2 and "no usable conversation" in r.stderr and not out.exists()
 
 
+def test_a_length_cap_that_cuts_every_answer_off_says_to_raise_it(tmp_path, chat_file):
+    out = tmp_path / "run"
+    r = invoke(app, ["train", "--out", str(out), "--data", str(chat_file), *COMMON, "--set", "data.max_length=16",
+                     "--set", "data.buckets=[16]"])
+    err = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and "no anchor position" in err and "raise data.max_length" in err and not out.exists()
+
+
 def test_skipped_records_are_counted_on_the_console_and_strict_exits_2(tmp_path, chat_file):
     lines = chat_file.read_text().splitlines()
     data = tmp_path / "mixed.jsonl"

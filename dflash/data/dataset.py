@@ -558,5 +558,8 @@ def check_usable(stats: DataStats, cfg: DataConfig) -> None:
         raise BadInput(f"{EMBEDDED_DATA} holds prompts only", hint="set data.regenerate=true so the target answers them")
     if not stats.kept:
         why = stats.summary() or "no records"
-        raise BadInput(f"the dataset {cfg.path!r} has no usable conversation ({stats.records} read; {why})",
-                       hint="each line needs an assistant turn of at least drafter.block_size tokens")
+        hint = "each line needs an assistant turn of at least drafter.block_size tokens"
+        if stats.dropped.get(NO_ANCHOR):  # the turns may be long enough and cut off by the length cap
+            hint += (f", within the first data.max_length ({cfg.max_length}) tokens of the conversation: raise "
+                     "data.max_length if the prompts fill them")
+        raise BadInput(f"the dataset {cfg.path!r} has no usable conversation ({stats.records} read; {why})", hint=hint)
