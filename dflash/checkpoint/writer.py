@@ -200,8 +200,8 @@ class Saver:
     def settle(self) -> float:
         """Wait for the pinned-buffer reservation, if one is running: seconds waited. Work timed for
         the user (a periodic eval, whose plain baseline is reused all run long) is not timed while
-        gigabytes are pinned beside it: pinning takes the CUDA driver's locks that launches and
-        captures also need."""
+        gigabytes are pinned beside it: pinning goes through the CUDA driver, which launches and
+        graph captures also need, so it can slow them."""
         if self._reserving is None or not self._reserving.is_alive():
             return 0.0
         t0 = time.perf_counter()
