@@ -14,6 +14,7 @@ from dflash.eval import baseline_store
 from dflash.eval.evaluate import evaluate_drafter
 from dflash.eval.reuse import EvalState
 from tests.dflash_helpers import chat_file, small_config, tiny_target  # noqa: F401 (fixtures)
+from tests.helpers import requires_cuda
 from tests.test_eval_batched import NEW, mixed_prompts, trained_drafter
 from tests.test_eval_reuse import facts
 
@@ -206,3 +207,30 @@ def test_a_resumed_run_takes_its_baseline_from_the_run_directory(tmp_path, chat_
         (1, "measured", True, False), (2, "step 1", False, True), (3, "step 1, from eval_baseline.json", True, True)]
     assert any("read from" in n and baseline_store.FILE in n for n in result.notes)
     assert dataclasses.asdict(result)  # the result still serializes
+
+
+# ----------------------------------------------------------------------------- GPU (run with -m gpu)
+@pytest.mark.gpu
+@requires_cuda()
+def test_on_cuda_a_stored_graph_mode_baseline_applies_and_gives_a_fresh_evals_tokens(tiny_target, tmp_path):
+    """CUDA graphs on: the stored baseline's identity names the GPU; a new state takes it, and its tokens are a
+    fresh plain decode's."""
+    import copy
+
+    import torch
+
+    from dflash.eval.batched import plain_batch
+
+    dev = torch.device("cuda:0")
+    target = dataclasses.replace(tiny_target, model=copy.deepcopy(tiny_target.model).to(dev), device=dev)
+    d = trained_drafter(tiny_target, sliding=False).to(dev)
+    prompts = mixed_prompts(target, 3)
+    path = tmp_path / baseline_store.FILE
+    first = EvalState(store=path)
+    evaluate_drafter(d, target, prompts, NEW, d.spec.block_size, state=first, step=1)
+    assert json.loads(path.read_text())["identity"]["device"] == torch.cuda.get_device_name(dev)
+    again = EvalState(store=path)
+    evaluate_drafter(d, target, prompts, NEW, d.spec.block_size, state=again, step=2)
+    assert again.last.plain_baseline == "step 1, from eval_baseline.json" and again.store_note is None
+    fresh = plain_batch(target, prompts, NEW)
+    assert [g.tokens for g in again.baseline.generations] == [g.tokens for g in fresh.generations]
