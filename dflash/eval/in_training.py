@@ -7,10 +7,10 @@ Each trainer has one dflash.eval.reuse.EvalState (`eval_state`, made at its firs
 evals reuse its slots and CUDA graphs, skip the warm-up, and take the first eval's plain baseline
 where it applies (the target is frozen: only the drafter trains). The baseline is also kept in the
 run directory (RUN/eval_baseline.json, dflash.eval.baseline_store): a resumed run's first eval takes
-it from there where it provably applies (the same target files, device, versions, prompts and budget). `last_cost` says what the latest
-eval captured and reused. In the split topology the drafter decodes as a copy beside the target,
-made at the first eval; later evals copy the trainer's weights into it in place (its graphs read
-them by address)."""
+it from there where it provably applies (the same target files, device, versions, prompts and
+budget). `last_cost` says what the latest eval captured and reused. In the split topology the
+drafter decodes as a copy beside the target, made at the first eval; later evals copy the trainer's
+weights into it in place (its graphs read them by address)."""
 
 from __future__ import annotations
 

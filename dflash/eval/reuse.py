@@ -43,7 +43,8 @@ class EvalCost:
     graphs_captured: int  # CUDA graphs captured by this eval (plain and speculative steps)
     graphs_reused: int  # graphs an earlier eval captured, replayed here (each checked against eager once)
     graph_setup_s: float  # warm-ups, captures and replay checks of this eval's graphs
-    plain_baseline: str  # "measured", or "step N" / "an earlier eval": whose plain decode this eval reused
+    plain_baseline: str  # "measured", or whose plain decode this eval reused: "step N" / "an earlier eval"
+    #                      (", from eval_baseline.json" when an earlier process measured it)
     warmed_up: bool  # the warm-up decodes ran (an EvalState's first eval)
     # where the eval's seconds went, in order: "warm_up", "plain" (0 when reused), "speculative", then
     # "weigh" (the near-tie forwards, dflash.eval.divergence) once the caller adds it (`with_part`)
@@ -110,7 +111,8 @@ class EvalState:
 
     def __init__(self, store: Path | None = None) -> None:
         """`store`: where the baseline is kept between processes (a run's RUN/eval_baseline.json,
-        dflash.eval.baseline_store): read at the first eval that finds none in memory, written when one is measured."""
+        dflash.eval.baseline_store): read at the first eval that finds none in memory, written when
+        one is measured."""
         self.store = store
         self.store_note: str | None = None  # why the stored baseline was not used (None: used, or no file)
         self._store_read = False
