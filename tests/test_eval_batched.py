@@ -186,6 +186,11 @@ def test_what_cannot_be_batched_is_named_and_decoded_one_prompt_at_a_time(drafte
     got = evaluate_drafter(drafter, tiny_target, prompts, 12, drafter.spec.block_size, on_note=notes.append)
     ref = evaluate(DrafterProposer(drafter, tiny_target), tiny_target, prompts, 12, drafter.spec.block_size)
     assert notes == ["decoded one prompt at a time: a reason"] and got.tau == ref.tau
+    from dflash.eval.reuse import EvalState
+
+    state = EvalState()  # a run's eval through the reference: its parts say so
+    evaluate_drafter(drafter, tiny_target, prompts, 12, drafter.spec.block_size, state=state)
+    assert [k for k, _ in state.last.parts_s] == ["reference", "weigh"] and state.last.parts_s[0][1] > 0
 
 
 def test_an_empty_prompt_is_bad_input(drafter, tiny_target):

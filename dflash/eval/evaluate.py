@@ -53,9 +53,10 @@ def evaluate_drafter(drafter, target, prompts: list[list[int]], max_new_tokens: 
     else:
         if on_note is not None and batched:
             on_note(f"decoded one prompt at a time: {why}")
-        if state is not None:
-            state.record_reference()
+        t0 = time.perf_counter()
         result = evaluate(DrafterProposer(drafter, target), target, prompts, max_new_tokens, block_size, progress)
+        if state is not None:
+            state.record_reference(time.perf_counter() - t0)
     t0 = time.perf_counter()
     result = weigh(result, target, prompts)  # where outputs differ: near-ties of the target's logits or not
     if state is not None and state.last is not None:

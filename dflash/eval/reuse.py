@@ -46,8 +46,9 @@ class EvalCost:
     plain_baseline: str  # "measured", or whose plain decode this eval reused: "step N" / "an earlier eval"
     #                      (", from eval_baseline.json" when an earlier process measured it)
     warmed_up: bool  # the warm-up decodes ran (an EvalState's first eval)
-    # where the eval's seconds went, in order: "warm_up", "plain" (0 when reused), "speculative", then
-    # "weigh" (the near-tie forwards, dflash.eval.divergence) once the caller adds it (`with_part`)
+    # where the eval's seconds went, in order: "warm_up", "plain" (0 when reused), "speculative" (or
+    # "reference": the batch-1 loop, both passes), then "weigh" (the near-tie forwards,
+    # dflash.eval.divergence) once the caller adds it (`with_part`)
     parts_s: tuple[tuple[str, float], ...] = ()
 
     def with_part(self, name: str, seconds: float) -> EvalCost:
@@ -178,8 +179,9 @@ class EvalState:
                              parts_s=(("warm_up", warm_up_s or 0.0), ("plain", plain.seconds if plain else 0.0),
                                       ("speculative", spec.seconds)))
 
-    def record_reference(self) -> None:
-        """An eval ran the batch-1 reference (a target batching cannot take): nothing kept or reused."""
+    def record_reference(self, seconds: float) -> None:
+        """An eval ran the batch-1 reference (a target batching cannot take) in `seconds`, plain and
+        speculative passes together: nothing kept or reused."""
         self.evals += 1
         self.last = EvalCost(graphs_captured=0, graphs_reused=0, graph_setup_s=0.0, plain_baseline="measured",
-                             warmed_up=True)
+                             warmed_up=True, parts_s=(("reference", seconds),))
