@@ -89,7 +89,7 @@ class TrainProgress:
             if data.get("warmed_up") and parts.get("plain"):
                 setup = (f" (first eval: {parts.get('warm_up', 0) + parts['plain']:.1f} s of it warm-up and the "
                          "plain baseline, reused later)")
-            elif data.get("warmed_up"):
+            elif data.get("warmed_up") and data.get("plain_baseline") not in (None, "measured"):
                 setup = (f" (first eval of this process: {parts.get('warm_up', 0):.1f} s of it warm-up; plain "
                          f"baseline of {data.get('plain_baseline')})")
             extra = "".join(f"; {what} ran beside it" for what in data.get("beside") or ())

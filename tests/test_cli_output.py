@@ -153,7 +153,10 @@ def test_a_periodic_eval_line_says_what_the_first_eval_paid_and_what_ran_beside(
         tp("periodic_eval", {**base, "step": 1500, "seconds": 7.0, "warmed_up": True, "waited_for_pinning_s": 0.0,
                              "plain_baseline": "step 500, from eval_baseline.json",
                              "parts_s": {"warm_up": 3.0, "plain": 0.0, "speculative": 3.9, "weigh": 0.1}, "beside": []})
-    first, second, resumed = [line for line in buf.getvalue().splitlines() if "eval at step" in line]
+        tp("periodic_eval", {**base, "step": 2000, "seconds": 40.0, "warmed_up": True, "waited_for_pinning_s": 0.0,
+                             "plain_baseline": "measured", "parts_s": {"reference": 39.0, "weigh": 1.0}, "beside": []})
+    first, second, resumed, reference = [line for line in buf.getvalue().splitlines() if "eval at step" in line]
+    assert reference.endswith("on 4 prompts, 40.0 s")  # the batch-1 reference: no setup to name
     assert resumed.endswith("7.0 s (first eval of this process: 3.0 s of it warm-up; plain baseline of step 500, "
                             "from eval_baseline.json)")
     assert "14.2 s (first eval: 8.5 s of it warm-up and the plain baseline, reused later)" in first
