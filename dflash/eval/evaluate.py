@@ -21,12 +21,13 @@ import torch
 from dflash.eval.batched import batched_unsupported, evaluate_batched
 from dflash.eval.generation import EvalResult, Generation, acceptance_by_position
 from dflash.eval.reference import DrafterProposer, Proposer, evaluate, plain_generate, speculative_generate
+from dflash.flags import check_num_prompts  # its home before dflash.flags: still importable from here
 
 if TYPE_CHECKING:
     from dflash.eval.reuse import EvalState
 
 __all__ = ["EvalResult", "Generation", "acceptance_by_position", "DrafterProposer", "Proposer", "evaluate",
-           "plain_generate", "speculative_generate", "evaluate_drafter", "prompt_ids",
+           "plain_generate", "speculative_generate", "evaluate_drafter", "check_num_prompts", "prompt_ids",
            "eval_checkpoint"]
 
 
@@ -103,7 +104,7 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
                                          resolve_checkpoint)
     from dflash.config import apply_overrides, load_toml
     from dflash.data.dataset import eval_prompts
-    from dflash.flags import check_max_new_tokens, check_num_prompts
+    from dflash.flags import check_max_new_tokens
     from dflash.model.target import load_target, resolve_device
 
     check_num_prompts(num_prompts)
