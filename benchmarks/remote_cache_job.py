@@ -61,11 +61,11 @@ out.mkdir(parents=True, exist_ok=True)
     "aot_autograd": dict(counters["aot_autograd"]), "remote": torchcompat.remote_cache_stats()}))
 dist.barrier()
 dist.destroy_process_group()
-# The work is done and written. Under torch 2.11 a rank once aborted after this point ("terminate called
-# without an active exception", SIGABRT; CI, 2026-12-04), failing the job for nothing it measures: Gloo's
-# worker threads can still hold work whose tensors reference Python objects, and freeing them during
-# interpreter finalization aborts (the mechanism pytorch/pytorch#179291 describes). Leave without the
-# finalization (the inductor caches were written when they compiled).
+# The work is done and written. Under torch 2.11 a rank once aborted after it had written its results
+# ("terminate called without an active exception", SIGABRT; CI, 2026-12-04), failing the job for nothing
+# it measures: a C++ thread still running as the interpreter finalized (one known way, Gloo's worker
+# threads: pytorch/pytorch#179291; which one here was not found). Leave without the finalization (the
+# inductor caches were written when they compiled).
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(0)
