@@ -12,7 +12,8 @@
 - Parallel by default: with pytest-xdist installed, `pytest` runs one worker per CPU this process may use
   (`-n auto`, counted here), all of a test module's tests on one worker (`--dist loadfile`: a module's
   fixtures are built once, and its tests run in file order as before). `-n 0` or `-p no:xdist` runs in
-  one process; `-n N` / `--dist` given on the command line win. Each worker has its own tmp dirs, its
+  one process; `-n N` / `--dist` given on the command line win. A crashed worker is not replaced
+  (`--max-worker-restart 0` unless given): its test fails and the run ends. Each worker has its own tmp dirs, its
   own redis-server (tests/redis_helpers.py) and its own environment. On a GPU machine (an NVIDIA
   driver) and under `-m gpu` the default stays one process: GPU tests share the devices.
 - Torch matrix: a test module whose code reaches torch (tests/matrix.py, read statically) is marked
@@ -82,6 +83,10 @@ def pytest_cmdline_main(config):
         config.option.numprocesses = 0 if gpus else "auto"
     if config.option.dist == "no" and config.option.numprocesses != 0:
         config.option.dist = "loadfile"  # a module's module- and session-scoped fixtures: built once
+    if getattr(config.option, "maxworkerrestart", "") is None:
+        # a worker that crashes (a segfault in torch) fails its test and ends the run, instead of xdist
+        # sending the module to replacement workers again and again (and once hanging CI on one)
+        config.option.maxworkerrestart = 0
 
 
 # --- every hint a test triggers names options its command has (cli/app.py unknown_options) --------------
