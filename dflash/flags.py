@@ -26,5 +26,6 @@ def check_num_prompts(n: int | None) -> None:
                 hint="leave -n out for the config's eval.num_prompts")
 
 
-def check_max_new_tokens(n: int | None, *, default: str = "the config's eval.max_new_tokens") -> None:
-    check_count(n, "--max-new-tokens", "the tokens generated per prompt", hint=f"leave it out for {default}")
+def check_max_new_tokens(n: int | None) -> None:
+    check_count(n, "--max-new-tokens", "the tokens generated per prompt",
+                hint="leave it out for the config's eval.max_new_tokens")
