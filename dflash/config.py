@@ -371,12 +371,20 @@ class EvalConfig:
     "eval", the progress line); 0 = never. Its cost (seconds) is in the same row."""
     every_prompts: int = 4
     """Held-out prompts of each periodic eval (the first of the eval prompts): few, so it stays cheap."""
+    baseline_cache: str | None = None
+    """Where runs on this machine share plain baselines (a periodic eval's plain decode of its prompts,
+    which only the target, prompts, budget, device and versions decide; dflash/eval/baseline_store.py):
+    a new run of the same target takes one at its first eval instead of decoding plainly again. None =
+    $DFLASH_EVAL_CACHE, else ~/.cache/dflash/eval; "off" = not shared (a run still keeps its own in
+    RUN/eval_baseline.json for its resumes)."""
 
     def __post_init__(self) -> None:
         _need(self.num_prompts >= 1, "eval.num_prompts", "must be >= 1")
         _need(self.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
         _need(self.every >= 0, "eval.every", "must be >= 0 (0 = no periodic eval)")
         _need(self.every_prompts >= 1, "eval.every_prompts", "must be >= 1")
+        _need(self.baseline_cache is None or (isinstance(self.baseline_cache, str) and bool(self.baseline_cache)),
+              "eval.baseline_cache", 'must be a directory, "off" or none')
 
 
 @dataclass(kw_only=True, slots=True)

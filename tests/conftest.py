@@ -1,8 +1,8 @@
 """Fixtures that pin the environment for every test (STYLE.md §12-13).
 
 - NO_COLOR / COLUMNS fixed, so rendered output does not depend on the terminal.
-- TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, COMPILEWATCH_STATE_DIR, COMPILEWATCH_CONFIG_DIR and DFLASH_DATA_CACHE point
-  into tmp_path: tests never touch a user's cache, signing key or trust store.
+- TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, COMPILEWATCH_STATE_DIR, COMPILEWATCH_CONFIG_DIR, DFLASH_DATA_CACHE and
+  DFLASH_EVAL_CACHE point into (or beside) tmp_path: tests never touch a user's cache, signing key or trust store.
 - Environment variables a test leaks fail that test.
 - Repeatable: every test starts from the same `random` and torch seeds, and hypothesis draws the same
   examples on every run (derandomize), so CI sees what a developer saw.
@@ -191,6 +191,8 @@ def _pinned_env(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_DATA_CACHE", str(tmp_path / "dflash-data-cache"))  # tokenized data (dflash.data.cache)
     # signing key, trust store: beside tmp_path, so tests that compare what tmp_path holds do not see it
     monkeypatch.setenv("COMPILEWATCH_CONFIG_DIR", str(tmp_path.parent / f"{tmp_path.name}-compilewatch-config"))
+    # plain baselines runs share (dflash.eval.baseline_store): beside tmp_path too (a run dir may be tmp_path)
+    monkeypatch.setenv("DFLASH_EVAL_CACHE", str(tmp_path.parent / f"{tmp_path.name}-dflash-eval-cache"))
     monkeypatch.delenv("COMPILEWATCH_SIGNING_KEY", raising=False)
     yield
     monkeypatch.undo()

@@ -209,6 +209,131 @@ def test_a_resumed_run_takes_its_baseline_from_the_run_directory(tmp_path, chat_
     assert dataclasses.asdict(result)  # the result still serializes
 
 
+# ----------------------------------------------------------------------------- shared between runs
+def _shared_state(tmp_path, name: str, shared) -> EvalState:
+    run = tmp_path / name
+    run.mkdir(exist_ok=True)
+    return EvalState(store=run / baseline_store.FILE, shared=shared, run=str(run))
+
+
+def test_a_new_run_takes_another_runs_baseline_from_the_shared_directory(drafter, tiny_target, tmp_path):
+    prompts = mixed_prompts(tiny_target, 3)
+    shared = tmp_path / "shared"
+    first = _shared_state(tmp_path, "run-a", shared)
+    evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=first, step=4)
+    (kept,) = shared.iterdir()
+    assert kept == baseline_store.shared_path(shared, tiny_target, prompts, NEW, False)
+    assert json.loads(kept.read_text())["run"] == str(tmp_path / "run-a")
+    second = _shared_state(tmp_path, "run-b", shared)
+    r = evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=second, step=2)
+    assert second.last.plain_baseline == f"step 4 of run run-a, from {kept.name}"
+    assert dict(second.last.parts_s)["plain"] == 0 and second.store_note is None
+    assert "run " + str(tmp_path / "run-a") + " measured it" in second.baseline.note()
+    assert facts(r) == facts(evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size))
+    # kept in run-b's own file too (with who measured it): its resume needs no shared directory
+    resumed = _shared_state(tmp_path, "run-b", None)
+    evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=resumed, step=3)
+    assert resumed.last.plain_baseline == "step 4 of run run-a, from eval_baseline.json"
+
+
+def test_another_budget_or_prompts_is_another_shared_baseline(drafter, tiny_target, tmp_path):
+    prompts = mixed_prompts(tiny_target, 3)
+    shared = tmp_path / "shared"
+    evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size,
+                     state=_shared_state(tmp_path, "a", shared), step=1)
+    for other_prompts, budget in ((prompts, NEW - 2), (prompts[:2], NEW)):
+        state = _shared_state(tmp_path, f"b{budget}{len(other_prompts)}", shared)
+        evaluate_drafter(drafter, tiny_target, other_prompts, budget, drafter.spec.block_size, state=state, step=1)
+        assert state.last.plain_baseline == "measured" and state.store_note is None
+    assert len(list(shared.iterdir())) == 3
+
+
+def test_a_damaged_shared_baseline_is_measured_again_and_replaced(drafter, tiny_target, tmp_path):
+    prompts = mixed_prompts(tiny_target, 2)
+    shared = tmp_path / "shared"
+    path = baseline_store.shared_path(shared, tiny_target, prompts, NEW, False)
+    shared.mkdir()
+    path.write_text('{"format": 1, "identity": {}}')
+    state = _shared_state(tmp_path, "a", shared)
+    evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=state, step=1)
+    assert state.last.plain_baseline == "measured" and str(path) in state.store_note
+    assert json.loads(path.read_text())["run"] == str(tmp_path / "a")  # replaced
+    _rewrite(path, run=["not", "a", "path"])
+    base, note = baseline_store.read(path, tiny_target, prompts, NEW, False)
+    assert base is None and "its run does not check" in note
+
+
+def test_the_shared_directory_keeps_the_newest_and_only_its_own_files(drafter, tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setattr(baseline_store, "SHARED_KEEP", 2)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    mine = shared / "notes.txt"
+    mine.write_text("a user's file")
+    alien = shared / ("0" * 32 + ".json.bak")
+    alien.write_text("{}")
+    prompts = mixed_prompts(tiny_target, 3)
+    made = []
+    for i, budget in enumerate((NEW - 4, NEW - 2, NEW)):
+        evaluate_drafter(drafter, tiny_target, prompts, budget, drafter.spec.block_size,
+                         state=_shared_state(tmp_path, f"r{i}", shared), step=1)
+        made.append(baseline_store.shared_path(shared, tiny_target, prompts, budget, False))
+        os.utime(made[-1], ns=(i * 10**9, i * 10**9))  # written one after another (a coarse clock ties them)
+    assert sorted(shared.iterdir()) == sorted([mine, alien, *made[1:]])
+
+
+def test_a_shared_directory_that_cannot_be_written_costs_a_note(drafter, tiny_target, tmp_path):
+    blocker = tmp_path / "shared"
+    blocker.write_text("a file where the directory would be")
+    prompts = mixed_prompts(tiny_target, 2)
+    state = _shared_state(tmp_path, "a", blocker)
+    evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=state, step=1)
+    assert state.baseline is not None and "not kept in" in state.store_note and str(blocker) in state.store_note
+    assert (tmp_path / "a" / baseline_store.FILE).is_file() and blocker.read_text().startswith("a file")
+
+
+@pytest.mark.parametrize("setting, env, expect", [
+    (None, None, "XDG/dflash/eval"), (None, "ENV", "ENV"), (None, "off", None), ("off", "ENV", None),
+    ("DIR", "ENV", "DIR"), ("~/x", None, "HOME/x"),
+])
+def test_where_the_shared_directory_is(tmp_path, monkeypatch, setting, env, expect):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "XDG"))
+    monkeypatch.setenv("HOME", str(tmp_path / "HOME"))
+    if env is None:
+        monkeypatch.delenv(baseline_store.SHARED_ENV)
+    else:
+        monkeypatch.setenv(baseline_store.SHARED_ENV, env if env == "off" else str(tmp_path / env))
+    setting = setting if setting in (None, "off", "~/x") else str(tmp_path / setting)
+    root = baseline_store.shared_root(setting)
+    assert root == (None if expect is None else tmp_path / expect)
+
+
+def test_two_new_runs_share_the_baseline_and_off_turns_it_off(tmp_path, chat_file):
+    from dflash.training.trainer import Trainer
+
+    over = {"eval.every": 2, "eval.every_prompts": 2, "eval.num_prompts": 2, "eval.max_new_tokens": 8,
+            "train.max_steps": 2}
+
+    def run(name, **more):
+        events = []
+        t = Trainer.from_config(small_config(tmp_path / name, chat_file, **{**over, **more}),
+                                on_event=lambda k, d: events.append(d) if k == "periodic_eval" else None)
+        try:
+            result = t.train()
+        finally:
+            t.close()
+        (e,) = events
+        return e, result
+
+    e1, _ = run("one")
+    e2, r2 = run("two")
+    e3, _ = run("three", **{"eval.baseline_cache": "off"})
+    assert (e1["plain_baseline"], e1["parts_s"]["plain"] > 0) == ("measured", True)
+    assert e2["plain_baseline"].startswith("step 2 of run one, from ") and e2["parts_s"]["plain"] == 0
+    assert any("run " + str((tmp_path / "one").resolve()) + " measured it" in n for n in r2.notes)
+    assert e3["plain_baseline"] == "measured"
+    assert e1["tau"] == e2["tau"]  # the same seed, the same drafter: only the plain pass was skipped
+
+
 # ----------------------------------------------------------------------------- GPU (run with -m gpu)
 @pytest.mark.gpu
 @requires_cuda()

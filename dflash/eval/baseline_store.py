@@ -14,6 +14,13 @@ file replaced), with a note that says why. The file is JSON (never a pickle), re
 every token must be an id of the target's vocabulary and every time finite and positive. It may have
 come with a run directory from elsewhere: it is data, and the worst a forged one can do is misstate
 the speedup that reuses it, which the note names as coming from this file.
+
+Runs share baselines too (`eval.baseline_cache`): each measured one is also kept in a directory of the
+machine (`shared_root`: $DFLASH_EVAL_CACHE, else ~/.cache/dflash/eval), named by a digest of everything
+above (`shared_path`), so a new run of the same target, prompts and budget on the same machine takes it
+at its first eval instead of decoding plainly (a first eval's plain pass is ~5 s at 8B). The same checks
+apply to it; the run and step that measured it are named wherever it is used. The directory keeps the
+SHARED_KEEP newest baselines (each is a few kB for 4 prompts; one decode to make again).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +41,10 @@ from dflash.eval.generation import Generation
 FILE = "eval_baseline.json"
 FORMAT = 1
 MAX_BYTES = 16 << 20  # 64 prompts × 4,096 tokens of JSON ints is ~2 MB
+SHARED_ENV = "DFLASH_EVAL_CACHE"
+SHARED_KEEP = 64  # baselines the shared directory keeps (the newest written)
+OFF = "off"
+_SHARED_NAME = re.compile(r"[0-9a-f]{32}\.json")
 
 
 def _device_name(device: torch.device) -> str:
@@ -64,14 +77,52 @@ def prompts_digest(prompts) -> str:
     return hashlib.sha256(json.dumps([list(p) for p in prompts]).encode()).hexdigest()
 
 
+def shared_root(setting: str | None) -> Path | None:
+    """The directory runs share baselines in, for the setting `eval.baseline_cache` (None: none)."""
+    if setting == OFF:
+        return None
+    if setting:
+        return Path(setting).expanduser()
+    env = os.environ.get(SHARED_ENV)
+    if env:
+        return None if env == OFF else Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash" / "eval"
+
+
+def shared_path(root: Path, target, prompts, max_new_tokens: int, graphs: bool) -> Path:
+    """Where in `root` the baseline of this decode is kept: a digest of what decides it."""
+    key = json.dumps({"format": FORMAT, "identity": identity(target), "prompts": prompts_digest(prompts),
+                      "max_new_tokens": max_new_tokens, "graphs": graphs}, sort_keys=True)
+    return root / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
 def write(path: Path, base, target) -> None:
-    """Keep `base` (a dflash.eval.reuse.PlainBaseline just measured) at `path`, atomically."""
+    """Keep `base` (a dflash.eval.reuse.PlainBaseline) at `path`, atomically, with the run that measured it."""
     from compilewatch import atomic_write_text
 
     rec = {"format": FORMAT, "identity": identity(target), "prompts": prompts_digest(base.prompts),
            "max_new_tokens": base.max_new_tokens, "graphs": base.graphs, "seconds": base.seconds,
-           "setup_s": base.setup_s, "step": base.step, "tokens": [list(g.tokens) for g in base.generations]}
+           "setup_s": base.setup_s, "step": base.step, "run": base.run,
+           "tokens": [list(g.tokens) for g in base.generations]}
     atomic_write_text(path, json.dumps(rec) + "\n")
+
+
+def write_shared(root: Path, base, target) -> Path:
+    """Keep `base` in the shared directory `root` (made private to this user when new), then drop the
+    oldest baselines there beyond SHARED_KEEP (only files this module names: a digest and .json)."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = shared_path(root, target, base.prompts, base.max_new_tokens, base.graphs)
+    write(path, base, target)
+    kept = []
+    for f in root.iterdir():
+        try:
+            if _SHARED_NAME.fullmatch(f.name) and f.is_file() and not f.is_symlink():
+                kept.append((f.stat().st_mtime_ns, f.name, f))
+        except OSError:
+            continue
+    for _, _, f in sorted(kept, reverse=True)[SHARED_KEEP:]:
+        f.unlink(missing_ok=True)
+    return path
 
 
 def _changed(key: str, then: Any, now: Any) -> str:
@@ -111,6 +162,9 @@ def _why_not(rec: Any, target, prompts, max_new_tokens: int, graphs: bool) -> st
     step = rec.get("step")
     if step is not None and (type(step) is not int or step < 0):
         return "its step does not check"
+    run = rec.get("run")
+    if run is not None and not (isinstance(run, str) and 0 < len(run) <= 4096):
+        return "its run does not check"
     return None
 
 
@@ -123,12 +177,12 @@ class Stored:
     setup_s: float
     step: int | None
     path: str
+    run: str | None = None  # the run directory whose eval measured it (None: not recorded)
 
 
 def read(path: Path, target, prompts, max_new_tokens: int, graphs: bool) -> tuple[Stored | None, str | None]:
     """(the kept baseline where it applies to this decode of `prompts` by `target`, or None; a note
     saying why it was not used, None when there was no file)."""
-    import os
     import stat
 
     try:
@@ -150,4 +204,4 @@ def read(path: Path, target, prompts, max_new_tokens: int, graphs: bool) -> tupl
     if why is not None:
         return None, f"{path} does not apply ({why}): the plain baseline is measured again"
     gens = tuple(Generation(tokens=list(t), acceptance=[], seconds=float(rec["seconds"])) for t in rec["tokens"])
-    return Stored(gens, float(rec["seconds"]), float(rec["setup_s"]), rec["step"], str(path)), None
+    return Stored(gens, float(rec["seconds"]), float(rec["setup_s"]), rec["step"], str(path), rec.get("run")), None

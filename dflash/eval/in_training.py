@@ -34,7 +34,10 @@ def eval_state(trainer: Any) -> EvalState:
     state = _STATES.get(trainer)
     if state is None:
         run_dir = getattr(trainer, "run_dir", None)
-        state = _STATES[trainer] = EvalState(store=Path(run_dir) / baseline_store.FILE if run_dir else None)
+        cfg = getattr(trainer, "cfg", None)
+        shared = baseline_store.shared_root(cfg.eval.baseline_cache) if cfg is not None and run_dir else None
+        state = _STATES[trainer] = EvalState(store=Path(run_dir) / baseline_store.FILE if run_dir else None,
+                                             shared=shared, run=str(Path(run_dir).resolve()) if run_dir else None)
     return state
 
 

@@ -88,20 +88,26 @@ class PlainBaseline:
     setup_s: float  # the graph setup it paid then
     step: int | None  # the training step of the eval that measured it (None: not a training eval)
     stored: str | None = None  # read from this file (dflash.eval.baseline_store): an earlier process measured it
+    run: str | None = None  # the run directory whose eval measured it (None: not a run's, or not recorded)
+    foreign: bool = False  # another run measured it (read from the machine's shared baselines)
 
     def applies(self, target, prompts: list[list[int]], max_new_tokens: int, graphs: bool) -> bool:
         """Whether a plain decode of `prompts` by `target` now would give these tokens."""
         return (target is self.target and max_new_tokens == self.max_new_tokens and graphs == self.graphs
                 and tuple(map(tuple, prompts)) == self.prompts and target_stamp(target) == self.stamp)
 
+    def _by(self) -> str:
+        step = f"step {self.step}" if self.step is not None else "an earlier eval"
+        return f"{step} of run {Path(self.run).name}" if self.foreign and self.run else step
+
     def source(self) -> str:
-        src = f"step {self.step}" if self.step is not None else "an earlier eval"
-        return f"{src}, from {Path(self.stored).name}" if self.stored else src
+        return f"{self._by()}, from {Path(self.stored).name}" if self.stored else self._by()
 
     def note(self) -> str:
-        where = f", read from {self.stored} (an earlier process of this run measured it)" if self.stored else ""
-        step = f"step {self.step}" if self.step is not None else "an earlier eval"
-        return (f"plain baseline from {step}'s eval (the target is frozen): its tokens and its time "
+        who = (f"run {self.run} measured it: the same target files, device, versions, prompts and budget"
+               if self.foreign and self.run else "an earlier process of this run measured it")
+        where = f", read from {self.stored} ({who})" if self.stored else ""
+        return (f"plain baseline from {self._by()}'s eval (the target is frozen): its tokens and its time "
                 f"({self.seconds:.2f} s, its {self.setup_s:.2f} s of graph setup taken off), reused by every later "
                 f"eval of the same {len(self.prompts)} prompts{where}")
 
@@ -110,11 +116,13 @@ class EvalState:
     """What a run's evals keep (module docstring): made empty, filled by the first eval
     (dflash.eval.batched.evaluate_batched with `state=`), used by the later ones."""
 
-    def __init__(self, store: Path | None = None) -> None:
+    def __init__(self, store: Path | None = None, shared: Path | None = None, run: str | None = None) -> None:
         """`store`: where the baseline is kept between processes (a run's RUN/eval_baseline.json,
         dflash.eval.baseline_store): read at the first eval that finds none in memory, written when
-        one is measured."""
-        self.store = store
+        one is measured. `shared`: the machine's directory of baselines kept for other runs
+        (baseline_store.shared_root), read when `store` has none that applies and written with it;
+        `run`: this run's directory (named in what it writes there)."""
+        self.store, self.shared, self.run = store, shared, run
         self.store_note: str | None = None  # why the stored baseline was not used (None: used, or no file)
         self._store_read = False
         self.workspace: SpecWorkspace | None = None
@@ -137,33 +145,58 @@ class EvalState:
         return ws
 
     def baseline_for(self, target, prompts: list[list[int]], max_new_tokens: int, graphs: bool) -> PlainBaseline | None:
-        if self.baseline is None and self.store is not None and not self._store_read:
-            from dflash.eval import baseline_store
-
+        if self.baseline is None and (self.store or self.shared) is not None and not self._store_read:
             self._store_read = True
-            kept, self.store_note = baseline_store.read(self.store, target, prompts, max_new_tokens, graphs)
-            if kept is not None:
-                self.baseline = PlainBaseline(target, target_stamp(target), tuple(map(tuple, prompts)), max_new_tokens,
-                                              graphs, kept.generations, kept.seconds, kept.setup_s, kept.step,
-                                              stored=kept.path)
+            self.baseline = self._read_stored(target, prompts, max_new_tokens, graphs)
         base = self.baseline
         return base if base is not None and base.applies(target, prompts, max_new_tokens, graphs) else None
+
+    def _read_stored(self, target, prompts, max_new_tokens: int, graphs: bool) -> PlainBaseline | None:
+        """The run's own stored baseline where it applies, else the shared directory's (then also kept
+        in the run's file, for its resumes); the notes of what did not apply in `store_note`."""
+        from dflash.eval import baseline_store
+
+        notes, kept, shared = [], None, False
+        if self.store is not None:
+            kept, note = baseline_store.read(self.store, target, prompts, max_new_tokens, graphs)
+            notes += [note] if note else []
+        if kept is None and self.shared is not None:
+            path = baseline_store.shared_path(self.shared, target, prompts, max_new_tokens, graphs)
+            kept, note = baseline_store.read(path, target, prompts, max_new_tokens, graphs)
+            notes += [note] if note else []
+            shared = kept is not None
+        self.store_note = "; ".join(notes) or None
+        if kept is None:
+            return None
+        base = PlainBaseline(target, target_stamp(target), tuple(map(tuple, prompts)), max_new_tokens, graphs,
+                             kept.generations, kept.seconds, kept.setup_s, kept.step, stored=kept.path, run=kept.run,
+                             foreign=kept.run is not None and kept.run != self.run)
+        if shared and self.store is not None:
+            self._write(baseline_store.write, self.store, base, target)
+        return base
+
+    def _write(self, write, where: Path, base: PlainBaseline, target) -> None:
+        """`write(where, base, target)`; a full or read-only disk costs a later process a plain pass, nothing more."""
+        try:
+            write(where, base, target)
+        except OSError as e:
+            note = f"plain baseline not kept in {where} ({type(e).__name__}: {e})"
+            self.store_note = f"{self.store_note}; {note}" if self.store_note else note
 
     def keep_baseline(self, target, prompts: list[list[int]], max_new_tokens: int, graphs: bool,
                       plain: BatchDecode, step: int | None) -> None:
         """Keep `plain` (a decode just measured) as the baseline, unless one is kept already; and in
         the store (a stored baseline is taken only where it applies, so one that did not is replaced)."""
         if self.baseline is None:
+            from dflash.eval import baseline_store
+
             self.baseline = PlainBaseline(target, target_stamp(target), tuple(map(tuple, prompts)), max_new_tokens,
                                           graphs, plain.generations, plain.seconds - plain.setup_s, plain.setup_s,
-                                          step)
+                                          step, run=self.run)
             if self.store is not None:
-                from dflash.eval import baseline_store
-
-                try:
-                    baseline_store.write(self.store, self.baseline, target)
-                except OSError as e:  # a full or read-only disk costs the next process a plain pass, nothing more
-                    self.store_note = f"plain baseline not kept in {self.store} ({type(e).__name__}: {e})"
+                self._write(baseline_store.write, self.store, self.baseline, target)
+            if self.shared is not None:
+                self._write(baseline_store.write_shared, self.shared, self.baseline, target)
 
     def record(self, plain: BatchDecode | None, spec: BatchDecode, base: PlainBaseline | None, warm_up_s: float | None
                ) -> None:
