@@ -48,6 +48,7 @@ _LAZY = {
     # environment
     "inductor_cache_dir": ("compilewatch.torchinfo", "inductor_cache_dir"),
     "system_key": ("compilewatch.torchinfo", "system_key"),
+    "cpu_info": ("compilewatch.env.lock", "cpu_info"),
     # cache
     "fingerprint": ("compilewatch.cache.content.fingerprint", "fingerprint"),
     "enable_remote_cache": ("compilewatch.remote_usage", "enable"),

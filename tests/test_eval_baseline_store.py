@@ -57,7 +57,8 @@ def _rewrite(path, **changes):
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"identity.device": "NVIDIA H100 80GB HBM3"}, "device was 'NVIDIA H100 80GB HBM3' then, is 'cpu' now"),
+    ({"identity.device": "NVIDIA H100 80GB HBM3"}, "device was 'NVIDIA H100 80GB HBM3' then, is 'cpu: "),
+    ({"identity.device": "cpu: Another CPU, 1 threads"}, "device was 'cpu: Another CPU, 1 threads' then, is 'cpu: "),
     ({"identity.torch": "2.0.0"}, "torch was '2.0.0' then"),
     ({"identity.fp8": True}, "fp8 was 'True' then, is 'False' now"),
     ({"identity.source": "/elsewhere"}, "source was '/elsewhere' then"),

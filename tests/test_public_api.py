@@ -49,6 +49,7 @@ SURFACE = {
     # environment
     "inductor_cache_dir": "function()",
     "system_key": "function()",
+    "cpu_info": "function(cpuinfo=)",
     # cache
     "fingerprint": "function(path=, *, files=, use_index=, workers=, progress=)",
     "enable_remote_cache": "function(url)",

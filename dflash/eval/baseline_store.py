@@ -48,8 +48,13 @@ _SHARED_NAME = re.compile(r"[0-9a-f]{32}\.json")
 
 
 def _device_name(device: torch.device) -> str:
+    """The device's model (a CPU's with the threads torch uses: both decide a CPU decode's time)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        from compilewatch import cpu_info
+
+        return f"cpu: {cpu_info().model}, {torch.get_num_threads()} threads"
     return device.type
 
 
