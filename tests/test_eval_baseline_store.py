@@ -46,6 +46,24 @@ def test_a_new_process_takes_the_stored_baseline_and_gives_a_fresh_evals_result(
     assert "read from" in again.baseline.note() and "an earlier process of this run" in again.baseline.note()
 
 
+def test_a_first_eval_with_a_kept_baseline_decodes_nothing_plainly(drafter, tiny_target, tmp_path, monkeypatch):
+    """No plain pass and no plain warm-up (its first-call costs would be paid for nothing timed)."""
+    from dflash.eval import batched
+
+    prompts = mixed_prompts(tiny_target, 2)
+    path = tmp_path / baseline_store.FILE
+    _measured(drafter, tiny_target, prompts, path)
+    calls = []
+    real = batched.plain_batch
+    monkeypatch.setattr(batched, "plain_batch", lambda *a, **k: calls.append(len(a[1])) or real(*a, **k))
+    again = EvalState(store=path)
+    evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=again, step=4)
+    assert calls == [] and again.last.warmed_up and dict(again.last.parts_s)["warm_up"] > 0
+    fresh = EvalState(store=tmp_path / "elsewhere.json")
+    evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=fresh, step=4)
+    assert calls == [1, 2]  # without one: the plain warm-up (one prompt), then the plain pass
+
+
 def _rewrite(path, **changes):
     rec = json.loads(path.read_text())
     for k, v in changes.items():

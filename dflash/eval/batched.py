@@ -463,17 +463,21 @@ def evaluate_batched(drafter, target, prompts: list[list[int]], max_new_tokens: 
     rows finish (done = the mean of the two passes' finished rows). Returns (result, notes).
 
     `state` (a dflash.eval.reuse.EvalState, which imports this module: a run's evals; `step` the
-    training step of this one): the warm-up only at its first eval; the speculative buffers and CUDA
+    training step of this one): the warm-up only at its first eval (of the speculative path alone when a
+    kept baseline spares this eval the plain pass); the speculative buffers and CUDA
     graphs it keeps; and its plain baseline instead of a plain pass where that provably applies (the
     same target, unchanged, the same prompts and budget), timed then less its graph setup, as this
     eval's speculative pass pays none for graphs it reuses. What was reused is `state.last`."""
     n = len(prompts)
     if progress:
         progress(0, n)
+    graphs = resolve_graphs(target.device, use_graphs)
+    base = state.baseline_for(target, prompts, max_new_tokens, graphs) if state is not None and prompts else None
     warm_up_s = None
-    if prompts and (state is None or state.evals == 0):  # warm both paths once (allocator, kernels, first-call
-        t0 = time.perf_counter()                            # overheads) outside the timing
-        plain_batch(target, prompts[:1], 2, use_graphs=False)
+    if prompts and (state is None or state.evals == 0):  # warm the paths this eval times once (allocator,
+        t0 = time.perf_counter()                            # kernels, first-call overheads) outside the timing
+        if base is None:  # a kept baseline (a resumed run's, another run's) times no plain decode here
+            plain_batch(target, prompts[:1], 2, use_graphs=False)
         speculative_batch(drafter, target, prompts[:1], 2, block_size, use_graphs=False)
         warm_up_s = time.perf_counter() - t0
     done = [0, 0]
@@ -485,8 +489,6 @@ def evaluate_batched(drafter, target, prompts: list[list[int]], max_new_tokens: 
                 progress((done[0] + done[1]) // 2, n)
         return on_done
 
-    graphs = resolve_graphs(target.device, use_graphs)
-    base = state.baseline_for(target, prompts, max_new_tokens, graphs) if state is not None and prompts else None
     if base is None:
         plain = plain_batch(target, prompts, max_new_tokens, use_graphs=use_graphs, on_done=report(0))
         plain_gens, plain_s, notes = plain.generations, plain.seconds, plain.notes

@@ -18,7 +18,7 @@ whose tokens and time never change while only the drafter trains).
   setup: a later eval's speculative pass replays graphs it does not capture, so the speedup compares
   decoding with decoding.
 - **The warm-up** (one short decode each way, dflash.eval.batched.evaluate_batched) runs at the
-  first eval only.
+  first eval only; the plain one not at all when that eval takes a kept baseline (nothing plain is timed).
 - `EvalState.last` (an `EvalCost`): what the latest eval captured, reused and measured; the
   trainer's periodic_eval event carries it.
 
