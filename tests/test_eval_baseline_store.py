@@ -64,6 +64,27 @@ def test_a_first_eval_with_a_kept_baseline_decodes_nothing_plainly(drafter, tiny
     assert calls == [1, 2]  # without one: the plain warm-up (one prompt), then the plain pass
 
 
+def test_a_kept_baselines_speedup_compares_decoding_with_decoding(drafter, tiny_target, tmp_path, monkeypatch):
+    """The kept time is the plain decode less its graph setup: the speculative pass's setup (a new process's
+    captures; on CPU none, so one is made up here) comes off it too. A measured baseline keeps both setups."""
+    from dflash.eval import batched
+
+    real = batched.speculative_batch
+    monkeypatch.setattr(batched, "speculative_batch",
+                        lambda *a, **k: dataclasses.replace(d := real(*a, **k), setup_s=d.seconds / 4))
+    prompts = mixed_prompts(tiny_target, 2)
+    path = tmp_path / baseline_store.FILE
+    first = EvalState(store=path)
+    r1 = evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=first, step=1)
+    spec1 = dict(first.last.parts_s)["speculative"]
+    assert r1.speedup == pytest.approx(dict(first.last.parts_s)["plain"] / spec1, rel=1e-2)
+    again = EvalState(store=path)
+    r2 = evaluate_drafter(drafter, tiny_target, prompts, NEW, drafter.spec.block_size, state=again, step=2)
+    spec2 = dict(again.last.parts_s)["speculative"]
+    assert r2.spec_seconds == pytest.approx(spec2 * 3 / 4, rel=1e-2)
+    assert r2.speedup == pytest.approx(again.baseline.seconds / (spec2 * 3 / 4), rel=1e-2)
+
+
 def _rewrite(path, **changes):
     rec = json.loads(path.read_text())
     for k, v in changes.items():

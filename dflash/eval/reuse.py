@@ -15,8 +15,8 @@ whose tokens and time never change while only the drafter trains).
   the same tokens as long as the target is the same, unchanged object: `PlainBaseline.applies`
   checks the prompts, the budget, the graph mode, the target's identity and, per parameter, its
   address and version counter (any in-place write bumps it). Its time is reused less its graph
-  setup: a later eval's speculative pass replays graphs it does not capture, so the speedup compares
-  decoding with decoding.
+  setup, and the speedup takes the speculative pass's own setup off too (the replay checks of a later
+  eval, the captures of a new process's first eval): it compares decoding with decoding.
 - **The warm-up** (one short decode each way, dflash.eval.batched.evaluate_batched) runs at the
   first eval only; the plain one not at all when that eval takes a kept baseline (nothing plain is timed).
 - `EvalState.last` (an `EvalCost`): what the latest eval captured, reused and measured; the
