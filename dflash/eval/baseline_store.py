@@ -6,7 +6,8 @@ dflash.eval.reuse keeps the baseline in memory, proved to apply by the target's 
 parameters' version counters; neither survives the process. On disk it applies when everything that
 decides the plain tokens and their time is the same as when it was measured (`identity`):
 - the target: its directory, and each of its files' name, size and modification time (config, weights,
-  tokenizer); its dtype, whether it runs in FP8 (target.fp8), its vocabulary (the mask token may grow it);
+  tokenizer); its dtype, whether it runs in FP8 (target.fp8), how many of its norms run fused
+  (dflash.model.fused_norm), its vocabulary (the mask token may grow it);
 - where it ran: the device's name, torch's and transformers' versions;
 - the decode: the prompts' token ids, the token budget, CUDA graphs on or off.
 Anything else, or a file that does not parse or check, and the baseline is measured again (and the
@@ -63,6 +64,7 @@ def identity(target) -> dict[str, Any]:
     import transformers
 
     from dflash.model.fp8 import Fp8Linear
+    from dflash.model.fused_norm import FusedRMSNorm
 
     src = Path(str(target.source))
     files = []
@@ -72,8 +74,10 @@ def identity(target) -> dict[str, Any]:
                 st = f.stat()
                 files.append([f.name, st.st_size, st.st_mtime_ns])
     emb = target.model.get_input_embeddings()
+    mods = list(target.model.modules())
     return {"source": str(target.source), "files": files, "dtype": str(target.dtype),
-            "fp8": any(isinstance(m, Fp8Linear) for m in target.model.modules()),
+            "fp8": any(isinstance(m, Fp8Linear) for m in mods),
+            "fused_norms": sum(isinstance(m, FusedRMSNorm) and m.fused for m in mods),  # dflash.model.fused_norm
             "vocab": int(emb.weight.shape[0]), "device": _device_name(target.device),
             "torch": torch.__version__, "transformers": transformers.__version__}
 

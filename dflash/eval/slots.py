@@ -47,13 +47,15 @@ class TargetSlots:
         self.v: dict[int, torch.Tensor] = {}
         self.sizes: dict[int, tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]] = {rows: (self.k, self.v)}
         self.write_pos: torch.Tensor | None = None  # (b, T) slots of this forward's tokens
-        self.write_rows: torch.Tensor | None = None  # (b,) rows of this forward (None: every row)
+        self.write_rows: torch.Tensor | None = None  # (b,) rows of this forward
         self.kv_len: int | None = None  # slots attention reads (None: all); eager forwards read fewer
         self.prefill = False  # the rows were empty: attention needs only this forward's own K/V
 
     def set_step(self, write_pos: torch.Tensor, *, rows: torch.Tensor | None = None, kv_len: int | None = None,
                  prefill: bool = False) -> None:
-        """What the next forward writes and reads."""
+        """What the next forward writes and reads (`rows` None: every row, one index for all its layers)."""
+        if rows is None:
+            rows = torch.arange(write_pos.shape[0], device=write_pos.device)
         self.write_pos, self.write_rows, self.kv_len, self.prefill = write_pos, rows, kv_len, prefill
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):

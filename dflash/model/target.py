@@ -7,7 +7,8 @@
   forward runs the decoder only up to the last tapped layer (the default taps of a 36-layer target
   stop at layer 33: 34 of 36 layers, no final norm, no LM head), capturing the tapped layers' outputs
   itself; with `target.compile` on CUDA those layers run compiled (one graph, shared by every layer,
-  per sequence length). Eval and regen use the whole model, eagerly.
+  per sequence length). Eval and regen use the whole model, eagerly (its RMSNorms one fused kernel each
+  on a GPU: dflash.model.fused_norm).
 - The mask token `<|MASK|>` is added to the tokenizer when missing (never reuse pad) and the caller is
   told; embedding rows are only resized when the new id does not fit (Qwen3's table has spare rows).
 - `embedded:tiny` builds a small Qwen3 from a config with a fixed seed and a local word-level tokenizer
@@ -31,6 +32,7 @@ from dflash.config import EMBEDDED_TARGET, TargetConfig
 from dflash.data.packing import run_bounds
 from dflash.model import fp8, packed_attention
 from dflash.model.drafter import default_layer_ids
+from dflash.model.fused_norm import fuse_norms
 
 TINY_SEED = 1234  # the embedded target's weights depend on this alone
 TINY_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]"]
@@ -558,6 +560,9 @@ def finish_target(cfg: TargetConfig, shape: TargetShape, model: nn.Module, devic
     model.requires_grad_(False)
     model.eval()
     model.to(device)
+    norms = fuse_norms(model)  # eager on a GPU: one kernel a norm (eval and regen decode steps)
+    if norms:
+        notes.append(norms)
     if cfg.fp8:
         notes.append(fp8.quantize_decoder(model))
     return Target(model=model, tokenizer=shape.tokenizer, layer_ids=shape.layer_ids, mask_token_id=mask_id,
