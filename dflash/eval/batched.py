@@ -132,11 +132,14 @@ def _chunks(lengths: list[int]) -> list[list[int]]:
 
 
 def target_mask(target, mask: torch.Tensor) -> torch.Tensor:
-    """A bool mask (True = read) as the target's attention takes it: bool for sdpa, additive for eager."""
-    if getattr(getattr(target, "config", None), "_attn_implementation", None) == "eager":
-        return torch.zeros(mask.shape, dtype=target.dtype, device=mask.device).masked_fill(
-            ~mask, torch.finfo(target.dtype).min)
-    return mask
+    """A bool mask (True = read) as the target's attention takes it, additive in the target's dtype, made
+    once for every layer. sdpa: 0 / -inf, what sdpa makes of a bool mask itself (ATen's
+    convert_boolean_attn_mask), which it would do again in each layer's call; eager: 0 / the dtype's min."""
+    impl = getattr(getattr(target, "config", None), "_attn_implementation", None)
+    if impl not in ("eager", "sdpa"):
+        return mask
+    fill = torch.finfo(target.dtype).min if impl == "eager" else float("-inf")
+    return torch.zeros(mask.shape, dtype=target.dtype, device=mask.device).masked_fill(~mask, fill)
 
 
 def _forward(target, slots: TargetSlots, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, **kw):
