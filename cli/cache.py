@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -25,6 +26,7 @@ fp_lib = lazy("compilewatch.cache.content.fingerprint")
 layout = lazy("compilewatch.cache.local.layout")
 manage = lazy("compilewatch.cache.local.manage")
 verify_lib = lazy("compilewatch.cache.content.verify")
+from compilewatch.errors import BadInput
 from compilewatch.fsutil import atomic_write_json
 
 app = make_app(
@@ -85,7 +87,8 @@ _ALWAYS_SHOWN = ("fxgraph", "aotautograd", "codegen", "triton", "precompiled_hea
 
 def _render_where(loc: layout.CacheLocation) -> None:
     o = output.out
-    state = "exists" if loc.exists else "[yellow]does not exist[/]"
+    state = "exists" if loc.exists else ("[red]not a directory: torch cannot use it[/]" if loc.path.exists()
+                                         else "[yellow]does not exist[/]")
     o.print(f"[bold]inductor cache[/] {loc.path}  ({loc.source}; {state})")
     o.print(f"[bold]triton cache[/]   {loc.triton_dir}  ({loc.triton_source})")
     if loc.exists and not loc.looks_like_cache:
@@ -192,6 +195,10 @@ def verify_cmd(
     if archive_path is not None:
         if fix or dir is not None:
             raise typer.BadParameter("--fix and --dir act on a cache dir, not on ARCHIVE")
+        if archive_path.is_dir():
+            raise BadInput(f"{archive_path} is a directory: ARCHIVE is an archive file from `cache save`",
+                           hint="to verify a cache dir, pass it with --dir: compilewatch cache verify --dir "
+                                + shlex.quote(str(archive_path)))
         rep = archive_check.verify_archive(archive_path)
         output.emit(rep, as_json, _render_verify_archive, escape_markup=True)
         raise typer.Exit(0 if rep.ok else 1)
@@ -480,6 +487,8 @@ def diff_cmd(
 
       compilewatch cache diff old.tar.gz new.tar.gz --json
     """
+    if limit < 0:
+        raise BadInput(f"--limit must be >= 0, got {limit}", hint="leave --limit out for 10 paths per sub-cache and kind")
     result = cache_diff.diff(a, b)
     output.emit(result, as_json, lambda r: _render_diff(r, limit), escape_markup=True)
     raise typer.Exit(0 if result.same else 1)

@@ -40,11 +40,21 @@ def _url(arg: str | None, opt: str | None) -> str | None:
     if arg is not None and opt is not None and arg != opt:
         raise BadInput(f"two servers given: {remote.redact(arg)} and --url {remote.redact(opt)}",
                        hint="give the server once, as the URL argument or as --url")
-    return arg if arg is not None else opt
+    url = arg if arg is not None else opt
+    if url:
+        remote.check_db(url)
+    return url
+
+
+MAX_CAP = 1 << 40  # 1 TB: far above a Redis string's 512 MB limit; past 2**63 Redis refuses the GETRANGE
 
 
 def _cap(text: str) -> int:
-    return manage.parse_size(text)
+    cap = manage.parse_size(text)
+    if cap > MAX_CAP:
+        raise BadInput(f"--max-value {text}: at most 1T (a Redis value is at most 512 MB unless the server's "
+                       "proto-max-bulk-len says more)", hint="leave --max-value out for 256MB")
+    return cap
 
 
 # --- status -----------------------------------------------------------------------------------------

@@ -26,6 +26,9 @@ def doctor_cmd(as_json: JsonOpt = False) -> None:
 
       compilewatch doctor --json
     """
+    from compilewatch.torchinfo import check_cache_dir_usable
+
+    check_cache_dir_usable()  # else importing torch._dynamo raises from torch's os.makedirs
     report = doctor_lib.doctor()
     output.emit(report, as_json, _render)
     raise typer.Exit(0 if report.ok else 1)

@@ -19,6 +19,9 @@ from compilewatch.errors import BadInput
 from compilewatch.serialize import to_jsonable
 
 
+MAX_WATCH_S = 86400  # a day: time.sleep overflows far beyond it
+
+
 def gpus_cmd(
     watch: Annotated[Optional[float], typer.Option("--watch", "-w", help="Refresh every S seconds until Ctrl-C "
                                                    "(with --json: one JSON array per line).")] = None,
@@ -40,6 +43,10 @@ def gpus_cmd(
 
       compilewatch gpus --watch 2
     """
+    if count is not None and (watch is None or count < 1):
+        raise BadInput(f"--count {count}: " + ("it counts --watch refreshes, and --watch is not given" if watch is None
+                                                  else "must be >= 1"),
+                       hint="e.g. compilewatch gpus --watch 2 --count 10; leave --count out to refresh until Ctrl-C")
     if watch is None:
         st = gpus_lib.status()
         if as_json:
@@ -49,8 +56,9 @@ def gpus_cmd(
             for w in st.warnings:
                 output.warn(w)
         raise typer.Exit(1 if st.imbalances else 0)
-    if watch < 0:
-        raise BadInput(f"--watch must be >= 0 seconds, got {watch}")
+    if not 0 <= watch <= MAX_WATCH_S:  # also nan and inf, which time.sleep refuses with a traceback
+        raise BadInput(f"--watch must be a number of seconds from 0 to {MAX_WATCH_S}, got {watch:g}",
+                       hint="e.g. --watch 2 refreshes every 2 seconds")
     _watch(watch, count, as_json)
 
 

@@ -16,7 +16,8 @@ from cli.lazy import lazy
 
 probe_lib = lazy("compilewatch.devices.probe")
 from compilewatch.errors import BadInput
-from compilewatch.tracing.targets import builtin_targets
+from compilewatch.torchinfo import check_cache_dir_usable
+from compilewatch.tracing.targets import builtin_targets, check_backend
 
 
 def probe_cmd(
@@ -59,6 +60,8 @@ def probe_cmd(
         raise BadInput("missing TARGET", hint="give a built-in (see --list), module:callable or file.py:callable")
     if threads < 0:
         raise BadInput(f"--threads must be >= 0, got {threads}")
+    check_cache_dir_usable()  # before torch._dynamo is imported: it creates the cache dir
+    check_backend(backend)
     watcher = _timeline_watcher(timeline, stall_after=max(1.0, timeout / 2) if threads else 300.0)
     from cli import cache_explain  # issue 38: the probe's cache misses explained, its compile time by phase
 

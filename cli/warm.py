@@ -16,7 +16,8 @@ handoff_lib = lazy("compilewatch.devices.handoff")
 warm_lib = lazy("compilewatch.devices.warm")
 from compilewatch.devices.spec import parse_devices
 from compilewatch.fsutil import atomic_write_json
-from compilewatch.tracing.targets import FlexShape, resolve_workload
+from compilewatch.torchinfo import check_cache_dir_usable
+from compilewatch.tracing.targets import FlexShape, check_backend, resolve_workload
 
 
 def warm_cmd(
@@ -66,6 +67,8 @@ def warm_cmd(
     plan = handoff_lib.plan(cmd) if cmd else None  # validate CMD before spending minutes compiling
     shape = FlexShape(context=seq, blocks=blocks, block_size=block_size, heads=heads, head_dim=head_dim,
                       batch=batch, dtype=dtype)
+    check_cache_dir_usable()  # before torch._dynamo is imported: it creates the cache dir
+    check_backend(backend)
     wl = resolve_workload(workload, backend, shape)
     describe = getattr(wl, "describe", None)
     what = describe() if callable(describe) else wl.name

@@ -77,6 +77,17 @@ def _temp_beside(target: Path, suffix: str) -> Path:
     return Path(tmp)
 
 
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether `a` and `b` name one file: the same path once symlinks are resolved or, both existing,
+    the same inode (a hard link). Writing the one would overwrite the other."""
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def check_writable(target: str | os.PathLike[str]) -> Path:
     """WriteFailed now if `target` could not be written later: it is a directory, or
     its folder cannot be created or written (tested by creating and removing a temp file there)."""

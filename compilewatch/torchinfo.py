@@ -99,6 +99,25 @@ def inductor_cache_dir() -> Path:
     return Path(os.path.abspath(env or _torch_default_cache_dir()))
 
 
+def check_cache_dir_usable() -> None:
+    """BadInput when torch could not create its inductor cache dir: TORCHINDUCTOR_CACHE_DIR (or the
+    default) is a file, or lies under one. torch 2.13 calls `cache_dir()`, an `os.makedirs`, while
+    importing `torch._dynamo`, so every compile (and `doctor`, `warm`, `probe`) would stop there with a
+    FileExistsError / NotADirectoryError traceback. Only stats: nothing is created."""
+    from compilewatch.errors import BadInput
+
+    path = inductor_cache_dir()
+    where = "TORCHINDUCTOR_CACHE_DIR" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "torch's default cache dir"
+    p = path
+    while not os.path.lexists(p) and p.parent != p:
+        p = p.parent
+    if os.path.lexists(p) and not os.path.isdir(p):
+        what = "is a file" if p == path else f"lies under {p}, which is a file"
+        raise BadInput(f"the inductor cache dir {path} ({where}) {what}: torch cannot create its cache there, "
+                       "and every torch.compile would fail", hint="point TORCHINDUCTOR_CACHE_DIR at a directory "
+                       "(or move the file away); nothing was changed")
+
+
 def default_cache_dir() -> Path:
     """torch's default inductor cache dir (`/tmp/torchinductor_<user>`), whatever TORCHINDUCTOR_CACHE_DIR
     says: torch keeps its precompiled headers there (codecache._HEADER_DIR). No side effects."""

@@ -369,9 +369,12 @@ def test_handoff_exec_python_c_in_subprocess(tmp_path):
     assert "hand-off: exec" in proc.stderr and "only the on-disk caches carry over" in proc.stderr
 
 
-def test_handoff_plan_classification(tmp_path):
+def test_handoff_plan_classification(tmp_path, monkeypatch):
     script = tmp_path / "t.py"
     script.write_text("")
+    (tmp_path / "pkg").mkdir()  # -m MODULE must be found (in the current dir, as python -m looks)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
     assert handoff.plan([str(script), "a"]).mode == "in-process"
     p = handoff.plan([sys.executable, str(script), "--x"])
     assert (p.mode, p.kind, p.argv) == ("in-process", "script", (str(script), "--x"))

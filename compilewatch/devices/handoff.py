@@ -13,6 +13,7 @@ its first calls still compile (from cache hits).
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import re
 import runpy
@@ -60,6 +61,13 @@ def _script(path: str, args: list[str], reason: str) -> HandOff:
 def _module(rest: list[str], reason: str) -> HandOff:
     if len(rest) < 2 or not rest[1]:
         raise BadInput("-m needs a module name", hint="e.g. -- python -m mypkg.train --epochs 1")
+    top = rest[1].split(".")[0]
+    # the top-level package, found without importing anything (as `python -m` looks: the current dir first);
+    # run_in_process would otherwise fail after warm, with runpy's traceback
+    if top not in sys.builtin_module_names and top not in sys.modules and \
+            importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
+        raise BadInput(f"module {rest[1]!r} not found (no {top!r} in the current dir or on sys.path)",
+                       hint="check the module name after -m, install its package, or run from the folder that holds it")
     return HandOff("in-process", "module", rest[1], (rest[1], *rest[2:]), reason)
 
 

@@ -94,6 +94,10 @@ def explain_against(other: str | os.PathLike[str], here: str | os.PathLike[str])
     fx_mine = [r for r in mine.lookups if r.get("kind") == "fxgraph"]
     if theirs.lookups:
         return _from_store(other_p, here_p, theirs, mine, fx_mine)
+    from compilewatch.cache.local import layout
+
+    if not layout.looks_like_cache(other_p):  # a repo, a home folder: not "0 of 0 entries would hit"
+        raise layout.not_a_cache(other_p)
     return _from_stamps(other_p, here_p, mine, fx_mine)
 
 

@@ -95,12 +95,16 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
     command = tuple(command)
     if not command:
         raise BadInput("no command to run", hint="compilewatch run [OPTIONS] -- python train.py ...")
-    if stall_after <= 0:
-        raise BadInput(f"--stall-after must be > 0 seconds, got {stall_after:g}")
+    if not stall_after > 0:  # nan too: it would turn stall detection off without a word
+        raise BadInput(f"--stall-after must be > 0 seconds, got {stall_after:g}",
+                       hint="leave --stall-after out for 300 s")
     if shutil.which(command[0]) is None and not Path(command[0]).is_file():
         raise BadInput(f"command not found: {command[0]}", hint="give the program to run after --, e.g. -- python train.py")
-    from compilewatch.fsutil import check_writable
+    from compilewatch.fsutil import check_writable, same_file
 
+    if report is not None and timeline is not None and same_file(report, timeline):
+        raise BadInput(f"--report and --timeline are the same file ({report}): the timeline would overwrite the "
+                       "report", hint="give each its own file, e.g. --report watch.jsonl --timeline watch.json")
     for out in (report, timeline):  # before the program runs, not after it ran for hours
         if out is not None:
             check_writable(out)

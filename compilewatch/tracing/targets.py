@@ -27,6 +27,20 @@ from compilewatch.errors import BadInput
 Backend = str  # a torch.compile backend name: "inductor" (default), "aot_eager", "eager"
 
 
+def check_backend(backend: Backend) -> None:
+    """BadInput for a torch.compile backend torch does not know, before anything compiles (torch raises
+    InvalidBackend only from inside the first compile, deep in a warm or probe run)."""
+    import torch._dynamo
+    from torch._dynamo.exc import InvalidBackend
+
+    try:
+        torch._dynamo.lookup_backend(backend)
+    except InvalidBackend:
+        raise BadInput(f"unknown torch.compile backend {backend!r}",
+                       hint="use inductor, aot_eager or eager; torch._dynamo.list_backends(exclude_tags=()) lists "
+                            "every backend this torch has") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     name: str

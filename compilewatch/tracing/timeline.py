@@ -233,4 +233,9 @@ def convert(report: str | os.PathLike[str], out: str | os.PathLike[str]) -> Time
 
     if Path(out).is_dir():
         raise BadInput(f"-o {out} is a directory", hint="give the timeline's file name, e.g. -o timeline.json")
+    from compilewatch.fsutil import same_file
+
+    if same_file(report, out):
+        raise BadInput(f"-o {out} is the report itself: the timeline would overwrite it",
+                       hint="give the timeline its own file name, e.g. -o timeline.json")
     return write_timeline(read_events(report), out)

@@ -57,10 +57,14 @@ class Watcher:
     def __init__(self, report: str | os.PathLike[str] | None = None, *, stall_after: float = 300.0,
                  repair: bool = False, on_event: Callable[[WatchEvent], None] | None = None,
                  timeline: str | os.PathLike[str] | None = None, record_traces: bool = True) -> None:
-        if stall_after <= 0:
-            from compilewatch.errors import BadInput
+        from compilewatch.errors import BadInput
+        from compilewatch.fsutil import same_file
 
+        if not stall_after > 0:  # nan too: it would turn stall detection off
             raise BadInput(f"stall_after must be > 0 seconds, got {stall_after}")
+        if report is not None and timeline is not None and same_file(report, timeline):
+            raise BadInput(f"report and timeline are the same file ({report}): the timeline would overwrite the report",
+                           hint="give each its own file, e.g. report='watch.jsonl', timeline='watch.json'")
         self.stall_after = float(stall_after)
         self.repair_stuck = repair
         self.on_event = on_event

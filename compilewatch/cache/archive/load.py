@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import tarfile
 import tempfile
@@ -235,6 +236,7 @@ def _swap_in(new: Path, target: Path, *, new_is_temp: bool = True) -> Path | Non
 
 
 def _check_target(target: Path, force: bool) -> None:
+    layout.refuse_symlink(target, "load")
     if target.exists() and not target.is_dir():
         raise BadInput(f"{target} exists and is not a directory; nothing was changed")
     if target.is_dir() and not layout.looks_like_cache(target) and not force:
@@ -361,7 +363,7 @@ def _restore_pruned(source: Path, target: Path, *, trust: bool, t0: float) -> Lo
 
     if not target.is_dir():
         raise BadInput(f"{source} holds entries pruned from {target}, which does not exist now; nothing was changed",
-                       hint=f"restore into an existing cache with `compilewatch cache load {source} --dir DIR`")
+                       hint=f"restore into an existing cache with `compilewatch cache load {shlex.quote(str(source))} --dir DIR`")
     verdict = backups.judge(source, trust=trust)
     verdict.require()
     files = [f.rel for f in layout.walk(source).files]
@@ -433,7 +435,7 @@ def restore_dir(source: Path, path: str | os.PathLike[str] | None = None, *, for
     target.parent.mkdir(parents=True, exist_ok=True)
     if os.stat(source).st_dev != os.stat(target.parent).st_dev:
         raise BadInput(f"{source} is on another filesystem than {target}: it cannot be renamed into place",
-                       hint=f"save it with `compilewatch cache save X.tar.gz --dir {source}` and load that")
+                       hint=f"save it with `compilewatch cache save X.tar.gz --dir {shlex.quote(str(source))}` and load that")
     trusted_pickles = () if built_here is not None else \
         _scan_pickles(source, source, [f.rel for f in layout.walk(source).files], trust, prefix="")
     with cache_lock(target), busy.not_compiling(target):

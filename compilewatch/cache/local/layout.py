@@ -513,6 +513,22 @@ def resolve_existing(path: str | os.PathLike[str] | None, *, force: bool = False
     return loc
 
 
+def refuse_symlink(path: Path, verb: str) -> None:
+    """BadInput when the cache dir `path` is a symlink: `clear` and `load` rename the dir, and renaming a
+    link moves only the link (the cache stays where it points, and the "backup" is a link that `cache
+    load` refuses as writable by everyone; `--no-backup` could not delete it)."""
+    if not path.is_symlink():
+        return
+    import shlex
+
+    real = os.path.realpath(path)
+    raise BadInput(f"{path} is a symlink to {real}: {verb} renames the cache dir, and renaming the link would "
+                   "move only the link; nothing was changed",
+                   hint=f"give the dir itself: --dir {shlex.quote(real)}" + (
+                       f", then `mkdir {shlex.quote(real)}` (torch cannot create a dir through a dangling link)"
+                       if verb == "clear" else ""))
+
+
 def not_a_cache(path: Path, *, can_force: bool = False) -> BadInput:
     """The BadInput for a dir without inductor's structure, naming what is there; the hint names
     --force only for a command that has it (`can_force`)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 from collections import defaultdict
 from dataclasses import dataclass
@@ -166,7 +167,7 @@ class ClearResult:
 
 
 def restore_command(backup: Path, cache_dir: Path) -> str:
-    return f"compilewatch cache load {backup} --dir {cache_dir}"
+    return f"compilewatch cache load {shlex.quote(str(backup))} --dir {shlex.quote(str(cache_dir))}"
 
 
 def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, yes: bool = False,
@@ -180,6 +181,7 @@ def clear(path: str | os.PathLike[str] | None = None, *, backup: bool = True, ye
                        hint="drop --no-backup to keep a backup you can restore")
     loc = layout.resolve_existing(path, force=force, can_force=True)
     root = loc.path
+    layout.refuse_symlink(root, "clear")
     with cache_lock(root):
         w = layout.walk(root)
         nfiles, nbytes = len(w.files), sum(f.size for f in w.files)

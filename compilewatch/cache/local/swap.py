@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -77,7 +78,8 @@ def swap_in(new: Path, target: Path, *, new_is_temp: bool, backup_for) -> Path |
                     raise CompilewatchError(
                         f"{target} was recreated by another process while it was being replaced; the previous "
                         f"cache is safe at {backup}",
-                        hint=f"stop the process writing the cache, then `compilewatch cache load {backup} --dir {target}`",
+                        hint="stop the process writing the cache, then `compilewatch cache load "
+                             f"{shlex.quote(str(backup))} --dir {shlex.quote(str(target))}`",
                     ) from e
         finally:
             with contextlib.suppress(OSError):

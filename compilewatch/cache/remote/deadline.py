@@ -15,11 +15,19 @@ from __future__ import annotations
 import threading
 import time
 
+from compilewatch.errors import BadInput
+
+MAX_SECONDS = 7 * 86400.0  # a week: far past any push or pull, far below what threading and sockets take
+
 
 class Deadline:
     """A budget of `seconds` of network waiting for one command."""
 
     def __init__(self, seconds: float, url: str = "the server") -> None:
+        if not (isinstance(seconds, (int, float)) and 0 < seconds <= MAX_SECONDS):  # nan, inf: a thread traceback
+            raise BadInput(f"--timeout must be a number of seconds > 0 and at most {MAX_SECONDS:g}, got {seconds!r}",
+                           hint="leave --timeout out for the command's default (60 s for status/verify, 600 s for "
+                                "push/pull/clear)")
         self.seconds = float(seconds)
         self.left = float(seconds)
         self.url = url

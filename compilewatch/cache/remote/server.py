@@ -123,6 +123,21 @@ def check_url(raw: str, source: str = "argument") -> None:
                        hint="write redis://[:PASSWORD@]HOST:PORT[/DB] (rediss:// for TLS, unix:///path for a socket)")
 
 
+def check_db(raw: str) -> None:
+    """BadInput for a typed URL whose database is not a number (`redis://host:6379/cache`): redis-py,
+    and so torch, ignores such a database and uses database 0, not the one the URL seems to name. Only
+    for URLs given on the command line: one in the environment is used by torch as it is."""
+    try:
+        parts = urlsplit(raw)
+    except ValueError:
+        return  # check_url says why
+    db = parts.path.replace("/", "")
+    if parts.scheme in ("redis", "rediss") and db and not (db.isascii() and db.isdigit()):
+        raise BadInput(f"not a Redis URL: {redact(raw)}: the database {parts.path!r} is not a number (redis-py "
+                       "and torch would quietly use database 0)",
+                       hint="write redis://HOST:PORT/DB with DB a number (0 when left out)")
+
+
 def _has_password(url: str) -> bool:
     try:
         parts = urlsplit(url)

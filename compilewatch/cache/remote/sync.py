@@ -26,6 +26,7 @@ import base64
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import socket
 import tempfile
@@ -306,11 +307,12 @@ def pull(url: str | None = None, path: str | os.PathLike[str] | None = None, *, 
     t0 = time.perf_counter()
     loc = layout.locate(path)
     target = loc.path
+    layout.refuse_symlink(target, "pull")
     if target.exists() and not target.is_dir():
         raise BadInput(f"{target} exists and is not a directory; nothing was changed")
     if target.is_dir() and not layout.looks_like_cache(target) and not force:
         raise layout.not_a_cache(target, can_force=True)
-    client = remote.connect(url)
+    client = remote.connect(url, deadline=timeout)
     sk, th, _ = remote.here()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.load-", dir=target.parent))
@@ -475,4 +477,4 @@ def _clear(client, url: str | None, safe: str, backup: str | os.PathLike[str] | 
         elif not is_sig:
             changed += 1
     return RemoteClearResult(safe, deleted, nbytes, str(dest), changed, left,
-                             f"compilewatch cache remote push {dest}" + ("" if url is None else f" {safe}"), nsig)
+                             f"compilewatch cache remote push {shlex.quote(str(dest))}" + ("" if url is None else f" {safe}"), nsig)
