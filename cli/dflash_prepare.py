@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Annotated, Any, Optional
 
 import typer
@@ -36,6 +37,10 @@ def prepare_cmd(
     from cli.dflash_progress import TrainProgress
     from compilewatch.serialize import to_jsonable
 
+    if data == dflash.EMBEDDED_DATA:  # its hint was "set data.regenerate=true", which prepare turns off
+        raise BadInput(f"{data} holds prompts only, and `dflash prepare` does not regenerate answers",
+                       hint="`dflash train` answers the embedded prompts at every start (nothing to prepare); "
+                            "for your own data: `dflash regen IN.jsonl OUT.jsonl`, then `dflash prepare OUT.jsonl`")
     try:
         overrides = dflash.parse_set(set_ or [])
         overrides.update({"data.path": data, "target.path": target, "data.regenerate": False})
@@ -46,10 +51,12 @@ def prepare_cmd(
         raise BadInput(f"bad config: {e}", hint="see `dflash train --print-config` for every field") from None
     with TrainProgress() as progress:
         report = dflash.prepare(cfg, workers=workers, on_event=progress)
+    # the command to train on it, quoted: a path with a space pastes back as the same arguments
     result = {**to_jsonable(report),
-              "train_with": " ".join(["dflash train --data", data, "--target", target, "--recipe", recipe,
-                                      *(["--config", config] if config else []), *(f"--set {x}" for x in set_ or []),
-                                      "--set data.regenerate=false", *([f"--set data.cache_dir={out}"] if out else [])])}
+              "train_with": shlex.join(["dflash", "train", "--data", data, "--target", target, "--recipe", recipe,
+                                        *(["--config", config] if config else []),
+                                        *(a for x in set_ or [] for a in ("--set", x)), "--set", "data.regenerate=false",
+                                        *(["--set", f"data.cache_dir={out}"] if out else [])])}
     output.emit(result, as_json, _render)
 
 

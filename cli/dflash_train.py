@@ -99,6 +99,11 @@ def _config(recipe: str, config: str | None, overrides: dict[str, object], resum
             out = overrides.get("checkpoint.out_dir")
             if out is None:
                 raise BadInput("--resume needs --out RUN_DIR (the run to continue)")
+            if config is not None or recipe != "tiny":  # they were silently ignored: the run's config.toml rules
+                flag = f"--config {config}" if config is not None else f"--recipe {recipe}"
+                raise BadInput(f"{flag} does not go with --resume: a resumed run continues with its own config.toml",
+                               hint="change fields of the resumed run with --set section.field=value, or start a "
+                                    "new run with it (another --out, without --resume)")
             return dflash.resume_config(str(out), overrides)
         return dflash.build_config(recipe, config, overrides)
     except ValueError as e:

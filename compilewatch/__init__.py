@@ -58,6 +58,8 @@ _LAZY = {
     "atomic_write_bytes": ("compilewatch.fsutil", "atomic_write_bytes"),
     "atomic_write_text": ("compilewatch.fsutil", "atomic_write_text"),
     "atomic_write_json": ("compilewatch.fsutil", "atomic_write_json"),
+    "check_writable": ("compilewatch.fsutil", "check_writable"),
+    "same_file": ("compilewatch.fsutil", "same_file"),
     "read_text": ("compilewatch.inputs", "read_text"),
     "open_untrusted": ("compilewatch.inputs", "open_untrusted"),
     "loads_json": ("compilewatch.inputs", "loads_json"),

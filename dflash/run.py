@@ -105,12 +105,14 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
     Trainer's notes, single and engine modes); then the Trainer's progress. `until`: stop after that
     step (the schedule still spans the whole run). `info`: this rank (default: torchrun's
     environment). Raises BadInput for bad input."""
+    from dflash.data.cache import cache_root, check_root
     from dflash.data.dataset import check_data_path
     from dflash.model.prefetch import prefetch_weights
     from dflash.training.preload import start_imports
 
     on_event = on_event or (lambda kind, data: None)
     check_data_path(cfg.data)  # inputs before anything heavy (Trainer.from_config checks it again)
+    check_root(cache_root(cfg.data))  # and a data.cache_dir that cannot be a directory
     prefetching = prefetch_weights(cfg.target.path)  # the disk starts now, before torch (dflash.model.prefetch)
     # torch and transformers' model stack in a thread from here on (issue 39); torch and the trainer's own
     # modules are its first stage, which this thread waits for rather than import them beside it

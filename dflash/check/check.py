@@ -55,7 +55,7 @@ def check_export(path: str, *, target_path: str | None = None, data_path: str | 
                  num_prompts: int | None = None, max_new_tokens: int | None = None, temperature: float = 0.0,
                  measure: bool = True, device: str | None = None, seed: int = 0,
                  progress: Callable[[int, int], None] | None = None) -> CheckReport:
-    from dflash.check.record import RECORD_KEY
+    from dflash.check.record import read_record
     from dflash.check.serving import check_serving
     from dflash.check.static import check_static, target_facts, weights_dtype
     from dflash.checkpoint import manifest
@@ -81,7 +81,7 @@ def check_export(path: str, *, target_path: str | None = None, data_path: str | 
                                     "config.json, or re-export"))
     spec = read_export_spec(ck)  # config.json bounded and typed, the weights' header against it (BadInput)
     cfg_json = _read_config(ck)
-    record = cfg_json.get(RECORD_KEY) if isinstance(cfg_json.get(RECORD_KEY), dict) else None
+    record = read_record(cfg_json, str(ck / "config.json"))
     train_cfg = None
     overrides = {"target.path": target_path} if target_path else {}
     if (ck / CONFIG_FILE).is_file():

@@ -142,6 +142,56 @@ def _cached_facts(path: str, mask_token: str) -> str:
     return json.dumps(tokenizer_facts(target_tokenizer(path), mask_token))
 
 
+_JSON_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object", type(None): "null"}
+_STR = (str, type(None))
+_TOKENIZER_FIELDS = {"size": (int,), "vocab_digest": _STR, "special_digest": _STR, "eos_token": _STR,
+                     "pad_token": _STR, "bos_token": _STR, "mask_token": _STR, "mask_token_shipped": (bool,),
+                     "mask_token_id": (int, type(None)), "chat_template": (dict, type(None))}
+_TEMPLATE_FIELDS = {"digest": _STR, "text": _STR, "sample": _STR, "generation_prompt": _STR,
+                    "thinking": (dict, type(None)), "error": _STR}
+_THINKING_FIELDS = {"switch": (bool,), "default": _STR, "on_prompt": _STR, "off_prompt": _STR}
+
+
+def read_record(cfg_json: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """config.json's training record, every field `dflash check` reads checked for its type (a record
+    from an edited or foreign config.json is untrusted input); None when there is none. BadInput naming
+    the first field that is not what a save writes."""
+    rec = cfg_json.get(RECORD_KEY)
+    if rec is None:
+        return None
+
+    def bad(field: str, want: str, got: Any) -> BadInput:
+        name = ".".join(x for x in (RECORD_KEY, field.lstrip(".")) if x)
+        return BadInput(f"{where}: {name}: expected {want}, got {json.dumps(got)[:60]}",
+                        hint="the export's config.json was edited or damaged: restore it from the checkpoint it "
+                             "came from, or export again")
+
+    def fields(d: Any, spec: dict[str, tuple], at: str) -> None:
+        if not isinstance(d, dict):
+            raise bad(at, "an object", d)
+        for k, types in spec.items():
+            if k in d and (not isinstance(d[k], types) or (bool not in types and isinstance(d[k], bool))):
+                raise bad(f"{at}.{k}", " or ".join(_JSON_NAMES[t] for t in types), d[k])
+
+    fields(rec, {"trained": (dict, type(None)), "tokenizer": (dict, type(None)), "error": _STR}, "")
+    trained = rec.get("trained") or {}
+    taps = trained.get("target_layer_ids", [])
+    if not isinstance(taps, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in taps):
+        raise bad("trained.target_layer_ids", "a list of integers", taps)
+    tok = rec.get("tokenizer")
+    if tok is not None:
+        fields(tok, _TOKENIZER_FIELDS, "tokenizer")
+        special = tok.get("special_tokens", [])
+        if not isinstance(special, list) or not all(isinstance(t, str) for t in special):
+            raise bad("tokenizer.special_tokens", "a list of strings", special)
+        tpl = tok.get("chat_template")
+        if tpl is not None:
+            fields(tpl, _TEMPLATE_FIELDS, "tokenizer.chat_template")
+            if tpl.get("thinking") is not None:
+                fields(tpl["thinking"], _THINKING_FIELDS, "tokenizer.chat_template.thinking")
+    return rec
+
+
 def build_record(config_toml: str, spec) -> dict[str, Any]:
     """The record a save writes (the training config's target and mask token; `spec`: the drafter's).
     Never raises: a tokenizer that cannot be read gives a record saying why (a save must not fail)."""

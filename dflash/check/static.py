@@ -106,6 +106,7 @@ def check_static(cfg: dict[str, Any], spec, wdtype: str | None, target: TargetFa
         out.append(Finding("ok", "taps", f"target_layer_ids {taps}, in range for {target.num_layers} layers"
                            + (", as trained" if trained is not None else "")))
     edited("target_layer_ids", taps)
+    edited("block_size", spec.block_size)  # the engines draft block_size - 1 tokens a round, as config.json says
     # RoPE: type, theta, scaling
     e_type, t_type = _rope_type(spec.rope_scaling), _rope_type(target.rope_scaling)
     rope_bad = []

@@ -215,7 +215,8 @@ def check(directory: Path, names: Iterable[str] | None = None) -> str | None:
     if files is None:
         return f"{str(directory)!r} has no {MANIFEST} (written before checkpoints carried checksums): files not verified"
     wanted = list(files) if names is None else [_plain_name(n, "manifest.check") for n in names]
-    hint = "the checkpoint is damaged (a bad disk or copy, or an edit): resume or evaluate another checkpoint"
+    hint = ("the checkpoint is damaged (a bad disk or copy, or an edit): evaluate another checkpoint, or resume from "
+            "one by writing its name (step_NNNNNN) into the run's checkpoints/latest")
     for name in wanted:
         if name == MANIFEST:
             continue

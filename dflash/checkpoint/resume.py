@@ -34,6 +34,11 @@ def build_config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> C
         raise BadInput(f"--resume: run directory {str(run_dir)!r} {what}",
                        hint=f"start a run there with `dflash train --out {run_dir}` (without --resume)")
     if not os.path.lexists(path):
+        saved = _newest_saved_config(run_dir)
+        if saved is not None:  # checkpoints were written, so the run started: its config.toml went missing since
+            raise BadInput(f"--resume: the run in {str(run_dir)!r} has checkpoints but no {CONFIG}: it was removed "
+                           "or not copied with them", hint=f"restore it from the newest checkpoint's copy: "
+                                                         f"`cp {saved} {path}`, then --resume again")
         if any(os.path.lexists(run_dir / f) for f in _RUN_FILES):
             raise BadInput(f"--resume: the run in {str(run_dir)!r} never started: it has no {CONFIG} (it was "
                            "stopped before writing anything), so there is nothing to resume",
@@ -45,6 +50,15 @@ def build_config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> C
     os.close(fd)
     cfg = load_toml(path, overrides)
     return apply_overrides(cfg, {"checkpoint.out_dir": str(run_dir)})
+
+
+def _newest_saved_config(run_dir: Path) -> Path | None:
+    """The train_config.toml of the run's highest-numbered checkpoint (a regular file), or None."""
+    from dflash.checkpoint.store import step_number
+
+    steps = sorted((p for p in (run_dir / "checkpoints").glob("step_*") if step_number(p.name) is not None),
+                   key=lambda p: step_number(p.name), reverse=True)
+    return next((p / "train_config.toml" for p in steps if (p / "train_config.toml").is_file()), None)
 
 
 @dataclass(frozen=True, slots=True)

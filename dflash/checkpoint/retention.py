@@ -37,11 +37,13 @@ class Pruned:
     stripped: tuple[str, ...]  # checkpoint names that kept their export only
 
 
-def prune(run_dir: Path, keep_last: int, export_every: int = 0) -> Pruned:
-    """Apply the rule above to `run_dir`'s checkpoints (see the module docstring)."""
+def prune(run_dir: Path, keep_last: int, export_every: int = 0,
+          spare: set[str] | frozenset[str] = frozenset()) -> Pruned:
+    """Apply the rule above to `run_dir`'s checkpoints (see the module docstring). `spare`: names of
+    checkpoints neither counted nor touched (another timeline's, past the step a run resumed from)."""
     from dflash.checkpoint import manifest
 
-    full = complete_checkpoints(run_dir)
+    full = [ck for ck in complete_checkpoints(run_dir) if ck.name not in spare]
     removed, stripped = [], []
     for ck in full[:-keep_last] if keep_last < len(full) else []:
         step = int(STEP_RE.match(ck.name).group(1))

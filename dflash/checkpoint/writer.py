@@ -166,6 +166,10 @@ class Saver:
         self.last: Outcome | None = None  # the latest save that ended (written, failed or skipped)
         self.saved: list[str] = []
         self.blocked_s: list[float] = []
+        # a resumed run's step: checkpoints above it that this run did not write are another timeline's
+        # (`latest` rewound by hand to an older one): retention neither counts nor removes them
+        self.resumed_step: int | None = None
+        self._written: set[str] = set()  # checkpoint names this Saver published (the writer thread's)
 
     # ------------------------------------------------------------ before training
     def plan(self, drafter: torch.nn.Module, step: int, total_steps: int) -> diskspace.DiskPlan:
@@ -244,8 +248,10 @@ class Saver:
                                         snap.state, snap.config_toml)
             out.path, out.bytes = str(path), diskspace.dir_bytes(path)
             out.write_s = time.perf_counter() - t0
+            self._written.add(Path(path).name)
             try:
-                pruned = retention.prune(self.run_dir, self.cfg.keep_last, self.cfg.export_every)
+                pruned = retention.prune(self.run_dir, self.cfg.keep_last, self.cfg.export_every,
+                                         spare=self._other_timeline())
                 out.removed, out.stripped = pruned.removed, pruned.stripped
             except OSError as e:
                 out.notes.append(f"retention stopped: {one_line(e, 200)} (the next save tries again)")
@@ -255,6 +261,14 @@ class Saver:
         except BaseException as e:  # noqa: BLE001 - not the disk's fault: a bug, re-raised in the loop's thread
             out.error, out.bug = one_line(f"{type(e).__name__}: {e}", 300), e
         self._finished(out)
+
+    def _other_timeline(self) -> set[str]:
+        """Complete checkpoints past the step this run resumed from that it did not write itself: left to
+        their owner (a rewound run must not lose its own older checkpoints to keep those)."""
+        if self.resumed_step is None:
+            return set()
+        return {ck.name for ck in ckpt.complete_checkpoints(self.run_dir)
+                if int(ck.name.split("_")[1]) > self.resumed_step and ck.name not in self._written}
 
     def _finished(self, out: Outcome) -> None:
         with self._lock:

@@ -51,12 +51,13 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from compilewatch import BadInput
 from dflash.config import EMBEDDED_DATA, DataConfig
 from dflash.data.dataset import (DataStats, Sample, check_usable, held_out_note, hold_out_eval, load_conversations,
-                                 stats_with_warnings,
+                                 normalize_record, stats_with_warnings,
                          tokenize_record)
 
-DATA_VERSION = 2  # 2: oversized and assistant-first records skipped; bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
+DATA_VERSION = 3  # 2: oversized and assistant-first records skipped; 3: a leading UTF-8 BOM read, non-string turns skipped; bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
 FORMAT = "dflash-data-cache"
 MANIFEST = "manifest.json"
 INDEX = "index.npy"
@@ -87,6 +88,37 @@ def cache_root(cfg: DataConfig) -> Path | None:
     if cfg.cache_dir == OFF:
         return None
     return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_root()
+
+
+def check_root(root: Path | None) -> None:
+    """BadInput now when the cache root cannot be a directory of ours: it, or the nearest of its
+    ancestors that exists, is a file (or another non-directory), or that directory is not writable.
+    Only stats: nothing is created (checked before the target loads; a dry run writes nothing)."""
+    if root is None:
+        return
+    existing = next((p for p in (root, *root.parents) if os.path.lexists(p)), None)
+    if existing is None:
+        return
+    if not existing.is_dir():
+        why = "it is not a directory" if existing == root else f"{str(existing)!r} is not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = f"{str(existing)!r} is not writable"
+    else:
+        return
+    raise BadInput(f"cannot use the data cache directory {str(root)!r}: {why}", hint=ROOT_HINT)
+
+
+ROOT_HINT = "--set data.cache_dir=DIR with a writable directory, or --set data.cache_dir=off to tokenize in memory"
+
+
+def _make_root(root: Path) -> None:
+    """mkdir -p the cache root; an OSError (it became a file since the check, a read-only disk) is BadInput."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        check_root(root)
+        raise BadInput(f"cannot create the data cache directory {str(root)!r}: {e.strerror or e}",
+                       hint=ROOT_HINT) from None
 
 
 def file_digest(path: str | Path) -> str:
@@ -241,6 +273,7 @@ def open_cache(directory: str | Path, key: str | None = None) -> tuple[dict[str,
         if int(idx[:, 2].sum()) != int(man["stats"]["tokens"]):
             raise CorruptCache(f"{INDEX} holds {int(idx[:, 2].sum())} tokens, the manifest says {man['stats']['tokens']}")
         stats_from(man)  # the stats a start reports must load too
+        _check_eval_prompts(man.get("eval_prompts"))  # and the prompts its evals decode
     except (KeyError, TypeError, ValueError) as e:
         raise CorruptCache(f"{MANIFEST} is missing or has a bad field ({type(e).__name__}: {e})") from None
     return man, samples
@@ -248,9 +281,33 @@ def open_cache(directory: str | Path, key: str | None = None) -> tuple[dict[str,
 
 def stats_from(man: dict[str, Any]) -> DataStats:
     try:
-        return DataStats(**man["stats"])
+        stats = DataStats(**man["stats"])
     except TypeError as e:  # unknown or missing fields
         raise CorruptCache(f"{MANIFEST} stats: {e}") from None
+    counts = (stats.records, stats.kept, stats.truncated, stats.tokens, stats.loss_tokens)
+    strings = lambda xs: isinstance(xs, list) and all(isinstance(x, str) for x in xs)  # noqa: E731
+    if (not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
+            or not isinstance(stats.dropped, dict)
+            or not all(isinstance(k, str) and isinstance(v, int) for k, v in stats.dropped.items())
+            or not isinstance(stats.examples, dict) or not all(strings(v) for v in stats.examples.values())
+            or not strings(stats.warnings)):
+        raise CorruptCache(f"{MANIFEST} stats: a count, skip reason, example or warning of the wrong type")
+    return stats
+
+
+def _check_eval_prompts(prompts: Any) -> None:
+    """The held-out eval prompts a manifest keeps: conversations as dflash.data.dataset reads them
+    (a list of {"role", "content"} string turns each), else CorruptCache: the end-of-run eval renders them."""
+    if prompts is None:
+        return
+    if not isinstance(prompts, list):
+        raise CorruptCache(f"{MANIFEST} eval_prompts is not a list")
+    for conv in prompts:
+        try:
+            if not isinstance(conv, list) or normalize_record({"messages": conv}) != conv:
+                raise ValueError("not a list of {\"role\", \"content\"} turns")
+        except ValueError as e:
+            raise CorruptCache(f"{MANIFEST} eval_prompts holds a prompt that is no conversation ({e})") from None
 
 
 # ---------------------------------------------------------------- building
@@ -333,7 +390,7 @@ def build_cache(root: Path, key: str, parts: dict[str, Any], convs: list, warnin
     t0 = time.perf_counter()
     n_workers = auto_workers(len(convs), workers)
     ranges = plan_shards(len(convs), n_workers)
-    root.mkdir(parents=True, exist_ok=True)
+    _make_root(root)
     tmp = root / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -402,7 +459,7 @@ def _run(jobs: list[tuple], tokenizer, workers: int):
 @contextlib.contextmanager
 def _build_lock(root: Path, key: str):
     """One builder per key on this host (and on filesystems whose flock works across hosts)."""
-    root.mkdir(parents=True, exist_ok=True)
+    _make_root(root)
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX: the atomic rename still keeps builds safe
@@ -458,6 +515,7 @@ def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
     on_event = on_event or (lambda kind, data: None)
     t0 = time.perf_counter()
     base = Path(root).expanduser() if root is not None else cache_root(cfg)
+    check_root(base)
     workers = workers if workers is not None else cfg.workers
     notes: list[str] = []
     key = parts = None

@@ -26,6 +26,7 @@ on the right to the next bucket length (few shapes = few recompiles), incomplete
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import random
@@ -117,6 +118,16 @@ class Batch:
 
 
 # ---------------------------------------------------------------- records
+def _text(value: Any, field: str, turn: int) -> str:
+    """A turn's role or text, which must be a JSON string: str() would train on 'None', '5' or a
+    list's Python repr (OpenAI-style content parts) as if the conversation said it."""
+    if not isinstance(value, str):
+        got = "null" if value is None else {bool: "a boolean", int: "a number", float: "a number", list: "a list",
+                                            dict: "an object"}.get(type(value), type(value).__name__)
+        raise ValueError(f'turn {turn}: "{field}" must be a string, got {got}')
+    return value
+
+
 def normalize_record(rec: Any) -> list[dict[str, str]]:
     """A record's turns as [{"role", "content"}]; ValueError says what was wrong."""
     if not isinstance(rec, dict):
@@ -125,17 +136,18 @@ def normalize_record(rec: Any) -> list[dict[str, str]]:
         msgs = rec["messages"]
         if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
             raise ValueError('"messages" must be a list of {"role", "content"} objects')
-        return [{"role": str(m["role"]), "content": str(m["content"])} for m in msgs]
+        return [{"role": _text(m["role"], "role", i), "content": _text(m["content"], "content", i)}
+                for i, m in enumerate(msgs, 1)]
     if "conversations" in rec:
         conv = rec["conversations"]
         if not isinstance(conv, list) or not all(isinstance(m, dict) and "from" in m and "value" in m for m in conv):
             raise ValueError('"conversations" must be a list of {"from", "value"} objects')
         out = []
-        for m in conv:
-            role = SHAREGPT_ROLES.get(str(m["from"]).lower())
+        for i, m in enumerate(conv, 1):
+            role = SHAREGPT_ROLES.get(_text(m["from"], "from", i).lower())
             if role is None:
                 raise ValueError(f"unknown ShareGPT speaker {m['from']!r}")
-            out.append({"role": role, "content": str(m["value"])})
+            out.append({"role": role, "content": _text(m["value"], "value", i)})
         return out
     raise ValueError('expected a "messages" or a "conversations" key')
 
@@ -195,6 +207,8 @@ def read_jsonl(path: str | Path, max_chars: int | None = None,
             if raw is None:
                 warnings.append(_skip_warning(p.name, n, OVERSIZED_LINE, f"more than {max_line_bytes} bytes"))
                 continue
+            if n == 1 and raw.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM (Windows editors): not part of the JSON
+                raw = raw[len(codecs.BOM_UTF8):]
             if not raw.strip():
                 continue
             try:
@@ -546,6 +560,16 @@ def stats_with_warnings(warnings: list[str] | None) -> DataStats:
     return stats
 
 
+def _json_array(path: str) -> bool:
+    """Whether the file's first non-blank byte (after a BOM) is '[': a JSON array, read 4 KiB at most."""
+    try:
+        with open(Path(path).expanduser(), "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return head.removeprefix(codecs.BOM_UTF8).lstrip().startswith(b"[")
+
+
 def check_usable(stats: DataStats, cfg: DataConfig) -> None:
     """BadInput when nothing usable is left, or when `cfg.strict` and any record was skipped (the same
     check for freshly tokenized and cached data)."""
@@ -558,7 +582,18 @@ def check_usable(stats: DataStats, cfg: DataConfig) -> None:
         raise BadInput(f"{EMBEDDED_DATA} holds prompts only", hint="set data.regenerate=true so the target answers them")
     if not stats.kept:
         why = stats.summary() or "no records"
+        first = next((shown[0] for shown in stats.examples.values() if shown), None)
+        if first:  # what was wrong with a record, not only its reason's name
+            why += f"; e.g. {first}"
         hint = "each line needs an assistant turn of at least drafter.block_size tokens"
+        if set(stats.dropped) <= {UNREADABLE}:  # nothing parsed as a chat: the format is what to fix
+            hint = ('each line must be one JSON object: {"messages": [{"role": "user", "content": "..."}, '
+                    '{"role": "assistant", "content": "..."}]} or {"conversations": [{"from": "human", '
+                    '"value": "..."}, {"from": "gpt", "value": "..."}]}')
+            if stats.dropped and _json_array(cfg.path):  # ShareGPT dumps are often one JSON array (.json)
+                hint = ("the file is one JSON array, not JSON Lines: write one conversation per line, e.g. "
+                        "python -c 'import json,sys; [print(json.dumps(r)) for r in json.load(open(sys.argv[1]))]' "
+                        "IN.json > OUT.jsonl; " + hint)
         if stats.dropped.get(NO_ANCHOR):  # the turns may be long enough and cut off by the length cap
             hint += (f", within the first data.max_length ({cfg.max_length}) tokens of the conversation: raise "
                      "data.max_length if the prompts fill them")

@@ -110,6 +110,19 @@ def read_input(input_path: str) -> list[list[dict[str, str]]]:
     return convs
 
 
+def check_output(input_path: str, output_path: str) -> None:
+    """BadInput when OUTPUT is INPUT (regenerating in place would replace the dataset's own answers,
+    which nothing keeps), WriteFailed when it cannot be written (a directory, a folder that cannot be
+    created or written): said before the target loads, not after the generation."""
+    from compilewatch import BadInput, check_writable, same_file
+
+    out = Path(output_path).expanduser()
+    if same_file(Path(input_path).expanduser(), out):
+        raise BadInput(f"OUTPUT {output_path!r} is the INPUT file: regenerating in place would replace its answers",
+                       hint=f"write to another file, e.g. {str(out.with_name(out.stem + '.regen' + out.suffix))!r}")
+    check_writable(out)
+
+
 def regen_file(input_path: str, output_path: str, target, *, max_new_tokens: int, batch_size: int,
                temperature: float, seed: int = 0, progress=None, convs=None) -> RegenResult:
     """Read chat JSONL (or take `convs`, already read from it), regenerate the assistant turns with
@@ -141,6 +154,7 @@ def regen(input_path: str, output_path: str, *, target: str, device: str | None 
     check_temperature(temperature)
     on_event = on_event or (lambda kind, data: None)
     convs = read_input(input_path)  # the input first: a missing file is said before the target loads
+    check_output(input_path, output_path)  # and an output that cannot be written: before hours of generating
     dev = resolve_device(device or "auto")
     tgt = load_target(TargetConfig(path=target), 1, dev)
     on_event("phase", {"name": "regenerate", "conversations": len(convs)})

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import pickle
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -336,6 +337,46 @@ def _target_dir(cfg: TargetConfig) -> Path:
     return Path(cfg.path).expanduser()
 
 
+# what torch.load and load_state_dict say of a file that is no checkpoint, or of weights of other shapes
+_DAMAGED_FILE_WORDS = ("PytorchStreamReader", "zip archive", "Error(s) in loading state_dict", "size mismatch")
+
+
+def _load_errors() -> tuple[type[BaseException], ...]:
+    """What transformers raises for a model directory's bad files: OSError/ValueError/TypeError/KeyError,
+    and huggingface_hub's strict-dataclass validation of a config.json field of the wrong type."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: it has no strict config dataclasses
+        return (OSError, ValueError, TypeError, KeyError)
+    return (OSError, ValueError, TypeError, KeyError, StrictDataclassError)
+
+
+def _config_failure(path: Path, e: BaseException) -> BadInput:
+    """BadInput for a target whose config.json (read by both the tokenizer and the config loaders)
+    cannot be used: it names config.json, not the loader that tripped over it."""
+    from compilewatch import one_line
+
+    return BadInput(f"the target's config.json in {str(path)!r} cannot be used: "
+                    f"{one_line(str(e).replace(chr(92) + 'n', ' '), 300)}",
+                    hint="it must be the JSON object the model was saved with (a model_type and typed fields): "
+                         "restore the model directory's config.json")
+
+
+def _config_json_broken(path: Path, e: BaseException) -> bool:
+    """Whether a loader's error `e` came from the directory's config.json rather than its tokenizer
+    files: it names config.json, it is a typed field's validation error, or config.json is no JSON object."""
+    import json
+
+    strict = _load_errors()[4:]
+    if "config.json" in str(e) or (strict and isinstance(e, strict)):
+        return True
+    try:
+        with open(path / "config.json", "rb") as fh:
+            return not isinstance(json.loads(fh.read(64 << 20)), dict)
+    except (OSError, ValueError):
+        return True
+
+
 def shipped_tokenizer(cfg: TargetConfig):
     """The target's tokenizer as shipped (no mask token added): the embedded tiny one, or a checked
     local directory's (nothing is downloaded). BadInput, on one line, when it cannot be loaded."""
@@ -348,7 +389,9 @@ def shipped_tokenizer(cfg: TargetConfig):
     path = _target_dir(cfg)
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, TypeError) as e:  # transformers' text carries literal "\n"s
+    except _load_errors() as e:  # transformers' text carries literal "\n"s
+        if _config_json_broken(path, e):
+            raise _config_failure(path, e) from None
         raise BadInput(f"could not load the target's tokenizer from {str(path)!r}: "
                        f"{one_line(str(e).replace(chr(92) + 'n', ' '), 300)}",
                        hint="the directory needs the tokenizer files (tokenizer.json or what its "
@@ -376,14 +419,11 @@ def load_config(cfg: TargetConfig):
         return tiny_target_config(len(build_tiny_tokenizer()))  # the expression build_tiny_target uses
     from transformers import AutoConfig
 
-    from compilewatch import one_line
-
     path = _target_dir(cfg)
     try:
         return AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise BadInput(f"could not read the target's config from {str(path)!r}: "
-                       f"{one_line(str(e).replace(chr(92) + 'n', ' '), 300)}") from None
+    except _load_errors() as e:
+        raise _config_failure(path, e) from None
 
 
 def add_mask_token(tokenizer, mask_token: str) -> tuple[int, list[str]]:
@@ -498,8 +538,26 @@ def _load_dir(path: Path, dtype: torch.dtype, device: torch.device | None = None
     try:
         with BUILDING:
             return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype, **where)
-    except (OSError, ValueError) as e:
-        raise BadInput(f"could not load the target from {str(path)!r}: {e}") from None
+    except RuntimeError as e:  # only what a damaged file raises; the rest (out of memory, a CUDA error) as it was
+        if not any(w in str(e) for w in _DAMAGED_FILE_WORDS):
+            raise
+        from compilewatch import one_line
+
+        raise BadInput(f"could not load the target from {str(path)!r}: {one_line(str(e), 300)}",
+                       hint="its weights are damaged (or do not match its config.json): restore the model "
+                            "directory, or use a safetensors checkpoint") from None
+    except (OSError, ValueError, pickle.UnpicklingError) as e:  # a .bin checkpoint: torch.load's
+        import re  # weights_only refusal of a pickle, or a file that is no checkpoint
+
+        from compilewatch import one_line
+
+        why = one_line(str(e), 300)
+        if isinstance(e, pickle.UnpicklingError):  # torch's text goes on to suggest weights_only=False: not repeated
+            m = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(e))
+            why = "torch.load(weights_only=True) refused its pickle" + (f" ({one_line(m.group(1), 120)})" if m else "")
+        raise BadInput(f"could not load the target from {str(path)!r}: {why}",
+                       hint="its weights are damaged, or a pytorch_model.bin that torch.load(weights_only=True) "
+                            "refuses (it never runs a pickle's code): use a safetensors checkpoint") from None
 
 
 def read_target_weights(path: Path, files: list[Path], device: torch.device,

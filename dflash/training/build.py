@@ -37,6 +37,7 @@ import torch
 from dflash.checkpoint import store
 from dflash.checkpoint.rundir import OwnedRunDir, check_resume_state, default_run_dir, load_resume_state, resume_point
 from dflash.config import Config
+from dflash.data.cache import cache_root, check_root
 from dflash.data.dataset import check_data_path
 from dflash.data.prepare import load_training_data
 from dflash.model.build import build_drafter, drafter_spec
@@ -70,6 +71,7 @@ def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: 
     detect_backend(device, cfg.train.attention)  # bad backend/device pairs fail before any work
     check_tensorboard(cfg.metrics)
     check_data_path(cfg.data)  # a missing data file is said before the target loads (minutes at 8B)
+    check_root(cache_root(cfg.data))  # so is a data.cache_dir that cannot be a directory
     owned = OwnedRunDir.take(run_dir, lock)
     threads_before = torch.get_num_threads()
     if device.type == "cpu" and cfg.train.cpu_threads:

@@ -56,7 +56,7 @@ class _MetaTarget:
 
 
 def _target_config(cfg: Config):
-    from transformers import AutoConfig, Qwen3Config
+    from transformers import Qwen3Config
 
     from dflash.config import EMBEDDED_TARGET
 
@@ -65,8 +65,10 @@ def _target_config(cfg: Config):
 
         return tiny_target_config(len(build_tiny_tokenizer())), "embedded:tiny (built in)"
     path = Path(cfg.target.path).expanduser()
-    if (path / "config.json").is_file():
-        return AutoConfig.from_pretrained(str(path), local_files_only=True), str(path / "config.json")
+    if (path / "config.json").is_file():  # read as training reads it: a broken one is bad input, not a traceback
+        from dflash.model.target import load_config
+
+        return load_config(cfg.target), str(path / "config.json")
     return Qwen3Config(**QWEN3_8B), "Qwen3-8B shape (built in)"  # a recipe's target not on this machine
 
 

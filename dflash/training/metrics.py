@@ -101,18 +101,26 @@ def check_tensorboard(cfg) -> None:
                        hint="pip install tensorboard, or drop metrics.tensorboard (metrics.jsonl has every logged step)")
 
 
+MAX_ROW_BYTES = 1 << 20  # a metrics.jsonl row or event is a few KB; a longer line is damage
+
+
 def truncate_rows(path: Path, after_step: int) -> int:
     """Drop the step rows past `after_step` from a metrics.jsonl (atomically); events stay. A resumed run
     repeats the steps after its checkpoint, so the killed segment's rows for them would be duplicates.
     Returns the number of rows dropped."""
+    from dflash.data.dataset import capped_lines
+
     if not path.is_file():
         return 0
     keep, dropped = [], 0
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
+    with open(path, "rb") as fh:  # bytes, each line bounded: a torn or damaged line is dropped, never decoded whole
+        for _, raw in capped_lines(fh, MAX_ROW_BYTES):
             try:
+                if raw is None:
+                    raise ValueError("a line longer than any row")
+                line = raw.decode("utf-8")
                 row = json.loads(line) if line.strip() else None
-            except ValueError:
+            except ValueError:  # UnicodeDecodeError too
                 row = None  # a line torn by the kill: not a complete row
                 dropped += 1
                 continue
@@ -134,6 +142,11 @@ class MetricsWriter:
     def __init__(self, run_dir: Path, tensorboard: bool = False, after_step: int = 0) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and not self.path.is_file() or self.path.is_symlink() and not self.path.exists():
+            what = "a directory" if self.path.is_dir() else "a dangling link" if not self.path.exists() else \
+                "not a regular file"
+            raise BadInput(f"{str(self.path)!r} is {what}: the run's metrics log is written there",
+                           hint="move it out of the run directory, then run the command again")
         self.truncated = truncate_rows(self.path, after_step)
         self._fh = open(self.path, "a", encoding="utf-8")
         self._tb = None

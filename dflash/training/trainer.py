@@ -19,6 +19,7 @@ depend only on the seed, so a resumed run repeats an uninterrupted one step for 
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -110,6 +111,7 @@ class Trainer:
         """Continue from `state` (Trainer.state_dict's); BadInput, with nothing changed, when it does not
         fit this drafter, optimizer and run length (dflash.checkpoint.state_check)."""
         self.step = restore_training_state(state, self.drafter, self.optimizer, self.total_steps, where)
+        self.saver.resumed_step = self.step  # newer checkpoints (a rewound `latest`) are not this run's to prune
 
     # ------------------------------------------------------------ one step
     def micro_batches(self, step: int) -> list[Batch]:
@@ -224,6 +226,21 @@ class Trainer:
         self.write_event(kind, data)
         self.on_event(kind, data)
 
+    def _keep_foreign_config(self) -> None:
+        """A fresh run in a directory that already holds another config.toml (the user's own, in `--out .`,
+        or a killed run's with other settings): moved aside to config.toml.bak-<time>, never overwritten."""
+        path = self.run_dir / "config.toml"
+        if self.resumed_from is not None or not path.is_file():
+            return
+        with open(path, "rb") as fh:
+            if fh.read(len(self.config_toml.encode()) + 1) == self.config_toml.encode():
+                return  # this very config (a restart of a run killed before its first checkpoint)
+        backup = path.with_name(f"config.toml.bak-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(path, backup)
+        note = f"{path} was already there (not this run's config): kept as {backup.name}"
+        self.notes.append(note)
+        self.on_event("notes", {"notes": [note]})
+
     def write_event(self, kind: str, data: dict[str, Any]) -> None:
         """An event row in the metrics log (metrics.jsonl); nothing before `begin` opened it."""
         if self._writer is not None:
@@ -245,6 +262,7 @@ class Trainer:
         own = self.run_dir if own_dir is None else own_dir
         own.mkdir(parents=True, exist_ok=True)
         if primary:
+            self._keep_foreign_config()
             atomic_write_text(self.run_dir / "config.toml", self.config_toml)
         writer = self.open_metrics(self.run_dir if primary else own)
         if writer.truncated:
@@ -273,10 +291,30 @@ class Trainer:
             m = StepMetrics(**{**{f: getattr(m, f) for f in m.__dataclass_fields__},
                                "time_split": {**m.time_split, "data": round(data_s, 6)}})
             log.add(m)
+            if not (math.isfinite(m.loss) and math.isfinite(m.grad_norm)):
+                self.diverged(m)  # raises: before a save could write non-finite weights
             if m.step % self.cfg.checkpoint.every == 0 or m.step == self.total_steps:
                 self.save(final=m.step == stop)
         self.saver.finish(self.step)
         return log.result(t0, run_eval=True)
+
+    def diverged(self, m: StepMetrics) -> None:
+        """CheckFailed (exit 1): step `m` had a non-finite loss or gradient norm, so AdamW has made the
+        drafter's weights non-finite and every later step, save and export would carry them. The run
+        stops here (a `diverged` event in metrics.jsonl), naming the newest checkpoint on disk."""
+        from compilewatch import CheckFailed
+        from dflash.checkpoint.writer import newest_on_disk
+
+        self.saver.wait()  # a save of an earlier (finite) step still being written: on disk before it is named
+        self.saver.poll()
+        self.write_event("diverged", {"step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "lr": m.lr})
+        newest = newest_on_disk(self.run_dir)
+        where = f"the newest checkpoint is {newest}" if newest is not None else "no checkpoint of this run is on disk"
+        raise CheckFailed(f"training diverged at step {m.step}: loss {m.loss}, gradient norm {m.grad_norm} "
+                          f"(lr {m.lr:g}); the drafter's weights are no longer finite, so the run stops without "
+                          f"saving them; {where}",
+                          hint="lower optim.lr (or raise optim.warmup_ratio; `dflash train --print-config` shows "
+                               "them) and train again with another --out")
 
     def evaluate(self, limit: int | None = None):
         """Speculative decoding on the held-out prompts (the first `limit` of them) with this drafter
