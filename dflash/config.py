@@ -12,6 +12,7 @@ TOML has no null: `None` is written as the string "none" and read back as None f
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -503,7 +504,11 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
         return value
     if origin is tuple:
         if isinstance(value, str):
-            value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+            text = value.strip()
+            if text.count("[") != text.count("]") or text.count("[") > 1 or \
+                    ("[" in text and not (text.startswith("[") and text.endswith("]"))):
+                raise ValueError(f"{name}: expected a list such as [256, 512], got {value!r} (unbalanced brackets)")
+            value = [v for v in text.replace("[", "").replace("]", "").split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{name}: expected a list, got {value!r}")
         return tuple(_coerce(v, args[0], name) for v in value)
@@ -524,9 +529,12 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
             raise ValueError(f"{name}: expected an integer, got {value!r}") from None
     if tp is float:
         try:
-            return float(value)
+            f = float(value)
         except (TypeError, ValueError):
             raise ValueError(f"{name}: expected a number, got {value!r}") from None
+        if isinstance(value, bool) or not math.isfinite(f):
+            raise ValueError(f"{name}: expected a finite number, got {value!r}")
+        return f
     if tp is str:
         return str(value)
     raise ValueError(f"{name}: unsupported type {tp!r}")

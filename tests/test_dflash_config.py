@@ -101,3 +101,19 @@ def test_train_device_of_older_runs_is_read_as_topology_device(tmp_path):
     cfg = load_toml(path)
     assert cfg.topology.device == "cpu" and cfg.train.epochs == 2
     assert apply_overrides(tiny(), parse_set(["train.device=0"])).topology.device == "cuda:0"
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("optim.lr", "inf", "expected a finite number"), ("optim.lr", "nan", "expected a finite number"),
+    ("optim.lr", "1e999", "expected a finite number"), ("optim.clip", "-inf", "expected a finite number"),
+    ("topology.stall_after", "inf", "expected a finite number"),
+    ("data.buckets", "[1,2", "unbalanced brackets"), ("data.buckets", "1,2]", "unbalanced brackets"),
+    ("data.buckets", "[[1,2]]", "unbalanced brackets"),
+])
+def test_a_value_that_is_not_finite_or_a_list_that_is_not_closed_is_refused(key, value, why):
+    """`optim.lr=inf` trained until the run diverged; `data.buckets=[1,2` was read as [1, 2]."""
+    from dflash.config import apply_overrides, tiny
+
+    with pytest.raises(ValueError, match=why):
+        apply_overrides(tiny(), {key: value})
+    assert apply_overrides(tiny(), {"data.buckets": "[256, 512]", "optim.lr": "3e-4"}).data.buckets == (256, 512)

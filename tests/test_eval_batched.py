@@ -446,3 +446,23 @@ def test_a_replay_is_judged_against_the_eager_outputs_scale_not_each_element():
     stale = eager.flip(-1)
     assert not runner._agree((stale,), (eager,), "a second call") and not runner.use_graphs
     assert "max |replay − eager| 30 at scale 30" in runner.note and "ran eagerly" in runner.note
+
+
+# ----------------------------------------------------------------------------- a decode that cannot fit
+def test_a_decode_whose_slots_cannot_fit_is_bad_input_before_anything_is_allocated(tiny_target, monkeypatch):
+    """A huge --max-new-tokens preallocated its K/V slots: on a CPU the kernel's OOM killer ended the process
+    without a word. Now BadInput (exit 2) naming the need, what is free and what to lower."""
+    from compilewatch import BadInput
+    from dflash.eval import slots
+
+    d = trained_drafter(tiny_target, sliding=False)
+    prompts = mixed_prompts(tiny_target, 2)
+    with pytest.raises(BadInput) as e:
+        evaluate_drafter(d, tiny_target, prompts, 10 ** 9, d.spec.block_size)  # ~1.6 TB of slots
+    assert "GiB of K/V slots on cpu" in str(e.value) and "--max-new-tokens" in e.value.hint
+    need = slots.slot_bytes(d, tiny_target, 2, max(map(len, prompts)) + NEW + d.spec.block_size, False)
+    monkeypatch.setattr(slots, "free_bytes", lambda device: int(need / slots.FIT) - 1)
+    with pytest.raises(BadInput):
+        evaluate_drafter(d, tiny_target, prompts, NEW, d.spec.block_size)
+    monkeypatch.setattr(slots, "free_bytes", lambda device: int(need / slots.FIT) + 1)
+    assert evaluate_drafter(d, tiny_target, prompts, NEW, d.spec.block_size).prompts == 2

@@ -46,7 +46,7 @@ import torch
 from dflash.eval.draft_step import draft_logits, draft_masks
 from dflash.eval.generation import EvalResult, Generation, summarize, sync, with_cache
 from dflash.eval.graphs import StepRunner, graphs_available
-from dflash.eval.slots import ContextSlots, TargetSlots
+from dflash.eval.slots import ContextSlots, TargetSlots, check_fits
 
 PREFILL_TOKENS = 8192  # rows × longest prompt per prefill forward (its per-layer hidden states are live at once)
 
@@ -473,9 +473,14 @@ def evaluate_batched(drafter, target, prompts: list[list[int]], max_new_tokens: 
     then takes this eval's graph setup off the speculative pass too (decoding against decoding). What was
     reused is `state.last`."""
     n = len(prompts)
+    graphs = resolve_graphs(target.device, use_graphs)
+    if prompts:
+        _check_prompts(prompts)
+        longest = max(len(p) for p in prompts)
+        check_fits(drafter, target, n, longest, max_new_tokens, spec_length(prompts, max_new_tokens, block_size),
+                   graphs and state is not None)
     if progress:
         progress(0, n)
-    graphs = resolve_graphs(target.device, use_graphs)
     base = state.baseline_for(target, prompts, max_new_tokens, graphs) if state is not None and prompts else None
     warm_up_s = None
     if prompts and (state is None or state.evals == 0):  # warm the paths this eval times once (allocator,

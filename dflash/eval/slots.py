@@ -136,3 +136,48 @@ class ContextSlots:
         """The full batch's buffers again: a new decode of as many rows (`keep_full`, or no select yet)."""
         self.k, self.v = self.sizes[self.full_rows]
         self.rows = self.full_rows
+
+
+FIT = 0.9  # of the memory free for them: the rest for the forwards' activations and the allocator
+
+
+def slot_bytes(drafter, target, rows: int, length: int, graphs: bool) -> int:
+    """What a speculative decode's slots take (`rows` rows of `length` slots): the target's K/V in every
+    layer and the drafter's context K/V; with CUDA graphs kept, up to twice that (a buffer per batch size)."""
+    cfg = target.model.config
+    heads = int(cfg.num_attention_heads)
+    d = int(getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // heads)
+    nkv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    elem = torch.finfo(target.dtype).bits // 8
+    att = drafter.layers[0].self_attn
+    d_elem = torch.finfo(next(drafter.parameters()).dtype).bits // 8
+    per_slot = int(cfg.num_hidden_layers) * 2 * nkv * d * elem + len(drafter.layers) * 2 * att.nkv * att.d * d_elem
+    return rows * length * per_slot * (2 if graphs else 1)
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory a decode can still take on `device` (None: not known): a GPU's free memory plus what torch's
+    allocator holds unused; a CPU's available memory."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    if device.type == "cpu":
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    return None
+
+
+def check_fits(drafter, target, rows: int, longest: int, max_new_tokens: int, length: int, graphs: bool) -> None:
+    """BadInput, before anything is allocated, when the decode's slots cannot fit the device's free memory
+    (a huge --max-new-tokens: on a CPU the kernel's OOM killer would end the process without a word)."""
+    need, free = slot_bytes(drafter, target, rows, length, graphs), free_bytes(target.device)
+    if free is None or need <= FIT * free:
+        return
+    from compilewatch import BadInput
+
+    gib = 2 ** 30
+    raise BadInput(f"decoding {rows} prompt(s) of up to {longest} tokens plus {max_new_tokens} new ones needs "
+                   f"~{need / gib:.1f} GiB of K/V slots on {target.device}; {free / gib:.1f} GiB is free there",
+                   hint="lower --max-new-tokens (eval.max_new_tokens) or the number of prompts (-n, "
+                        "eval.num_prompts, eval.every_prompts)")
