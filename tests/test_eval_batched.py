@@ -20,7 +20,7 @@ from dflash.eval.evaluate import (DrafterProposer, evaluate, evaluate_drafter, p
                                   speculative_generate)
 from dflash.model.build import drafter_spec
 from dflash.model.drafter import DFlashDrafter
-from tests.dflash_helpers import tiny_target  # noqa: F401 (fixture)
+from tests.dflash_helpers import chat_file, tiny_target  # noqa: F401 (fixtures)
 from tests.helpers import requires_cuda
 
 NEW = 40  # new tokens per prompt
@@ -466,3 +466,17 @@ def test_a_decode_whose_slots_cannot_fit_is_bad_input_before_anything_is_allocat
         evaluate_drafter(d, tiny_target, prompts, NEW, d.spec.block_size)
     monkeypatch.setattr(slots, "free_bytes", lambda device: int(need / slots.FIT) + 1)
     assert evaluate_drafter(d, tiny_target, prompts, NEW, d.spec.block_size).prompts == 2
+
+
+def test_a_run_whose_evals_cannot_fit_stops_at_its_start(tmp_path, chat_file):
+    """Not at the first eval, after hours of training: before the first step, nothing written."""
+    from compilewatch import BadInput
+    from dflash.training.trainer import Trainer
+    from tests.dflash_helpers import small_config
+
+    run = tmp_path / "run"
+    for over, key in (({"eval.every": 1}, "eval.every_prompts"), ({"eval.at_end": True}, "eval.num_prompts")):
+        with pytest.raises(BadInput) as e:
+            Trainer.from_config(small_config(run, chat_file, **{"eval.max_new_tokens": 10 ** 9, **over}))
+        assert "GiB of K/V slots" in str(e.value) and f"--set {key}=N" in e.value.hint
+        assert not (run / "config.toml").exists() and not (run / "checkpoints").exists()

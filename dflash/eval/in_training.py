@@ -91,3 +91,24 @@ def evaluate_trainer(trainer: Any, limit: int | None = None) -> EvalResult:
         return result
     finally:
         t.drafter.train()
+
+
+def check_evals_fit(trainer: Any) -> None:
+    """BadInput at the start, not at the first eval hours later, when the run's evals (periodic and at the
+    end) could not fit their K/V slots in the memory free now, before training takes any
+    (dflash.eval.slots.check_fits): an eval.max_new_tokens of 10**8, say."""
+    from dflash.eval.batched import batched_unsupported, resolve_graphs, spec_length
+    from dflash.eval.slots import check_fits
+
+    t, ev = trainer, trainer.cfg.eval
+    target = t.full_target
+    counts = [n for n, on in ((ev.every_prompts, ev.every), (ev.num_prompts, ev.at_end)) if on]
+    if not counts or not t.eval_convs or batched_unsupported(target, t.cfg.drafter.block_size) is not None:
+        return
+    prompts = prompt_ids(target.tokenizer, t.eval_convs[: max(counts)])
+    for n, key in zip(counts, [k for k, on in (("eval.every_prompts", ev.every), ("eval.num_prompts", ev.at_end)) if on]):
+        some = prompts[:n]
+        check_fits(t.drafter, target, len(some), max(map(len, some)), ev.max_new_tokens,
+                   spec_length(some, ev.max_new_tokens, t.cfg.drafter.block_size),
+                   resolve_graphs(target.device, None),
+                   hint=f"lower eval.max_new_tokens or {key} (--set {key}=N), or turn that eval off")

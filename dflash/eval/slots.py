@@ -168,9 +168,14 @@ def free_bytes(device: torch.device) -> int | None:
     return None
 
 
-def check_fits(drafter, target, rows: int, longest: int, max_new_tokens: int, length: int, graphs: bool) -> None:
+EVAL_HINT = "lower --max-new-tokens or the number of prompts (-n)"
+
+
+def check_fits(drafter, target, rows: int, longest: int, max_new_tokens: int, length: int, graphs: bool,
+               hint: str = EVAL_HINT) -> None:
     """BadInput, before anything is allocated, when the decode's slots cannot fit the device's free memory
-    (a huge --max-new-tokens: on a CPU the kernel's OOM killer would end the process without a word)."""
+    (a huge --max-new-tokens: on a CPU the kernel's OOM killer would end the process without a word).
+    `hint`: what to lower, in the caller's own options."""
     need, free = slot_bytes(drafter, target, rows, length, graphs), free_bytes(target.device)
     if free is None or need <= FIT * free:
         return
@@ -179,5 +184,4 @@ def check_fits(drafter, target, rows: int, longest: int, max_new_tokens: int, le
     gib = 2 ** 30
     raise BadInput(f"decoding {rows} prompt(s) of up to {longest} tokens plus {max_new_tokens} new ones needs "
                    f"~{need / gib:.1f} GiB of K/V slots on {target.device}; {free / gib:.1f} GiB is free there",
-                   hint="lower --max-new-tokens (eval.max_new_tokens) or the number of prompts (-n, "
-                        "eval.num_prompts, eval.every_prompts)")
+                   hint=hint)

@@ -127,6 +127,9 @@ def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: 
             trainer = cls(cfg, target, dataset, drafter, run_dir, eval_convs=eval_convs, notes=notes,
                           on_event=on_event, full_target=full_target)
             trainer._threads_before = threads_before
+            from dflash.eval.in_training import check_evals_fit
+
+            check_evals_fit(trainer)
             if state is not None:
                 # checked against the drafter and optimizer before anything changes
                 trainer.load_state_dict(state, where=resumed.where)
