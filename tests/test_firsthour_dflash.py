@@ -13,7 +13,8 @@ import pytest
 
 from cli.dflash_main import app
 from dflash.data.dataset import normalize_record, read_jsonl
-from tests.dflash_helpers import local_target_dir, write_jsonl, write_word_chats  # noqa: F401 (fixture)
+from tests.dflash_helpers import (chat_file, local_target_dir, tiny_target, write_jsonl,  # noqa: F401 (fixtures)
+                                 write_word_chats)
 from tests.helpers import invoke
 
 COMMON = ["--set", "data.regenerate=false", "--set", "metrics.tensorboard=false", "--set", "eval.at_end=false"]
@@ -322,3 +323,30 @@ def test_a_target_with_a_pickle_checkpoint_it_refuses_is_bad_input_and_runs_no_c
     err = " ".join(r.stderr.split())
     assert r.exit_code == 2 and "Traceback" not in r.stderr, r.stderr
     assert "refused its pickle" in err and "weights_only set to `False`" not in err and not marker.exists()
+
+
+def test_a_run_started_with_relative_paths_is_evaluated_and_resumed_from_elsewhere(tmp_path, chat_file, monkeypatch):
+    """RUN/config.toml names the data (and a target directory) absolutely: `dflash eval RUN` and `--resume` read
+    it again from wherever they run ("dataset 'chats.jsonl' does not exist" before)."""
+    import shutil
+
+    from dflash.checkpoint.resume import build_config_for_resume
+    from dflash.config import load_toml
+    from dflash.eval.evaluate import eval_checkpoint
+    from dflash.training.trainer import Trainer
+    from tests.dflash_helpers import small_config
+
+    project, elsewhere, run = tmp_path / "project", tmp_path / "elsewhere", tmp_path / "run"
+    project.mkdir()
+    elsewhere.mkdir()
+    shutil.copy(chat_file, project / "chats.jsonl")
+    monkeypatch.chdir(project)
+    t = Trainer.from_config(small_config(run, "chats.jsonl", **{"train.max_steps": 2, "checkpoint.every": 2}))
+    try:
+        t.train()
+    finally:
+        t.close()
+    assert load_toml(run / "config.toml").data.path == str(project / "chats.jsonl")
+    monkeypatch.chdir(elsewhere)
+    assert eval_checkpoint(str(run), num_prompts=1, max_new_tokens=4).prompts == 1
+    assert build_config_for_resume(run, {}).data.path == str(project / "chats.jsonl")

@@ -56,6 +56,22 @@ T = TypeVar("T")  # the Trainer class (dflash.training.trainer), which imports t
 _LOAD_TARGET = load_target  # the real loader: a stand-in patched over `load_target` (tests, benchmarks) runs whole
 
 
+def absolute_paths(cfg: Config) -> Config:
+    """`cfg` with a relative target.path and data.path made absolute (from the current directory): the
+    run's config.toml is read again by `dflash eval RUN`, `dflash check` and `--resume`, from wherever
+    they run. Embedded sources and absolute paths are left as they are."""
+    from dflash.config import apply_overrides
+
+    def absolute(p: str) -> str | None:
+        if p.startswith("embedded:") or Path(p).expanduser().is_absolute():
+            return None
+        return str(Path(p).expanduser().absolute())
+
+    changes = {k: a for k, p in (("target.path", cfg.target.path), ("data.path", cfg.data.path))
+               if (a := absolute(p)) is not None}
+    return apply_overrides(cfg, changes) if changes else cfg
+
+
 def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: Event | None = None,
                   lock: bool = True, device: str | None = None, target_device: str | None = None,
                   overlap: bool = True) -> T:
@@ -65,6 +81,7 @@ def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: 
     on_event = on_event or (lambda kind, data: None)
     run_dir = Path(cfg.checkpoint.out_dir) if cfg.checkpoint.out_dir else default_run_dir(cfg)
     start = resume_point(run_dir, resume)
+    cfg = absolute_paths(cfg)  # RUN/config.toml names them from anywhere (dflash eval RUN, --resume elsewhere)
     if load_target is _LOAD_TARGET:
         check_target(cfg.target)  # a missing target directory is said before anything starts
     device = resolve_device(device or cfg.topology.trainer_device)
