@@ -224,7 +224,7 @@ def _render_verify(r: verify_lib.VerifyReport) -> None:
         o.print(f"[bold]moved {len(r.moved)} path(s) to {r.quarantine}[/] (nothing deleted)")
     if r.paths_rewritten:
         o.print(f"pointed {r.paths_rewritten} triton .json file(s) at this dir")
-    elif not r.ok:
+    elif not r.ok and not r.moved:
         output.hint("`compilewatch cache verify --fix` moves the bad entries aside; torch then recompiles them")
 
 

@@ -76,6 +76,14 @@ def _watch(every: float, count: int | None, as_json: bool) -> None:
                 if count is None or n < count:
                     time.sleep(every)
             return
+        if not output.out.is_terminal:  # a log or a pipe: no redraw, so every refresh is printed in turn
+            while count is None or n < count:
+                st = gpus_lib.status()
+                output.out.print(Group(_renderable(st), Text(time.strftime("%H:%M:%S"), style="dim")))
+                n += 1
+                if count is None or n < count:
+                    time.sleep(every)
+            return
         with Live(console=output.out, auto_refresh=False) as live:
             while count is None or n < count:
                 st = gpus_lib.status()
@@ -85,8 +93,6 @@ def _watch(every: float, count: int | None, as_json: bool) -> None:
                     time.sleep(every)
     except KeyboardInterrupt:  # the normal way to leave --watch
         pass
-    if not as_json and not output.out.is_terminal:
-        output.out.print()  # Live leaves its last frame without a newline when not on a terminal
 
 
 def _renderable(st: gpus_lib.GpuStatus):

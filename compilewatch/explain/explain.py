@@ -331,7 +331,8 @@ def explain_report(path: str | os.PathLike[str]) -> list[RunExplanation]:
                 seen.setdefault((st, d["run"]), set()).add(int(ev.get("pid", 0)))
     if not seen:
         raise BadInput(f"{path} records no cache lookups",
-                       hint="it was written by a compilewatch without issue 38, or the program compiled nothing; "
+                       hint="the program made no FX-graph / AOTAutograd cache lookup (it compiled nothing "
+                            "with inductor), or an older compilewatch wrote it, before lookups were recorded; "
                             "run it again under `compilewatch run --report FILE -- ...`")
     return [explain_run(S.cache_dir_of(Path(st)), run=run, pids=tuple(pids), must_exist=True)
             for (st, run), pids in sorted(seen.items())]
