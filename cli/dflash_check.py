@@ -68,7 +68,7 @@ def render(r: dict) -> None:
     o = output.out
     o.print(f"dflash check {r['export']} against {r['target']}")
     for n in r["notes"]:
-        output.err.print(f"[dim]note:[/] {n}")
+        output.note(n)
     for f in r["findings"]:
         o.print(f"{MARK.get(f['level'], f['level'])} {f['check']}: {f['found']}" + (f" -> {f['todo']}" if f["todo"] else ""),
                 highlight=False)

@@ -48,7 +48,7 @@ def eval_cmd(
 
         result = dflash.evaluate(checkpoint, target_path=target, data_path=data, num_prompts=prompts,
                                   max_new_tokens=max_new_tokens, device=device, progress=on_progress,
-                                  on_note=lambda note: output.err.print(f"[dim]note:[/] {note}"))
+                                  on_note=output.note)
     output.emit(result, as_json, _render)
     if result.differ_beyond_rounding:
         first = next((d for d in result.divergences if not d.near_tie), None)

@@ -63,7 +63,7 @@ def prepare_cmd(
 def _render(r: dict[str, Any]) -> None:
     o = output.out
     for n in r["notes"]:
-        o.print(f"[dim]note:[/] {n}", highlight=False)
+        output.note(n, o)
     how = "already prepared (cache hit, nothing tokenized)" if r["hit"] else \
         f"tokenized in {output.fmt_seconds(r['seconds'])} with {r['workers']} worker(s), {r['shards']} shard(s)"
     o.print(f"{r['kept']:,} of {r['records']:,} conversations kept ({r['tokens']:,} tokens, {r['loss_tokens']:,} trained), "

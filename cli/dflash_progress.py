@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli.output import fmt_bytes
+from cli.output import clean, fmt_bytes
 from cli.progress import Progress
 
 
@@ -35,7 +35,7 @@ class TrainProgress:
                       "data-cache": f"tokenized data {'from the cache' if data.get('hit') else 'cached'}: "
                                     f"{data.get('dir')}",
                       "eval": f"speculative decoding on {data.get('prompts')} prompts"}.get(name, name)
-            p.print(f"[dim]·[/] {detail}")
+            p.print(f"[dim]·[/] {clean(str(detail))}")  # a path from the user
             if name in ("regenerate", "eval", "data"):
                 if self.sub is not None:
                     p.remove(self.sub)
@@ -55,7 +55,7 @@ class TrainProgress:
             s = data["data"]
             p.print(f"[dim]·[/] {s.kept} sequences ({s.tokens} tokens, {s.loss_tokens} trained), "
                     f"{data['total_steps']} steps, device {data['device']}, attention {data['backend']}, "
-                    f"run dir {data['run_dir']}")
+                    f"run dir {clean(str(data['run_dir']))}")
             render_skips(p, s)
             self.task = p.add("train", total=data["total_steps"], completed=data["step"])
         elif kind == "step" and self.task is not None:
@@ -75,13 +75,14 @@ class TrainProgress:
         elif kind == "checkpoint":
             gone = f", removed {', '.join(data['removed'])}" if data.get("removed") else ""
             gone += f", kept only the export of {', '.join(data['stripped'])}" if data.get("stripped") else ""
-            p.print(f"[dim]·[/] checkpoint {data['path']} ({fmt_bytes(data['bytes'])}; training paused "
-                    f"{data['blocked_s']:.2f} s, written in {data['write_s']:.1f} s beside it{gone})", highlight=False)
+            p.print(f"[dim]·[/] checkpoint {clean(str(data['path']))} ({fmt_bytes(data['bytes'])}; training paused "
+                    f"{data['blocked_s']:.2f} s, written in {data['write_s']:.1f} s beside it{clean(gone)})",
+                    highlight=False)
             for note in data.get("notes") or ():
-                p.print(f"[yellow]warning:[/] {note}", highlight=False)
+                p.print(f"[yellow]warning:[/] {clean(note)}", highlight=False)
         elif kind == "checkpoint-skipped":
-            p.print(f"[yellow]warning:[/] checkpoint at step {data['step']} NOT saved: {data['reason']}; newest "
-                    f"on disk: {data['newest'] or 'none'}; {data['then']}", highlight=False)
+            p.print(f"[yellow]warning:[/] checkpoint at step {data['step']} NOT saved: " + clean(
+                f"{data['reason']}; newest on disk: {data['newest'] or 'none'}; {data['then']}"), highlight=False)
         elif kind == "periodic_eval":
             self.last_eval = f" eval τ {data['tau']:.2f}@{data['step']}"
             parts = data.get("parts_s") or {}
@@ -96,7 +97,7 @@ class TrainProgress:
             if data.get("waited_for_pinning_s", 0) >= 0.05:
                 extra += f"; waited {data['waited_for_pinning_s']:.1f} s for the checkpoint buffers to be pinned first"
             p.print(f"[dim]·[/] eval at step {data['step']}: τ = {data['tau']:.2f} (max {data['max_tau']}), speedup "
-                    f"{data['speedup']:.2f}x on {data['prompts']} prompts, {data['seconds']:.1f} s{setup}{extra}",
+                    f"{data['speedup']:.2f}x on {data['prompts']} prompts, {data['seconds']:.1f} s{clean(setup + extra)}",
                     highlight=False)
 
 

@@ -135,7 +135,7 @@ class TrainView:
             self.sink = RankLog(self.stack.enter_context(TrainProgress(enabled=d["info"].primary)))
         if kind == "notes":
             for note in d["notes"]:
-                output.err.print(f"[dim]note:[/] {note}")
+                output.note(note)
         if self.sink is not None:
             self.sink(kind, d)
 

@@ -136,7 +136,7 @@ def _render_lock(lock: envlock.EnvLock) -> None:
     o.print(f"[bold]env[/] {output.count(len(lock.env), 'variable')}" + (f", left out (secret-looking): {', '.join(lock.env_left_out)}"
                                                         if lock.env_left_out else ""))
     for note in lock.notes:
-        output.err.print(f"[dim]note:[/] {note}")
+        output.note(note)
 
 
 _ACTIONS = ("updated", "downgraded", "added", "removed", "changed")  # Change.action, lower case

@@ -135,6 +135,11 @@ def hint(message: str) -> None:
     err.print(f"[dim]hint:[/] {clean(message)}")
 
 
+def note(message: str, console: Console | None = None) -> None:
+    """A `note:` line (stderr unless `console`): a note quotes paths and files, so its markup is escaped."""
+    (console or err).print(f"[dim]note:[/] {clean(message)}", highlight=False)
+
+
 def fmt_bytes(n: int | float | None) -> str:
     if n is None:
         return "-"

@@ -346,6 +346,9 @@ def speculative_batch(drafter, target, prompts: list[list[int]], max_new_tokens:
     L = spec_length(prompts, max_new_tokens, bs)
     ws = workspace
     if ws is None or not ws.fits(drafter, target, len(rows), L, bs, graphs):
+        # also for callers that do not go through evaluate_batched (dflash check: a huge --max-new-tokens was
+        # torch's allocation traceback, or the OOM killer)
+        check_fits(drafter, target, len(rows), max(map(len, prompts)), max_new_tokens, L, False)
         ws = SpecWorkspace(drafter, target, len(rows), L, bs, graphs)
     ws.begin()
     spec, slots, ctx, ar = drafter.spec, ws.slots, ws.ctx, ws.ar

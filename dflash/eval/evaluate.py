@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from dflash.eval.batched import batched_unsupported, evaluate_batched
+from dflash.eval.batched import batched_unsupported, evaluate_batched, spec_length
 from dflash.eval.generation import EvalResult, Generation, acceptance_by_position
 from dflash.eval.reference import DrafterProposer, Proposer, evaluate, plain_generate, speculative_generate
 from dflash.flags import check_num_prompts  # its home before dflash.flags: still importable from here
@@ -140,9 +140,16 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     check_compatible(spec, target.hidden_size, target.num_layers, target.layer_ids, str(ck),
                      target_vocab=target.vocab_size)
     drafter = load_export(ck, spec=spec).to(dev, target.dtype).eval()
-    convs = eval_prompts(cfg.data, num_prompts if num_prompts is not None else cfg.eval.num_prompts)
+    n = num_prompts if num_prompts is not None else cfg.eval.num_prompts
+    new = max_new_tokens if max_new_tokens is not None else cfg.eval.max_new_tokens
+    # before the prompts are made (the embedded ones are generated: -n 10**9 ran for hours) and tokenized:
+    # even prompts of one token each must fit their slots (all rows at once where the decode is batched)
+    from dflash.eval.slots import check_fits
+
+    rows = n if batched_unsupported(target, drafter.spec.block_size) is None else 1
+    check_fits(drafter, target, rows, 1, new, spec_length([[0]], new, drafter.spec.block_size), False, shortest=True)
+    convs = eval_prompts(cfg.data, n)
     if not convs:
         raise BadInput(f"no prompts found in {cfg.data.path!r}", hint="pass --data with chat JSONL holding user turns")
     prompts = prompt_ids(target.tokenizer, convs)
-    new = max_new_tokens if max_new_tokens is not None else cfg.eval.max_new_tokens
     return evaluate_drafter(drafter, target, prompts, new, drafter.spec.block_size, progress=progress, on_note=on_note)

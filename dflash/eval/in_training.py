@@ -52,6 +52,9 @@ def _note_once(trainer: Any, note: str) -> None:
     notes = getattr(trainer, "notes", None)
     if isinstance(notes, list) and f"eval: {note}" not in notes:
         notes.append(f"eval: {note}")
+        on_event = getattr(trainer, "on_event", None)
+        if callable(on_event):  # shown as it happens (`dflash train` prints a notes event), not only in the result
+            on_event("notes", {"notes": [f"eval: {note}"]})
 
 
 def _drafter_beside(t: Any, state: EvalState, device: torch.device):

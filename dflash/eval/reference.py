@@ -112,7 +112,9 @@ def speculative_generate(proposer: Proposer, target, prompt: list[int], max_new_
     dev, eos = target.device, set(target.eos_ids)
     t0 = time.perf_counter()
     proposer.reset()
-    cache = DynamicCache(config=target.config)
+    # every layer keeps all its K/V (a sliding-window layer's cache of the config's kind cannot be cropped back once
+    # the window is reached: Mistral, Gemma 2); the window is the attention mask's, from the config either way
+    cache = DynamicCache()
     out = target.model(input_ids=torch.tensor([prompt], device=dev), **with_cache(target, cache),
                        output_hidden_states=True, logits_to_keep=1)
     tokens = list(prompt) + [_pick(out.logits[0, -1:], temperature, generator)[0]]

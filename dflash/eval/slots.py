@@ -172,16 +172,18 @@ EVAL_HINT = "lower --max-new-tokens or the number of prompts (-n)"
 
 
 def check_fits(drafter, target, rows: int, longest: int, max_new_tokens: int, length: int, graphs: bool,
-               hint: str = EVAL_HINT) -> None:
+               hint: str = EVAL_HINT, shortest: bool = False) -> None:
     """BadInput, before anything is allocated, when the decode's slots cannot fit the device's free memory
     (a huge --max-new-tokens: on a CPU the kernel's OOM killer would end the process without a word).
-    `hint`: what to lower, in the caller's own options."""
+    `hint`: what to lower, in the caller's own options. `shortest`: `longest` is a lower bound on the
+    prompts' length (checked before the prompts are made, dflash.eval.evaluate.eval_checkpoint)."""
     need, free = slot_bytes(drafter, target, rows, length, graphs), free_bytes(target.device)
     if free is None or need <= FIT * free:
         return
     from compilewatch import BadInput
 
     gib = 2 ** 30
-    raise BadInput(f"decoding {rows} prompt(s) of up to {longest} tokens plus {max_new_tokens} new ones needs "
+    raise BadInput(f"decoding {rows} prompt(s) of {'at least' if shortest else 'up to'} {longest} tokens plus "
+                   f"{max_new_tokens} new ones needs "
                    f"~{need / gib:.1f} GiB of K/V slots on {target.device}; {free / gib:.1f} GiB is free there",
                    hint=hint)
