@@ -358,6 +358,9 @@ class MetricsConfig:
         _need(self.log_every >= 1, "metrics.log_every", "must be >= 1")
 
 
+MAX_EVAL_PROMPTS = 65536  # an eval's prompts (config and -n): more is a typo, and would be made before any check
+
+
 @dataclass(kw_only=True, slots=True)
 class EvalConfig:
     at_end: bool = False
@@ -380,10 +383,10 @@ class EvalConfig:
     RUN/eval_baseline.json for its resumes)."""
 
     def __post_init__(self) -> None:
-        _need(self.num_prompts >= 1, "eval.num_prompts", "must be >= 1")
+        _need(1 <= self.num_prompts <= MAX_EVAL_PROMPTS, "eval.num_prompts", f"must be in [1, {MAX_EVAL_PROMPTS}]")
         _need(self.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
         _need(self.every >= 0, "eval.every", "must be >= 0 (0 = no periodic eval)")
-        _need(self.every_prompts >= 1, "eval.every_prompts", "must be >= 1")
+        _need(1 <= self.every_prompts <= MAX_EVAL_PROMPTS, "eval.every_prompts", f"must be in [1, {MAX_EVAL_PROMPTS}]")
         _need(self.baseline_cache is None or (isinstance(self.baseline_cache, str) and bool(self.baseline_cache)),
               "eval.baseline_cache", 'must be a directory, "off" or none')
 

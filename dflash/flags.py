@@ -22,8 +22,13 @@ def check_temperature(t: float) -> None:
 
 
 def check_num_prompts(n: int | None) -> None:
+    from dflash.config import MAX_EVAL_PROMPTS
+
     check_count(n, "-n/--prompts", "the number of prompts to decode",
                 hint="leave -n out for the config's eval.num_prompts")
+    if n is not None and n > MAX_EVAL_PROMPTS:
+        raise BadInput(f"-n/--prompts is {n}: at most {MAX_EVAL_PROMPTS} prompts are decoded",
+                       hint="leave -n out for the config's eval.num_prompts")
 
 
 def check_max_new_tokens(n: int | None) -> None:

@@ -81,8 +81,10 @@ def test_eval_with_a_huge_n_is_refused_before_its_prompts_are_made(tmp_path, mon
 
     monkeypatch.setattr(dataset, "eval_prompts", made)
     r = invoke(app, ["eval", str(out), "-n", "1000000000"])
+    assert r.exit_code == 2 and "Traceback" not in r.stderr and "at most 65536 prompts" in r.stderr
+    r = invoke(app, ["eval", str(out), "-n", "65536", "--max-new-tokens", "100000000"])
     assert r.exit_code == 2 and "Traceback" not in r.stderr
-    assert "1000000000 prompt(s) of at least 1 tokens" in r.stderr and "K/V slots" in r.stderr
+    assert "65536 prompt(s) of at least 1 tokens" in r.stderr and "K/V slots" in r.stderr
 
 
 def test_an_eval_note_is_told_as_it_happens_not_only_in_the_result():
