@@ -155,3 +155,11 @@ def test_on_cuda_the_norms_fuse_and_a_decode_step_launches_fewer_kernels():
         a, b = plain(input_ids=IDS.cuda()).logits.float(), fused(input_ids=IDS.cuda()).logits.float()
     assert torch.allclose(a, b, rtol=0.05, atol=0.05 * a.abs().max().item())
     assert kernels(plain) - kernels(fused) >= 13 * 5  # each norm: 8 kernels -> 2 (the norm, the weight)
+
+
+def test_on_a_cpu_a_norm_of_another_formula_costs_no_note():
+    """Nothing is fused on a CPU either way: a start there says nothing about the norms."""
+    model = tiny_model()
+    model.model.layers[0].input_layernorm = GemmaLikeRMSNorm(32)
+    assert fuse_norms(model) is None
+    assert isinstance(model.model.layers[0].input_layernorm, GemmaLikeRMSNorm)

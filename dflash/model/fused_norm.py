@@ -82,7 +82,7 @@ def fuse_norms(model: nn.Module, *, fused: bool | None = None) -> str | None:
     """Replace `model`'s RMSNorm modules that compute transformers' formula with FusedRMSNorm (module
     docstring). `fused`: use the kernel eagerly (None: on CUDA, where the kernel agrees with the formula).
     Returns a note for the start's notes (None: nothing replaced)."""
-    replaced, checked, skipped = 0, {}, set()
+    checked, skipped = {}, set()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if not _candidate(child):
@@ -100,13 +100,14 @@ def fuse_norms(model: nn.Module, *, fused: bool | None = None) -> str | None:
                 continue
             new.fused = use
             setattr(parent, name, new)
-            replaced += 1
     wanted = {k[0].__name__ for k, (s, _) in checked.items() if s and (fused or (fused is None and k[1].type == "cuda"))}
     used = {k[0].__name__ for k, (s, u) in checked.items() if s and u}
+    on_gpu = fused if fused is not None else any(k[1].type == "cuda" for k in checked)
     notes = [f"{', '.join(sorted(skipped))} left as is (computes something else than transformers' RMSNorm)"
-             ] if skipped else []
+             ] if skipped and on_gpu else []  # on a CPU nothing is fused either way: nothing to say
     if used:
-        notes.append(f"{replaced} {'/'.join(sorted(used))} modules run as one fused kernel each when eager")
+        n = sum(isinstance(m, FusedRMSNorm) and m.fused for m in model.modules())
+        notes.append(f"{n} {'/'.join(sorted(used))} modules run as one fused kernel each when eager")
     if wanted - used:
         notes.append(f"the fused RMSNorm kernel differs from {'/'.join(sorted(wanted - used))}'s formula by more "
                      "than rounding here: those norms keep the formula")
