@@ -51,31 +51,3 @@ def test_explain_report_without_lookups_hint_speaks_to_the_user(tmp_path):
     r = invoke(app, ["cache", "explain", str(rep)])
     assert r.exit_code == 2 and "records no cache lookups" in r.stderr
     assert "issue" not in r.stderr and "compiled nothing with inductor" in r.stderr
-
-
-def test_race_target_fails_the_same_way_every_time(tmp_path):
-    """docs/probe.md: docs/examples/race_target.py "fails the same way every time on torch <= 2.13": every
-    thread but worker-0 calls the compiled function while worker-0's symbolic_trace is open. Its first
-    calls used to compile concurrently, and then one thread's second call could recompile (hidden from the
-    race by torch's compile-session flag) and pass: 1 or 2 errors from run to run."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import pytest
-
-    from compilewatch.tracing import torchcompat
-
-    if torchcompat.race_facts().fx_flag != "global":
-        pytest.skip("the FX flag is per thread on this torch: the calls pass (docs/probe.md)")
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ind"))
-    r = subprocess.run([sys.executable, "-m", "cli.main", "probe", "docs/examples/race_target.py:run",
-                        "--threads", "3", "--json"], cwd=root, env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 1, r.stderr
-    d = json.loads(r.stdout)
-    assert [(t["name"], t["outcome"]) for t in d["threads"]] == [
-        ("worker-0", "ok"), ("worker-1", "error"), ("worker-2", "error")]
-    assert d["counters"]["frames_total"] == 1 and not d["counters"]["recompile_reasons"]

@@ -2,9 +2,9 @@
 
     compilewatch probe docs/examples/race_target.py:run --threads 3
 
-The other threads first call a compiled function, one at a time (one compile, so none is in flight
-later); then worker-0 runs torch.fx.symbolic_trace on a function that holds the trace open until
-each of them has called the compiled function once more. While worker-0 traces it holds the FX tracing flag:
+The other threads first compile and call a function (so no compile is in flight later); then
+worker-0 runs torch.fx.symbolic_trace on a function that holds the trace open until each of them
+has called the compiled function once more. While worker-0 traces it holds the FX tracing flag:
 module-global up to torch 2.13, so those calls fail there; per thread from 2.14, so they pass.
 Events decide the order, not timing. One run per process (the events are not reset).
 """
@@ -18,7 +18,6 @@ WAIT = 60.0  # bound for every wait; a correct run never comes close
 tracing = threading.Event()
 progress = threading.Condition()
 count = {"warm": 0, "called": 0}
-first_call = threading.Lock()  # one first call at a time: one compile, reused by every thread
 
 
 def _others() -> int:
@@ -49,8 +48,7 @@ def run():
         return
     try:
         try:
-            with first_call:
-                compiled(torch.ones(2))  # compile (the first thread) or reuse, and run: no trace is open yet
+            compiled(torch.ones(2))  # compile (this thread's first call) and run: no trace is open yet
         finally:
             _bump("warm")
         tracing.wait(WAIT)
