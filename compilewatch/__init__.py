@@ -60,6 +60,7 @@ _LAZY = {
     "atomic_write_json": ("compilewatch.fsutil", "atomic_write_json"),
     "check_writable": ("compilewatch.fsutil", "check_writable"),
     "same_file": ("compilewatch.fsutil", "same_file"),
+    "nearest_existing": ("compilewatch.fsutil", "nearest_existing"),
     "read_text": ("compilewatch.inputs", "read_text"),
     "open_untrusted": ("compilewatch.inputs", "open_untrusted"),
     "loads_json": ("compilewatch.inputs", "loads_json"),

@@ -51,13 +51,18 @@ def write_failed(target: Path, e: OSError) -> WriteFailed:
     return err
 
 
+def nearest_existing(path: str | os.PathLike[str]) -> Path | None:
+    """`path` if it exists (a dangling link counts), else its nearest ancestor that does (None: none does):
+    where creating `path` would start, and what stops it when that is not a directory."""
+    path = Path(path)
+    return next((p for p in (path, *path.parents) if os.path.lexists(p)), None)
+
+
 def _parent_not_a_dir(target: Path) -> WriteFailed | None:
     """WriteFailed when the nearest existing ancestor of `target` is not a directory (`FILE/x.json`)."""
-    for anc in target.parents:
-        if os.path.lexists(anc):
-            if not anc.is_dir():
-                return WriteFailed(f"cannot write {target}: {anc} is not a directory", hint="give a path in a folder")
-            return None
+    anc = nearest_existing(target.parent)
+    if anc is not None and not anc.is_dir():
+        return WriteFailed(f"cannot write {target}: {anc} is not a directory", hint="give a path in a folder")
     return None
 
 

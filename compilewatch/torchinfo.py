@@ -105,13 +105,12 @@ def check_cache_dir_usable() -> None:
     importing `torch._dynamo`, so every compile (and `doctor`, `warm`, `probe`) would stop there with a
     FileExistsError / NotADirectoryError traceback. Only stats: nothing is created."""
     from compilewatch.errors import BadInput
+    from compilewatch.fsutil import nearest_existing
 
     path = inductor_cache_dir()
     where = "TORCHINDUCTOR_CACHE_DIR" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "torch's default cache dir"
-    p = path
-    while not os.path.lexists(p) and p.parent != p:
-        p = p.parent
-    if os.path.lexists(p) and not os.path.isdir(p):
+    p = nearest_existing(path)
+    if p is not None and not os.path.isdir(p):
         what = "is a file" if p == path else f"lies under {p}, which is a file"
         raise BadInput(f"the inductor cache dir {path} ({where}) {what}: torch cannot create its cache there, "
                        "and every torch.compile would fail", hint="point TORCHINDUCTOR_CACHE_DIR at a directory "

@@ -61,6 +61,7 @@ SURFACE = {
     "atomic_write_json": "function(target, data, *, indent=)",
     "check_writable": "function(target)",
     "same_file": "function(a, b)",
+    "nearest_existing": "function(path)",
     "read_text": "function(path, *, limit=, what=)",
     # dflash's checkpoint files: opened non-blocking, type checked on the fd (was a copy in dflash)
     "open_untrusted": "function(path, what=, *, streams=)",

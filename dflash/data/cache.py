@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from compilewatch import BadInput
+from compilewatch import BadInput, nearest_existing
 from dflash.config import EMBEDDED_DATA, DataConfig
 from dflash.data.dataset import (DataStats, Sample, check_usable, held_out_note, hold_out_eval, load_conversations,
                                  normalize_record, stats_with_warnings,
@@ -96,7 +96,7 @@ def check_root(root: Path | None) -> None:
     Only stats: nothing is created (checked before the target loads; a dry run writes nothing)."""
     if root is None:
         return
-    existing = next((p for p in (root, *root.parents) if os.path.lexists(p)), None)
+    existing = nearest_existing(root)
     if existing is None:
         return
     if not existing.is_dir():

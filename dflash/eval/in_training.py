@@ -105,11 +105,12 @@ def check_evals_fit(trainer: Any) -> None:
 
     t, ev = trainer, trainer.cfg.eval
     target = t.full_target
-    counts = [n for n, on in ((ev.every_prompts, ev.every), (ev.num_prompts, ev.at_end)) if on]
-    if not counts or not t.eval_convs or batched_unsupported(target, t.cfg.drafter.block_size) is not None:
+    evals = [(n, key) for n, key, on in ((ev.every_prompts, "eval.every_prompts", ev.every),
+                                         (ev.num_prompts, "eval.num_prompts", ev.at_end)) if on]
+    if not evals or not t.eval_convs or batched_unsupported(target, t.cfg.drafter.block_size) is not None:
         return
-    prompts = prompt_ids(target.tokenizer, t.eval_convs[: max(counts)])
-    for n, key in zip(counts, [k for k, on in (("eval.every_prompts", ev.every), ("eval.num_prompts", ev.at_end)) if on]):
+    prompts = prompt_ids(target.tokenizer, t.eval_convs[: max(n for n, _ in evals)])
+    for n, key in evals:
         some = prompts[:n]
         check_fits(t.drafter, target, len(some), max(map(len, some)), ev.max_new_tokens,
                    spec_length(some, ev.max_new_tokens, t.cfg.drafter.block_size),

@@ -144,10 +144,10 @@ FIT = 0.9  # of the memory free for them: the rest for the forwards' activations
 def slot_bytes(drafter, target, rows: int, length: int, graphs: bool) -> int:
     """What a speculative decode's slots take (`rows` rows of `length` slots): the target's K/V in every
     layer and the drafter's context K/V; with CUDA graphs kept, up to twice that (a buffer per batch size)."""
+    from dflash.training.memory_plan import attention_dims
+
     cfg = target.model.config
-    heads = int(cfg.num_attention_heads)
-    d = int(getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // heads)
-    nkv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    _, nkv, d = attention_dims(cfg)
     elem = torch.finfo(target.dtype).bits // 8
     att = drafter.layers[0].self_attn
     d_elem = torch.finfo(next(drafter.parameters()).dtype).bits // 8

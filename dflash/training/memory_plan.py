@@ -48,11 +48,18 @@ class ChunkPlan:
                 f"{what} {FIT:.0%} of the device's {self.device_bytes / gib:.1f} GiB)")
 
 
+def attention_dims(config) -> tuple[int, int, int]:
+    """(query heads, K/V heads, head dim) of a transformers decoder config (K/V heads default to the query
+    heads, the head dim to hidden / heads)."""
+    heads = int(config.num_attention_heads)
+    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    return heads, kv, int(getattr(config, "head_dim", None) or int(config.hidden_size) // heads)
+
+
 def target_parameters(config) -> int:
     """A decoder-only transformer's parameters from its config (embedding, layers, norms, LM head)."""
     h = int(config.hidden_size)
-    heads = int(config.num_attention_heads)
-    d = int(getattr(config, "head_dim", None) or h // heads)
+    _, _, d = attention_dims(config)
     vocab = int(config.vocab_size)
     per_layer_norms = 2 * h + 2 * d
     tied = bool(getattr(config, "tie_word_embeddings", False))
@@ -62,9 +69,7 @@ def target_parameters(config) -> int:
 def decoder_linear_parameters(config) -> int:
     """The decoder layers' linear weights (q, k, v, o, gate, up, down): what `target.fp8` stores in one byte."""
     h = int(config.hidden_size)
-    heads = int(config.num_attention_heads)
-    kv = int(getattr(config, "num_key_value_heads", None) or heads)
-    d = int(getattr(config, "head_dim", None) or h // heads)
+    heads, kv, d = attention_dims(config)
     return int(config.num_hidden_layers) * (h * heads * d * 2 + h * kv * d * 2 + 3 * h * int(config.intermediate_size))
 
 
