@@ -27,6 +27,8 @@ from dflash.distributed.group import rank_device, rank_info
 from dflash.distributed.train_rank import check_agreement
 from dflash.distributed.rank_report import CacheState, RankCache, cache_state, cache_verdicts
 from dflash.training.trainer import Trainer
+from dflash.model.finite import nonfinite_tensors
+from safetensors.torch import load_file
 from tests.helpers import requires_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,6 +149,22 @@ def test_a_failing_rank_fails_the_job_with_its_error_and_the_ranks_resume_from_r
     assert all(r["drafter_devices"] == ["cpu", "cpu"] for r in out["ranks"])
 
     assert_same_training(metrics_rows(run), *single_device(tmp_path, chat_file, grad_accum=4))  # 2 ranks x 2 replicas
+
+
+def test_a_diverging_job_stops_on_every_rank_inside_the_step_and_saves_nothing_non_finite(tmp_path, chat_file):
+    """lr 1e30: step 2's loss is nan on both ranks (it is summed across them), so both stop inside the step
+    barrier with exit 1 (no collective left waiting for a rank that left); rank 0 names its newest checkpoint."""
+    run = tmp_path / "run"
+    p = torchrun(["-m", "dflash"], ["--data", str(chat_file), "--out", str(run), "--max-steps", str(STEPS),
+                                    "--device", "cpu"],
+                 sets={"checkpoint.every": "1", "optim.lr": "1e30", "optim.warmup_ratio": "0"})
+    err = " ".join(p.stderr.split())
+    assert p.returncode != 0
+    assert err.count("error: training diverged at step 2: loss nan") == 2, p.stderr[-4000:]
+    assert f"the newest checkpoint is {run / 'checkpoints' / 'step_000001'}" in err
+    assert "rank 0 names the newest checkpoint" in err
+    assert sorted(x.name for x in (run / "checkpoints").glob("step_*")) == ["step_000001"]
+    assert not nonfinite_tensors(load_file(str(run / "checkpoints" / "step_000001" / "model.safetensors")).items())
 
 
 def test_a_killed_rank_restarts_the_job_and_every_rank_resumes_from_the_last_complete_checkpoint(tmp_path, chat_file):

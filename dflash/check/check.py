@@ -21,7 +21,7 @@ from compilewatch import BadInput
 from dflash.check.findings import Finding
 from dflash.check.measure import Acceptance
 
-FATAL = ("hidden size", "vocabulary", "target layers", "taps")  # a mismatch here: nothing to measure
+FATAL = ("hidden size", "vocabulary", "target layers", "taps", "weights")  # a mismatch here: nothing to measure
 
 
 @dataclass(frozen=True)
@@ -54,10 +54,12 @@ def _read_config(ck: Path) -> dict[str, Any]:
 def check_export(path: str, *, target_path: str | None = None, data_path: str | None = None,
                  num_prompts: int | None = None, max_new_tokens: int | None = None, temperature: float = 0.0,
                  measure: bool = True, device: str | None = None, seed: int = 0,
-                 progress: Callable[[int, int], None] | None = None) -> CheckReport:
+                 progress: Callable[[int, int], None] | None = None, read_weights: bool = True) -> CheckReport:
+    """`read_weights`: also check every weight finite (reads them all; `dflash train`'s summary skips it, the
+    run checked them before saving)."""
     from dflash.check.record import read_record
     from dflash.check.serving import check_serving
-    from dflash.check.static import check_static, target_facts, weights_dtype
+    from dflash.check.static import check_static, target_facts, weights_dtype, weights_finding
     from dflash.checkpoint import manifest
     from dflash.checkpoint.store import CONFIG_FILE, read_export_spec, resolve_checkpoint
     from dflash.config import apply_overrides, load_toml
@@ -98,6 +100,8 @@ def check_export(path: str, *, target_path: str | None = None, data_path: str | 
     mask_token = ((record or {}).get("tokenizer") or {}).get("mask_token") or cfg.target.mask_token
     target = target_facts(cfg.target.path, mask_token)
     findings += check_static(cfg_json, spec, weights_dtype(ck / "model.safetensors"), target, record)
+    if read_weights:
+        findings.append(weights_finding(ck / "model.safetensors"))
     findings += check_serving(cfg_json, (record or {}).get("trained"), mask_token)
     verdict = "mismatch" if any(f.level == "fail" for f in findings) else "ok"
 
@@ -105,7 +109,7 @@ def check_export(path: str, *, target_path: str | None = None, data_path: str | 
     if not measure:
         why = "not measured (static checks only)"
     elif any(f.level == "fail" and f.check in FATAL for f in findings):
-        why = "not measured: the export does not fit this target (see the failed checks)"
+        why = "not measured: the export does not fit this target, or its weights are not finite (see the failed checks)"
     else:
         convs, source, data_cfg = _prompts(cfg, train_cfg, data_path, num_prompts)
         if not convs:

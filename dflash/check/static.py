@@ -65,6 +65,24 @@ def weights_dtype(path: Path) -> str | None:
     return None
 
 
+def weights_finding(path: Path) -> Finding:
+    """Every floating-point tensor of the export finite (a diverged run's weights are NaN, and decode as a
+    drafter that never drafts). Reads the tensors one at a time."""
+    from safetensors import safe_open
+
+    from dflash.model.finite import nonfinite_tensors
+
+    with safe_open(str(path), framework="pt") as f:
+        keys = list(f.keys())
+        bad = nonfinite_tensors((k, f.get_tensor(k)) for k in keys)
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        return Finding("fail", "weights", f"{len(bad)} of {len(keys)} tensors hold NaN or infinite values ({shown})",
+                       "training diverged before this save: check an earlier checkpoint, or train again with a "
+                       "lower optim.lr")
+    return Finding("ok", "weights", f"{len(keys)} tensors, every value finite")
+
+
 def _rope_type(scaling: dict[str, Any] | None) -> str:
     return "default" if not scaling else str(scaling.get("rope_type", scaling.get("type", "default")))
 

@@ -183,9 +183,10 @@ def dflash_program(trainer: Trainer, drafter_devices: Sequence[str], *, rank: in
     def save(rep: Replica, steps_done: int) -> str | None:
         tr: Trainer = rep.state["trainer"]
         tr.step = steps_done
+        tr.check_weights()  # every rank (the same weights): a diverged run stops on all of them, none saves
         if rank != 0:
             return None  # rank 0 writes checkpoints; every rank holds the same state
-        return tr.save(final=steps_done == tr.total_steps)
+        return tr.save(final=steps_done == tr.total_steps, checked=True)
 
     return Program(make_producer=make_producer, make_replica=make_replica, forward_backward=forward_backward,
                    optimizer_step=optimizer_step, warm=warm, save=save,
@@ -253,7 +254,11 @@ def train_multi(trainer: Trainer, topo: TopologyConfig, *, watch: bool = True, u
     holder: dict[str, Engine] = {}
 
     def on_step(rec: StepRecord) -> None:
-        log.add(_metrics(trainer, holder["engine"].replicas, rec, plan))
+        m = _metrics(trainer, holder["engine"].replicas, rec, plan)
+        log.add(m)
+        # a non-finite loss or gradient norm (the same on every rank: both are summed across them) raises
+        # inside the step barrier, so no replica steps its optimizer; raised again below, from this thread
+        trainer.check_step(m)
 
     stop = min(total, until) if until is not None else total
     if trainer.step >= stop:  # a finished run resumed: nothing to train (as Trainer.train), the result again
@@ -269,6 +274,9 @@ def train_multi(trainer: Trainer, topo: TopologyConfig, *, watch: bool = True, u
                               on_workers_start=group.barrier if group is not None else None)
     report = holder["engine"].run()
     trainer.step = report.steps_done
+    if trainer.stopped is not None:  # diverged (the engine's report says "failed", naming this error)
+        trainer.write_event("engine", {"report": report})
+        raise trainer.stopped
     if report.ok or report.outcome == "interrupted":
         trainer.saver.finish(trainer.step)  # the last write: waited for; CheckFailed when it failed
     trainer.write_event("engine", {"report": report})

@@ -28,6 +28,9 @@ _LAZY = {
     "make_blocks": "dflash.model.loss",
     "weight_sum": "dflash.model.loss",
     "detect_backend": "dflash.model.mask",
+    # a diverged drafter's weights
+    "nonfinite_parameters": "dflash.model.finite",
+    "nonfinite_tensors": "dflash.model.finite",
 }
 
 __all__ = list(_LAZY)

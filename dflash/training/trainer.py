@@ -64,6 +64,8 @@ class Trainer:
         self.device = target.device
         self.run_dir = Path(run_dir)
         self.eval_convs, self.notes = eval_convs or [], list(notes or [])
+        self.stopped: Exception | None = None  # why training stopped early (`diverged`), for the engine
+        self.primary = True  # this process writes the run (rank 0 of a torchrun job); `begin` sets it
         self.on_event = on_event or (lambda kind, data: None)
         self.backend = detect_backend(self.device, cfg.train.attention)
         self.compute_dtype = resolve_dtype(cfg.train.dtype, self.device)
@@ -197,9 +199,12 @@ class Trainer:
         return self.dataset.warm_batches()
 
     # ------------------------------------------------------------ the loop
-    def save(self, final: bool = False) -> str:
+    def save(self, final: bool = False, *, checked: bool = False) -> str:
         """Checkpoint the current step: a snapshot now, written in the background (dflash.checkpoint.writer);
-        returns the checkpoint's path (published when its write ends, reported by `saver.poll`)."""
+        returns the checkpoint's path (published when its write ends, reported by `saver.poll`). The weights
+        are checked finite first (`check_weights`; `checked`: the caller just did)."""
+        if not checked:
+            self.check_weights()
         return self.saver.save(self.step, self.drafter, self.optimizer, self.total_steps, self.config_toml,
                                final=final, plan=self.disk_plan)
 
@@ -261,6 +266,7 @@ class Trainer:
 
         own = self.run_dir if own_dir is None else own_dir
         own.mkdir(parents=True, exist_ok=True)
+        self.primary = primary
         if primary:
             self._keep_foreign_config()
             atomic_write_text(self.run_dir / "config.toml", self.config_toml)
@@ -291,30 +297,51 @@ class Trainer:
             m = StepMetrics(**{**{f: getattr(m, f) for f in m.__dataclass_fields__},
                                "time_split": {**m.time_split, "data": round(data_s, 6)}})
             log.add(m)
-            if not (math.isfinite(m.loss) and math.isfinite(m.grad_norm)):
-                self.diverged(m)  # raises: before a save could write non-finite weights
+            self.check_step(m)  # raises when non-finite: before a save could write the weights
             if m.step % self.cfg.checkpoint.every == 0 or m.step == self.total_steps:
                 self.save(final=m.step == stop)
         self.saver.finish(self.step)
         return log.result(t0, run_eval=True)
 
-    def diverged(self, m: StepMetrics) -> None:
-        """CheckFailed (exit 1): step `m` had a non-finite loss or gradient norm, so AdamW has made the
-        drafter's weights non-finite and every later step, save and export would carry them. The run
-        stops here (a `diverged` event in metrics.jsonl), naming the newest checkpoint on disk."""
+    def check_step(self, m: StepMetrics) -> None:
+        """`diverged` when step `m`'s loss or gradient norm is not finite (AdamW would make the drafter's
+        weights non-finite, and every later step, save and export would carry them)."""
+        if not (math.isfinite(m.loss) and math.isfinite(m.grad_norm)):
+            self.diverged(m.step, {"loss": m.loss, "grad_norm": m.grad_norm, "lr": m.lr},
+                          f"loss {m.loss}, gradient norm {m.grad_norm} (lr {m.lr:g})")
+
+    def check_weights(self) -> None:
+        """`diverged` when a drafter parameter holds a non-finite value (an update that overflowed although
+        its step's loss and gradient norm were finite): checked before every save, so no checkpoint or
+        export carries them. One device sync (a save takes a snapshot anyway)."""
+        from dflash.model import nonfinite_parameters
+
+        bad = nonfinite_parameters(self.drafter)
+        if bad:
+            shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            self.diverged(self.step, {"nonfinite_parameters": bad[:16]},
+                          f"the update left non-finite values in {len(bad)} parameter(s) ({shown})")
+
+    def diverged(self, step: int, data: dict[str, Any], what: str) -> None:
+        """CheckFailed (exit 1): training went non-finite at `step` (`what` says how). The run stops here
+        without saving (a `diverged` event in metrics.jsonl), naming the newest checkpoint on disk. The
+        exception is also kept in `stopped` (the engine raises it from a worker thread and again after)."""
         from compilewatch import CheckFailed
         from dflash.checkpoint.writer import newest_on_disk
 
         self.saver.wait()  # a save of an earlier (finite) step still being written: on disk before it is named
         self.saver.poll()
-        self.write_event("diverged", {"step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "lr": m.lr})
-        newest = newest_on_disk(self.run_dir)
-        where = f"the newest checkpoint is {newest}" if newest is not None else "no checkpoint of this run is on disk"
-        raise CheckFailed(f"training diverged at step {m.step}: loss {m.loss}, gradient norm {m.grad_norm} "
-                          f"(lr {m.lr:g}); the drafter's weights are no longer finite, so the run stops without "
-                          f"saving them; {where}",
-                          hint="lower optim.lr (or raise optim.warmup_ratio; `dflash train --print-config` shows "
-                               "them) and train again with another --out")
+        self.write_event("diverged", {"step": step, **data})
+        if not self.primary:  # rank 0 writes the checkpoints, and may still be publishing one
+            where = "rank 0 names the newest checkpoint"
+        else:
+            newest = newest_on_disk(self.run_dir)
+            where = f"the newest checkpoint is {newest}" if newest is not None else "no checkpoint of this run is on disk"
+        self.stopped = CheckFailed(f"training diverged at step {step}: {what}; the drafter's weights are no longer "
+                                   f"finite, so the run stops without saving them; {where}",
+                                   hint="lower optim.lr (or raise optim.warmup_ratio; `dflash train --print-config` "
+                                        "shows them) and train again with another --out")
+        raise self.stopped
 
     def evaluate(self, limit: int | None = None):
         """Speculative decoding on the held-out prompts (the first `limit` of them) with this drafter
