@@ -132,6 +132,8 @@ def fingerprint_cmd(
 
       compilewatch cache diff before.json after.json
     """
+    if out_file is not None:
+        layout.refuse_inside(layout.locate(dir).path, out_file, "fingerprint file")
     with byte_progress("fingerprint") as on_bytes:
         fp = fp_lib.fingerprint(dir, files=files or out_file is not None, use_index=not no_index, progress=on_bytes)
     if out_file is not None:

@@ -183,6 +183,8 @@ def push_cmd(
 def _render_push(r) -> None:
     o = output.out
     what = ", ".join(f"{n} {k}" for k, n in sorted(r.pushed.items())) or "nothing new"
+    if not (r.pushed or r.already or r.skipped):  # an empty (or mistyped, freshly made) cache dir
+        what = f"nothing: {r.source} holds no FX-graph or AOTAutograd entries"
     o.print(f"pushed {r.source} ({r.source_kind}) → [bold]{r.url}[/]: {what}, {output.fmt_bytes(r.bytes)} "
             f"in {output.fmt_seconds(r.duration_s)}")
     if r.already:

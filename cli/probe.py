@@ -69,8 +69,7 @@ def probe_cmd(
         with cache_explain.recording(temp_caches="compilewatch-threads-" if not keep_cache else None) as explained:
             report = probe_lib.probe_threads(target, threads, devices=device, backend=backend, timeout=timeout,
                                              fresh_cache=not keep_cache)
-        if watcher is not None:
-            watcher.close()
+        _close_timeline(watcher, timeline)
         if as_json:
             output.print_json({**output.jsonable(report), "cache_explain": output.jsonable(explained)})
         else:
@@ -85,8 +84,7 @@ def probe_cmd(
     with cache_explain.recording(temp_caches="compilewatch-probe-" if fresh_cache else None) as explained:
         report = probe_lib.probe(target, device=device.split(",")[0], backend=backend, reset=not no_reset,
                                  fresh_cache=fresh_cache)
-    if watcher is not None:
-        watcher.close()
+    _close_timeline(watcher, timeline)
     if as_json:
         output.print_json({**output.jsonable(report), "cache_explain": output.jsonable(explained)})
     else:
@@ -103,6 +101,14 @@ def _timeline_watcher(path: Optional[str], stall_after: float):
     from compilewatch.tracing.watcher import Watcher
 
     return Watcher(timeline=path, stall_after=stall_after).install()
+
+
+def _close_timeline(watcher, path: Optional[str]) -> None:
+    """Write the timeline (the watcher writes it on close) and say where, as `compilewatch run` does (stderr)."""
+    if watcher is None:
+        return
+    watcher.close()
+    output.err.print(f"timeline: {escape(str(path))} (open it in https://ui.perfetto.dev)")
 
 
 def _render_single(r: probe_lib.ProbeReport) -> None:

@@ -110,5 +110,5 @@ def test_run_of_a_file_that_is_not_executable_is_bad_input(tmp_path):
     prog.write_text("print('hi')\n")
     prog.chmod(0o644)
     o = cli("run", "--", str(prog), timeout=60, cwd=tmp_path)
-    one_clear_line(o, words="cannot run")
-    assert "Permission denied" in o.stderr and "chmod +x" in o.stderr
+    one_clear_line(o, words="is not executable")
+    assert "-- python" in o.stderr and "chmod +x" in o.stderr

@@ -16,6 +16,7 @@ every such directory of this user whose owner is gone (`clean_stale_run_dirs`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -88,6 +89,28 @@ def child_env(run_dir: Path, stall_after: float, repair: bool, base: dict[str, s
     return env
 
 
+def _check_runnable(prog: str) -> None:
+    """BadInput, before anything starts, when `prog` cannot be what the program's run starts with: not on
+    PATH (a name without a '/' is only looked up there, even when a file of that name is here), missing, a
+    directory, or not executable. A file that is executable but no program is found when it is started."""
+    hint = "give the program to run after --, e.g. -- python train.py"
+    if "/" not in prog:
+        if shutil.which(prog) is not None:
+            return
+        if os.path.lexists(prog):
+            raise BadInput(f"{prog} is not a command on PATH (a name without a '/' is looked up there; the {prog} in "
+                           "this directory is not)", hint=f"run it as ./{prog} if it is a program, or through its "
+                                                          f"interpreter: -- python {prog}")
+        raise BadInput(f"command not found: {prog}", hint=hint)
+    if not os.path.exists(prog):
+        raise BadInput(f"no such file: {prog}", hint=hint)
+    if os.path.isdir(prog):
+        raise BadInput(f"{prog} is a directory, not a program", hint=hint)
+    if not os.access(prog, os.X_OK):
+        raise BadInput(f"{prog} is not executable",
+                       hint=f"run it through its interpreter (-- python {prog}), or make it executable (chmod +x)")
+
+
 def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None = None,
                 timeline: str | os.PathLike[str] | None = None, stall_after: float = 300.0, repair: bool = False,
                 on_event: Callable[[WatchEvent], None] | None = None, stdout=None) -> RunResult:
@@ -98,8 +121,7 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
     if not stall_after > 0:  # nan too: it would turn stall detection off without a word
         raise BadInput(f"--stall-after must be > 0 seconds, got {stall_after:g}",
                        hint="leave --stall-after out for 300 s")
-    if shutil.which(command[0]) is None and not Path(command[0]).is_file():
-        raise BadInput(f"command not found: {command[0]}", hint="give the program to run after --, e.g. -- python train.py")
+    _check_runnable(command[0])
     from compilewatch.fsutil import check_writable, same_file
 
     if report is not None and timeline is not None and same_file(report, timeline):
@@ -124,9 +146,10 @@ def run_watched(command: Sequence[str], *, report: str | os.PathLike[str] | None
                 proc = subprocess.Popen(list(command), env=child_env(run_dir, stall_after, repair), stdout=stdout,
                                         start_new_session=True, preexec_fn=_die_with_parent())
             except OSError as e:  # not executable (EACCES), not a program (ENOEXEC), a directory, ...
-                raise BadInput(f"cannot run {command[0]}: {e.strerror or e}",
-                               hint="make it executable (chmod +x) or run it through its interpreter, "
-                                    "e.g. -- python FILE") from None
+                what = ("is not a program this system can run (a script without a #! line, or a binary for "
+                        "another machine)" if e.errno == errno.ENOEXEC else f"cannot be run: {e.strerror or e}")
+                raise BadInput(f"{command[0]} {what}", hint="run it through its interpreter, e.g. -- python FILE"
+                               + (", or make it executable (chmod +x)" if e.errno == errno.EACCES else "")) from None
             group.append(proc.pid)
             for sig in list(forwarded):  # arrived while the child was starting
                 with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -218,9 +218,7 @@ def save(archive: str | os.PathLike[str], path: str | os.PathLike[str] | None = 
         raise BadInput(f"{archive} is a directory", hint="give the archive's file name, e.g. cache.tar.gz")
     loc = layout.resolve_existing(path)
     root = loc.path
-    if root == archive or root in archive.parents:
-        raise BadInput(f"the archive {archive} would be written inside the cache it archives",
-                       hint="write it somewhere outside the cache dir")
+    layout.refuse_inside(root, archive, "archive")
     torch = torchinfo.torch_module()
     header = ArchiveHeader(
         format=FORMAT, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),

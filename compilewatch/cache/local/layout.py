@@ -513,6 +513,15 @@ def resolve_existing(path: str | os.PathLike[str] | None, *, force: bool = False
     return loc
 
 
+def refuse_inside(root: Path, path: str | os.PathLike[str], what: str) -> None:
+    """BadInput when `path` (a file a command is about to write: an archive, a fingerprint) is the cache dir
+    `root` or inside it (links resolved): it would change the very content it describes."""
+    real_root, real = Path(os.path.realpath(root)), Path(os.path.realpath(path))
+    if real == real_root or real_root in real.parents:
+        raise BadInput(f"the {what} {path} would be written inside the cache it describes ({root})",
+                       hint="write it somewhere outside the cache dir; nothing was written")
+
+
 def refuse_symlink(path: Path, verb: str) -> None:
     """BadInput when the cache dir `path` is a symlink: `clear` and `load` rename the dir, and renaming a
     link moves only the link (the cache stays where it points, and the "backup" is a link that `cache

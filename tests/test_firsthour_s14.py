@@ -1,0 +1,76 @@
+"""First-hour fixes of session 14 (compilewatch): `probe --timeline` says where the timeline went, a
+fingerprint file is never written into the cache it describes, `run` says why a program cannot start
+before anything starts, and pushing an empty cache dir says so."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from cli.main import app
+from tests.cache_helpers import make_cache
+from tests.helpers import invoke, invoke_json
+from tests.limits import cli, one_clear_line
+
+
+def test_probe_timeline_names_the_file_it_wrote(tmp_path):
+    out = tmp_path / "probe.json"
+    res = invoke(app, ["probe", "compile", "--backend", "aot_eager", "--timeline", str(out)])
+    assert res.exit_code == 0, res.stderr
+    assert f"timeline: {out} (open it in https://ui.perfetto.dev)" in " ".join(res.stderr.split())
+    assert json.loads(out.read_text())["traceEvents"]
+
+
+def test_a_fingerprint_file_inside_the_cache_it_describes_is_refused(tmp_path):
+    """`-o CACHE/fp.json` added a file to the cache it fingerprinted (the next fingerprint differed)."""
+    cache = tmp_path / "cache"
+    make_cache(cache)
+    before = sorted(p.relative_to(cache) for p in cache.rglob("*"))
+    link = tmp_path / "link"
+    link.symlink_to(cache)
+    for target in (cache / "fp.json", cache / "fxgraph" / "fp.json", link / "fp.json"):
+        res = invoke(app, ["cache", "fingerprint", "--dir", str(cache), "-o", str(target)])
+        assert res.exit_code == 2 and "Traceback" not in res.stderr, res.stderr
+        assert "would be written inside the cache it describes" in " ".join(res.stderr.split())
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before
+    ok = invoke_json(app, ["cache", "fingerprint", "--dir", str(cache), "-o", str(tmp_path / "fp.json")])
+    assert ok["files"] > 0 and json.loads((tmp_path / "fp.json").read_text())["content_hash"] == ok["content_hash"]
+
+
+def test_an_archive_inside_the_cache_is_refused_through_a_link_too(tmp_path):
+    cache = tmp_path / "cache"
+    make_cache(cache)
+    link = tmp_path / "link"
+    link.symlink_to(cache)
+    res = invoke(app, ["cache", "save", str(link / "a.tar.gz"), "--dir", str(cache)])
+    assert res.exit_code == 2 and "would be written inside the cache" in " ".join(res.stderr.split()), res.stderr
+    assert not (cache / "a.tar.gz").exists()
+
+
+def test_run_says_why_a_program_cannot_start_before_it_starts(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello\n")
+    (tmp_path / "script").write_text("echo hi\n")  # no #! line
+    (tmp_path / "script").chmod(0o755)
+    (tmp_path / "plain.py").write_text("print('hi')\n")
+    (tmp_path / "plain.py").chmod(0o644)
+    cases = {
+        "notes.txt": "is not a command on PATH",  # a name without '/': looked up on PATH only
+        str(tmp_path / "missing"): "no such file",
+        str(tmp_path): "is a directory, not a program",
+        str(tmp_path / "plain.py"): "is not executable",
+        "./script": "is not a program this system can run",
+    }
+    for prog, words in cases.items():
+        o = cli("run", "--", prog, timeout=60, cwd=tmp_path)
+        one_clear_line(o, words=words)
+    o = cli("run", "--", "notes.txt", timeout=60, cwd=tmp_path)
+    assert "./notes.txt" in o.stderr and "-- python notes.txt" in o.stderr
+
+
+def test_pushing_an_empty_cache_dir_says_it_holds_nothing(tmp_path, redis_url):
+    empty = tmp_path / "ic"
+    empty.mkdir()
+    res = invoke(app, ["cache", "remote", "push", str(empty), redis_url])
+    assert res.exit_code == 0, res.stderr
+    assert f"nothing: {empty} holds no FX-graph or AOTAutograd entries" in " ".join(res.stdout.split())
+    assert os.listdir(empty) == [] or all(n.startswith(".") for n in os.listdir(empty))
