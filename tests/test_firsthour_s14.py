@@ -1,6 +1,7 @@
 """First-hour fixes of session 14 (compilewatch): `probe --timeline` says where the timeline went, a
 fingerprint file is never written into the cache it describes, `run` says why a program cannot start
-before anything starts, and pushing an empty cache dir says so."""
+before anything starts, pushing an empty cache dir says so, and the race demo of docs/probe.md fails the
+same threads in every run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 
 from cli.main import app
+from compilewatch.tracing import torchcompat
 from tests.cache_helpers import make_cache
 from tests.helpers import invoke, invoke_json
 from tests.limits import cli, one_clear_line
@@ -74,3 +76,19 @@ def test_pushing_an_empty_cache_dir_says_it_holds_nothing(tmp_path, redis_url):
     assert res.exit_code == 0, res.stderr
     assert f"nothing: {empty} holds no FX-graph or AOTAutograd entries" in " ".join(res.stdout.split())
     assert os.listdir(empty) == [] or all(n.startswith(".") for n in os.listdir(empty))
+
+
+def test_the_race_demo_has_the_same_outcome_in_every_run(tmp_path):
+    """docs/examples/race_target.py: worker-0 holds a symbolic_trace open until every other thread has called
+    the compiled function once more. Its waits counted the live threads each time, so once a thread that had
+    called (and failed) exited, the trace could end before a slower thread's call, which then passed: one or
+    two failures from run to run. Counted once now: with the module-global FX flag every other thread fails,
+    with the per-thread flag every one passes; three runs of 2 and 4 threads, each in its own process."""
+    demo = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "docs" / "examples" / "race_target.py")
+    per_thread = torchcompat.fx_flag_layout().kind == "thread_local"
+    for n in (2, 4, 4):
+        # no address-space cap: the matrix's CUDA wheels map more than the default 1 GiB at import
+        o = cli("probe", f"{demo}:run", "--threads", str(n), "--json", timeout=240, cwd=tmp_path, mem=None)
+        outcomes = [t["outcome"] for t in json.loads(o.stdout)["threads"]]
+        assert outcomes == ["ok"] + ["ok" if per_thread else "error"] * (n - 1), (outcomes, o.stderr[-2000:])
+        assert o.rc == (0 if per_thread else 1)

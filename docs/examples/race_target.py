@@ -20,8 +20,18 @@ progress = threading.Condition()
 count = {"warm": 0, "called": 0}
 
 
-def _others() -> int:
-    return sum(t.name.startswith("worker-") and t.name != "worker-0" for t in threading.enumerate())
+others = None  # how many threads besides worker-0: counted once, by the first thread to start
+
+
+def _count_others() -> None:
+    """Count the other workers once, while every one is alive: the probe starts them all together (a
+    Barrier), so none can have finished before the first thread gets here. Counting live threads at each
+    wait instead let worker-0 end its trace early once a thread that had already called (and failed)
+    exited, and a slower thread then called after the trace, and passed."""
+    global others
+    with progress:
+        if others is None:
+            others = sum(t.name.startswith("worker-") and t.name != "worker-0" for t in threading.enumerate())
 
 
 def _bump(key: str) -> None:
@@ -32,7 +42,7 @@ def _bump(key: str) -> None:
 
 def _wait_for(key: str) -> None:
     with progress:
-        progress.wait_for(lambda: count[key] >= _others(), timeout=WAIT)
+        progress.wait_for(lambda: count[key] >= others, timeout=WAIT)
 
 
 def _hold(x):
@@ -42,6 +52,7 @@ def _hold(x):
 
 
 def run():
+    _count_others()
     if threading.current_thread().name == "worker-0":
         _wait_for("warm")
         torch.fx.symbolic_trace(_hold)
