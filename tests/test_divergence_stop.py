@@ -106,3 +106,20 @@ def test_dflash_check_fails_an_export_with_non_finite_weights(tmp_path, chats):
     text = " ".join(r.stdout.split())
     assert r.exit_code == 1 and f"weights: 1 of {len(tensors)} tensors hold NaN or infinite values ({name})" in text
     assert "acceptance: not measured" in text
+
+
+def test_resuming_from_a_checkpoint_with_non_finite_weights_is_refused(tmp_path, chats, monkeypatch):
+    """A checkpoint saved after the run diverged (an older dflash saved them): --resume trained on from NaN
+    weights (every step nan). Made here by turning the checks off for the first run."""
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "check_step", lambda self, metrics: None)
+        m.setattr(Trainer, "check_weights", lambda self: None)
+        r = invoke(app, ["train", "--out", str(out), "--data", str(chats), *COMMON, "--max-steps", "3",
+                         "--set", "optim.lr=1e30", "--set", "optim.warmup_ratio=0", "--set", "checkpoint.every=1"])
+    assert r.exit_code == 0 and not all_finite(out / "checkpoints" / "step_000003"), r.stderr
+    r = invoke(app, ["train", "--out", str(out), "--resume", "--max-steps", "4"])
+    err = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "holds non-finite weights" in err and "checkpoints/latest" in err, err
+    assert not (out / "checkpoints" / "step_000004").exists() and not (out / ".lock").exists()

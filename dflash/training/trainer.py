@@ -112,7 +112,16 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any], where: str = "the training state") -> None:
         """Continue from `state` (Trainer.state_dict's); BadInput, with nothing changed, when it does not
         fit this drafter, optimizer and run length (dflash.checkpoint.state_check)."""
+        from compilewatch import BadInput
+        from dflash.model import nonfinite_parameters
+
         self.step = restore_training_state(state, self.drafter, self.optimizer, self.total_steps, where)
+        bad = nonfinite_parameters(self.drafter)
+        if bad:  # saved after the run diverged (by a version without the check before saves)
+            raise BadInput(f"{where} holds non-finite weights ({len(bad)} parameter(s), e.g. {bad[0]}): it was "
+                           "saved after training diverged, and every step from it would be NaN",
+                           hint="resume from an earlier checkpoint (write its name, e.g. step_000100, into "
+                                "RUN/checkpoints/latest), or train again with a lower optim.lr and another --out")
         self.saver.resumed_step = self.step  # newer checkpoints (a rewound `latest`) are not this run's to prune
 
     # ------------------------------------------------------------ one step
