@@ -56,7 +56,9 @@ def explain_cmd(
         if report is not None:
             from compilewatch.errors import BadInput
 
-            raise BadInput("give REPORT or --against, not both")
+            raise BadInput("give REPORT or --against, not both",
+                           hint="REPORT explains a recorded run; --against compares another cache's entries with "
+                                "this one: run them one at a time")
         rep = against_lib.explain_against(against, here)
         output.emit(rep, as_json, _render_against)
         raise typer.Exit(1 if rep.entries - rep.would_hit else 0)

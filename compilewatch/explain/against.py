@@ -86,7 +86,8 @@ def explain_against(other: str | os.PathLike[str], here: str | os.PathLike[str])
     if other_p.is_file():
         return _from_archive(other_p, here_p)
     if not other_p.is_dir():
-        raise BadInput(f"no cache dir or archive at {other_p}",
+        raise BadInput(f"{other_p} is neither a directory nor a regular file: not a cache dir or archive"
+                       if os.path.lexists(other_p) else f"no cache dir or archive at {other_p}",
                        hint="give the inductor cache dir or the `compilewatch cache save` archive whose entries you "
                             "want explained")
     mine = S.read(S.store_dir(here_p))
@@ -278,5 +279,8 @@ def _report(other: Path | str, here: Path, source: str, results: list[AgainstEnt
         if not r.would_hit:
             causes[r.cause] = causes.get(r.cause, 0) + 1
     causes = dict(sorted(causes.items(), key=lambda kv: -kv[1]))
+    if not results:  # "0 of 0 entries would hit" says nothing: say why
+        warnings = [f"{other} holds no FX-graph entries ({'recorded lookups' if source == 'key store' else 'fxgraph/'}"
+                    f"): nothing to compare; is it the cache that was used?", *warnings]
     return AgainstReport(str(other), str(here), source, len(results), sum(r.would_hit for r in results),
                          tuple(results), causes, tuple(warnings))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from compilewatch.explain import parts as P
@@ -33,6 +33,7 @@ class Diff:
     before: str | None  # None: not recorded
     after: str | None
     text: str
+    risk: bool = False  # a difference that did not change torch's key here (an environment variable): named last
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,56 @@ def diff_parts(before: dict[str, list], after: dict[str, list]) -> list[Diff]:
             out.append(Diff(name, w, a[1] if a else None, b[1] if b else None,
                             f"{w}: recorded on one side only ({'not recorded' if a is None else _show(a[1], a[0])} → "
                             f"{'not recorded' if b is None else _show(b[1], b[0])})"))
-    return out
+    return _env_risks(_inputs_as_one(before, after, out))
+
+
+def _inputs_as_one(before: dict[str, list], after: dict[str, list], diffs: list[Diff]) -> list[Diff]:
+    """When the number of inputs changed (dynamic shapes add a symbolic size input in front), inputs
+    compared position by position pair unrelated things: name the input lists instead, as one part."""
+    ins_b = sorted((n for n in before if n.startswith("example_inputs[")), key=_index)
+    ins_a = sorted((n for n in after if n.startswith("example_inputs[")), key=_index)
+    if not ins_b or not ins_a or len(ins_b) == len(ins_a):
+        return diffs
+
+    def listed(parts: dict[str, list], names: list[str]) -> str:
+        shown = ", ".join(_show(parts[n][1], parts[n][0]) for n in names[:4])
+        return f"{len(names)} input{'s' if len(names) != 1 else ''} ({shown}{', ...' if len(names) > 4 else ''})"
+
+    b, a = listed(before, ins_b), listed(after, ins_a)
+    sym_b, sym_a = _symbolic(before, ins_b), _symbolic(after, ins_a)
+    why = " (sizes became symbolic: dynamic shapes)" if sym_a and not sym_b else \
+        " (sizes became static)" if sym_b and not sym_a else ""
+    one = Diff("example_inputs[*]", "inputs", b, a, f"inputs {b} → {a}{why}")
+    rest = [d for d in diffs if not d.part.startswith("example_inputs[")]
+    at = next((i for i, d in enumerate(rest) if P.rank(d.part) > P.rank(one.part)), len(rest))
+    return rest[:at] + [one] + rest[at:]
+
+
+def _index(name: str) -> int:
+    inner = name[len("example_inputs["):].rstrip("]")
+    return int(inner) if inner.isdigit() else 1 << 30
+
+
+def _symbolic(parts: dict[str, list], names: list[str]) -> bool:
+    return any(P.is_symbolic(parts[n][1] or "") for n in names)
+
+
+def _env_risks(diffs: list[Diff]) -> list[Diff]:
+    """An environment variable is compilewatch's own record, not a part of torch's key: it is a cause only
+    through a setting, config flag or compile option it sets. When none of those differs (or only those
+    that another variable names), a differing variable did no harm here: named last, as a risk."""
+    env = [d for d in diffs if d.part.startswith("env[")]
+    rest = [d for d in diffs if not d.part.startswith("env[")]
+    if not env or not rest:
+        return diffs
+    settable = [d for d in rest if 4 <= P.rank(d.part) <= 6]
+    linked = {e.part for e in env if any(P.env_sets(e.part, d.part) for d in settable)}
+    unexplained = [d for d in settable if not any(P.env_sets(e.part, d.part) for e in env)]
+    if unexplained:  # a variable may set a flag under another name: each may be the cause
+        return diffs
+    risks = [Diff(e.part, e.words, e.before, e.after, f"{e.text} (a risk, not this miss's cause: no setting, config "
+                  f"flag or compile option it could set differs)", risk=True) for e in env if e.part not in linked]
+    return [d for d in diffs if not (d.part.startswith("env[") and d.part not in linked)] + risks
 
 
 def _cause_of(d: Diff) -> str:
@@ -155,6 +205,15 @@ def _summary_text(rec: dict, diffs: list[Diff]) -> str:
     return f"cache miss {_label(rec)} ({rec.get('kind')}): {shown}{tail}"
 
 
+def _still_running(other: dict, rec: dict, own: S.StoreData) -> bool:
+    """Whether the process of the lookup `other` recorded something (a later lookup, its compile-time line,
+    written when its watch ended) after `rec` was looked up: it was alive, maybe compiling that graph."""
+    who, t = (other.get("pid"), other.get("run")), rec.get("t")
+    if t is None or who == (rec.get("pid"), rec.get("run")):
+        return False
+    return any((x.get("pid"), x.get("run")) == who and (x.get("t") or 0) > t for x in own.lookups + own.timings)
+
+
 def explain_miss(rec: dict, index: int, pool: _Pool) -> Explanation:
     own = pool.own
     before = own.lookups[:index]
@@ -167,6 +226,14 @@ def explain_miss(rec: dict, index: int, pool: _Pool) -> Explanation:
                 f"not written yet (another thread compiling the same graph at the same time), or torch did not save it")
         return Explanation(**base, verdict="not_saved", cause="same key missed before in this process (not saved yet)",
                            diffs=(), text=text, compared_with=key)
+    if same and not same[-1].get("hit") and _still_running(same[-1], rec, own):
+        r = same[-1]
+        ago = max(0.0, float(rec.get("t") or 0) - float(r.get("t") or 0))
+        text = (f"cache miss {_label(rec)} ({kind}): process {r.get('pid')} (run {r.get('run')}) missed the same key "
+                f"{ago:.1f} s before and was still running: its entry was not written yet (two processes compiling "
+                f"the same graph at the same time), or torch did not save it")
+        return Explanation(**base, verdict="not_saved", cause="same key being compiled by another process at the "
+                           "same time (not saved yet)", diffs=(), text=text, compared_with=key)
     if same:
         r = same[-1]
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("t", 0)))
@@ -258,7 +325,8 @@ def _load_pool(cache_dir: str | os.PathLike[str], *, must_exist: bool = False) -
         if d.newer:
             warnings.append(f"{d.path}: {d.newer} record(s) of a newer format left out (a newer compilewatch wrote them)")
         if d.skipped:
-            warnings.append(f"{d.path}: {d.skipped} line(s) that do not parse left out")
+            warnings.append(f"{d.path}: {d.skipped} line(s) that do not parse or do not have the store's format "
+                            f"left out")
     return _Pool(own, sibs), warnings
 
 
@@ -268,6 +336,16 @@ def explain_run(cache_dir: str | os.PathLike[str], *, run: str | None = None, pi
     cache_dir = str(Path(os.path.abspath(cache_dir)))
     pool, warnings = _load_pool(cache_dir, must_exist=must_exist)
     looks = pool.own.lookups
+    if must_exist and not looks:
+        from compilewatch.errors import BadInput
+
+        left = "".join(f"; {n} line(s) {why} left out" for n, why in (
+            (pool.own.skipped, "that do not parse or do not have the store's format"),
+            (pool.own.newer, "of a newer format")) if n)
+        raise BadInput(f"the key store {pool.own.path} records no cache lookups{left}: its {S.FILE} is missing, "
+                       f"empty or unreadable",
+                       hint="run the program under `compilewatch run -- ...` (or compilewatch.watch()) again to record "
+                            f"its lookups; a damaged store can be removed (rm -r {pool.own.path})")
     if run is None and pids:
         mine = [r for r in looks if r.get("pid") in pids]
         run = mine[-1].get("run") if mine else None
@@ -312,7 +390,7 @@ def compile_times(data: S.StoreData, run: str | None, pids: tuple[int, ...] | No
 def explain_report(path: str | os.PathLike[str]) -> list[RunExplanation]:
     """The runs a saved watch report (`compilewatch run --report`, `compilewatch.watch(report=)`) recorded."""
     from compilewatch.errors import BadInput
-    from compilewatch.inputs import loads_json, read_text
+    from compilewatch.inputs import loads_json, one_line, read_text
 
     text = read_text(path, what="report")
     seen: dict[tuple[str, str], set[int]] = {}
@@ -326,16 +404,38 @@ def explain_report(path: str | os.PathLike[str]) -> list[RunExplanation]:
         if ev.get("kind") != "cache_lookups":
             continue
         d = ev["detail"] if isinstance(ev.get("detail"), dict) else ev  # a report's lines hold the detail flat
-        for st in d.get("stores") or []:
-            if isinstance(st, str) and isinstance(d.get("run"), str):
-                seen.setdefault((st, d["run"]), set()).add(int(ev.get("pid", 0)))
+        pid, stores = ev.get("pid", 0), d.get("stores") or []
+        bad = "its pid is not an integer" if not isinstance(pid, int) or isinstance(pid, bool) else \
+            "its stores are not a list" if not isinstance(stores, list) else \
+            next((f"store {one_line(st, 120)} is not a compilewatch key store's path (<dir>/.<cache dir name>{S.SUFFIX})"
+                  for st in stores if not isinstance(st, str) or not _is_store_path(st)), None)
+        if bad:
+            raise BadInput(f"{path} line {n}: a cache_lookups event, but {bad}",
+                           hint="give a report written by `compilewatch run --report FILE`")
+        for st in stores:
+            if isinstance(d.get("run"), str):
+                seen.setdefault((st, d["run"]), set()).add(pid)
     if not seen:
         raise BadInput(f"{path} records no cache lookups",
                        hint="the program made no FX-graph / AOTAutograd cache lookup (it compiled nothing "
                             "with inductor), or an older compilewatch wrote it, before lookups were recorded; "
                             "run it again under `compilewatch run --report FILE -- ...`")
-    return [explain_run(S.cache_dir_of(Path(st)), run=run, pids=tuple(pids), must_exist=True)
+    runs = [explain_run(S.cache_dir_of(Path(st)), run=run, pids=tuple(pids), must_exist=True)
             for (st, run), pids in sorted(seen.items())]
+    if not any(r.lookups for r in runs):  # the store was compacted, removed or recreated since the report
+        raise BadInput(f"{path}: the key store(s) it names hold no lookups of its run(s) "
+                       f"({', '.join(sorted({one_line(r.run, 80) for r in runs}))}): they were compacted away, or the "
+                       f"store was removed and made again since",
+                       hint="explain the last run on the cache dir instead (`compilewatch cache explain --dir DIR`), "
+                            "or run the program again under `compilewatch run --report FILE -- ...`")
+    return [r if r.lookups else replace(r, warnings=r.warnings + (
+        f"{r.store} holds no lookups of run {r.run} any more (compacted away, or the store was made again)",))
+        for r in runs]
+
+
+def _is_store_path(st: str) -> bool:
+    name = Path(st).name
+    return os.path.isabs(st) and name.startswith(".") and name.endswith(S.SUFFIX) and len(name) > len(S.SUFFIX) + 1
 
 
 def last_run_line(cache_dir: str | os.PathLike[str]) -> tuple[str, str] | None:

@@ -36,6 +36,8 @@ ENV_MARK = "env:recorded"  # present in every settings group compilewatch wrote:
 
 _LINE_RE = re.compile(r"^\[([0-9a-zA-Z]+)\] ([^:]+?): ?(.*)$", re.S)
 _ADDR_RE = re.compile(r" at 0x[0-9a-f]+")
+_SYM_RE = re.compile(r"^\('([a-z]\w*)',\)$")  # an input SymInt, as FxGraphCachePickler._reduce_symint prints it
+_SYMBOLIC_RE = re.compile(r"^symbolic size |^\('[a-z]\w*',\)$|\[[^\]]*\b[a-z]+\d+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,8 @@ def short_value(name: str, value: str) -> str | None:
         return None
     if value.startswith("TensorMetadata("):
         return _short_tensor(value)
+    if name.startswith("example_inputs[") and (m := _SYM_RE.match(value)):  # torch hashes a SymInt by its name
+        return f"symbolic size {m.group(1)}"
     value = _ADDR_RE.sub("", value)
     if len(value) > VALUE_CHARS or not value.isprintable():
         return None
@@ -155,3 +159,17 @@ def words(name: str) -> str:
     if name.startswith(prefix_words := "system_info["):
         return f"system {name[len(prefix_words):].rstrip(']')}"
     return name.replace("_", " ")
+
+
+def is_symbolic(value: str) -> bool:
+    """An input's short value that holds a symbolic size (`symbolic size s77`, `float32 [s77, 8] ...`)."""
+    return bool(_SYMBOLIC_RE.search(value))
+
+
+def env_sets(env_part: str, part: str) -> bool:
+    """Whether the variable of `env[NAME]` is the one torch reads for `part` by name: TORCHINDUCTOR_SIZE_ASSERTS
+    for inductor_config[size_asserts], TORCH_COMPILE_CACHE_KEY_TAG for cache_key_tag."""
+    var = env_part[len("env["):].rstrip("]")
+    prefix = next((p for p in ENV_PREFIXES if var.startswith(p)), "")
+    inner = part.split("[", 1)[1].rstrip("]") if part.startswith(("inductor_config", "fx_kwargs[")) else part
+    return bool(inner) and var[len(prefix):].lower() == inner.lower()

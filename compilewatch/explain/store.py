@@ -123,33 +123,74 @@ def read(store: Path, *, must_exist: bool = False) -> StoreData:
 
     try:
         raw = read_bytes(store / FILE, limit=READ_LIMIT, what="key store")
-    except BadInput:
+    except BadInput as e:
         if not (store / FILE).exists():
             return data
-        raise
+        raise BadInput(e.message, hint=e.hint or f"{store / FILE} should be the key store's JSON-lines file; remove "
+                                                 f"the store (rm -r {store}) and run the program again under "
+                                                 f"`compilewatch run -- ...`") from None
     for line in raw.split(b"\n"):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a line nested too deeply to read
             data.skipped += 1
             continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("v"), int):
+        if not isinstance(obj, dict) or not isinstance(obj.get("v"), int) or isinstance(obj["v"], bool):
             data.skipped += 1
             continue
         if obj["v"] > FORMAT_VERSION:
             data.newer += 1
             continue
-        if obj.get("type") == "group" and isinstance(obj.get("id"), str) and isinstance(obj.get("parts"), dict):
+        if obj.get("type") == "group" and isinstance(obj.get("id"), str) and _valid_parts(obj.get("parts")):
             data.groups[obj["id"]] = obj["parts"]
-        elif obj.get("type") == "lookup" and isinstance(obj.get("key"), str):
+        elif obj.get("type") == "lookup" and _valid_lookup(obj):
             data.lookups.append(obj)
-        elif obj.get("type") == "timing" and isinstance(obj.get("phases"), dict):
+        elif obj.get("type") == "timing" and _valid_timing(obj):
             data.timings.append(obj)
         else:
             data.skipped += 1
     return data
+
+
+# what the recorder writes, field by field: a line of another shape is skipped and counted, never used
+def _is(v, *types) -> bool:
+    """isinstance, where True/False count as bool only (not as int)."""
+    return isinstance(v, types) and (bool in types or not isinstance(v, bool))
+
+
+def _opt(obj: dict, name: str, *types) -> bool:
+    return obj.get(name) is None or _is(obj[name], *types)
+
+
+def _valid_parts(parts) -> bool:
+    return isinstance(parts, dict) and all(
+        isinstance(k, str) and isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
+        and (v[1] is None or isinstance(v[1], str)) for k, v in parts.items())
+
+
+def _valid_lookup(o: dict) -> bool:
+    groups = o.get("groups")
+    return (isinstance(o.get("key"), str) and _opt(o, "t", int, float) and _opt(o, "pid", int)
+            and all(_opt(o, f, str) for f in ("run", "kind", "name", "compile_id", "cache_dir", "torch"))
+            and _opt(o, "hit", bool) and _opt(o, "backward", bool)
+            and (groups is None or (isinstance(groups, dict)
+                                    and all(isinstance(k, str) and isinstance(v, str) for k, v in groups.items()))))
+
+
+def _valid_timing(o: dict) -> bool:
+    num = (int, float)
+    return (isinstance(o.get("phases"), dict) and all(isinstance(k, str) and _is(v, *num) for k, v in o["phases"].items())
+            and _opt(o, "t", *num) and _opt(o, "pid", int) and _opt(o, "run", str) and _opt(o, "torch", str)
+            and _opt(o, "total_s", *num) and _opt(o, "wall_s", *num) and _opt(o, "threads", int)
+            and all(o.get(f) is None or (isinstance(o[f], list) and all(isinstance(x, str) for x in o[f]))
+                    for f in ("unavailable", "unmeasured"))
+            and (o.get("top") is None or (isinstance(o["top"], list) and all(
+                isinstance(e, list) and len(e) == 4 and isinstance(e[0], str) and isinstance(e[1], str)
+                and _is(e[2], *num) and _is(e[3], int) for e in o["top"])))
+            and (o.get("lookups") is None or (isinstance(o["lookups"], dict)
+                                              and all(_is(v, int) for v in o["lookups"].values()))))
 
 
 class Writer:
@@ -166,7 +207,7 @@ class Writer:
             with open(self.file, "rb") as f:
                 for line in f:
                     if line.startswith(b'{"v":1,"type":"group"'):
-                        with contextlib.suppress(ValueError):
+                        with contextlib.suppress(ValueError, KeyError, TypeError, RecursionError):
                             self.known.add(json.loads(line)["id"])
         except FileNotFoundError:
             pass
