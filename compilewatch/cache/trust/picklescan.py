@@ -30,6 +30,15 @@ module that names it:
   call's result is what the callee declares (an instance, a tensor, a member...) or opaque, which
   nothing may call, build, fill or hand to code that uses it. `reduce_graph_module`'s body may hold
   nothing FX's re-trace could call, and a SerializedGraphModule's stored call is checked at STOP.
+- what builtins and torch's restores call on a state (session 14's red team: `CachingAutotuner`'s
+  `self.__dict__.update(state)` calls `state.keys()`; a `keys` that was `InductorCacheArtifact.
+  populate_cache` wrote a file of the pickle's choosing, and on 2.13 unpickled it unscanned): under
+  `keys`, `get` and `items` a BUILD state keeps data only, and a torch restore's state is never an
+  instance;
+- what the loader allocates: a memo index past the opcodes read so far (the unpickler's memo is an
+  array: `LONG_BINPUT 2**31` asks for 32 GiB), `bytes(n)` / `bytearray(n)` of a number, a container
+  built from a `range`, a codec other than a plain text one (its module is imported) are refused;
+  a memo'd constant loaded or encoded again and again is scanned once.
 
 Audit of what the allowed names reach (torch 2.13, issue 37): the protocol methods of the 630
 classes of CLASS_MODULES (`__repr__`, `__hash__`, `__eq__`, `__iter__`, `__index__`, ...) call no
@@ -202,6 +211,10 @@ class _Calls:
 
     refuse: Callable[[str], None]
     nested_torch_save: Callable[[bytes], None]
+    # bytes already scanned for _load_from_bytes, and what _codecs.encode made of each string constant: by
+    # the object (kept alive here), so a memo'd constant loaded or encoded again and again costs nothing more
+    loaded: dict[int, _Bytes]
+    encoded: dict[tuple[int, str], tuple[_Str, _Bytes]]
 
     def checked_call(self, fn: _Global, args: object) -> object:
         """getattr's two allowed forms (see CHECKED_CALLS); what it pushes."""
@@ -260,8 +273,11 @@ class _Calls:
                     and items[1] in _CODECS):
                 self.refuse(f"{fn} of something other than a string constant and a plain text codec")
                 return _Value("bytes", f"{fn}(...)")
+            key = (id(items[0]), str(items[1]))
             try:
-                return _Bytes(str(items[0]).encode(str(items[1])))
+                if key not in self.encoded:
+                    self.encoded[key] = (items[0], _Bytes(str(items[0]).encode(str(items[1]))))
+                return self.encoded[key][1]
             except UnicodeError:
                 return _Value("bytes", f"{fn}(...)")  # pickle.loads would fail on it too
         if fn == "torch.fx.graph_module.reduce_graph_module":  # exec(import_block + body["_code"])
@@ -273,7 +289,8 @@ class _Calls:
             blob = items[0] if items and len(items) == 1 else None
             if not isinstance(blob, _Bytes):
                 self.refuse(f"{fn} of something computed: it unpickles it")
-            else:
+            elif id(blob) not in self.loaded:
+                self.loaded[id(blob)] = blob
                 self.nested_torch_save(bytes(blob))
             return _Value("storage", f"{fn}(...)")
         return _opaque(f"{fn}(...)")  # select_decomp_table(): a table of functions
@@ -306,6 +323,15 @@ class _Calls:
 
     def construct(self, opname: str, fn: str, cls: type, items: list[object] | None, args: object,
                   kwargs: object) -> object:
+        if cls in (bytes, bytearray, str) and items:  # bytes(n) allocates n bytes; (x, encoding) looks the codec up
+            if cls is not str and not (isinstance(items[0], (_Bytes, _Str, _Seq, _List)) or (
+                    isinstance(items[0], _Obj) and items[0].cls in (bytes, bytearray, str, list, tuple))):
+                self.refuse(f"{fn} of {describe(items[0])}: of a number it allocates that many bytes")
+            if len(items) > 1 and not (isinstance(items[1], _Str) and items[1] in _CODECS):
+                self.refuse(f"{fn} with a codec other than a plain text one: the codec's module is imported")
+        stores = _owner(cls, "__new__") in (None, object) and (opname in ("NEWOBJ", "NEWOBJ_EX") or stores_only(cls))
+        if not stores and any(isinstance(x, _Obj) and x.cls is range for x in items or ()):
+            self.refuse(f"{fn} constructed from a range: it iterates it (a range of 2**40 numbers is a few bytes)")
         if _is_sympy(cls):
             self.construct_sympy(opname, fn, cls, items, args)
             return _Obj(cls, fresh=False)  # sympy caches its objects (and has singletons)
@@ -365,6 +391,8 @@ class _Scan(_Calls):
         self.max_ops = max_ops
         self.nested = nested
         self.graphs: list[tuple[object, object]] = []  # SerializedGraphModules' (args, class): checked at STOP
+        self.loaded: dict[int, _Bytes] = {}
+        self.encoded: dict[tuple[int, str], tuple[_Str, _Bytes]] = {}
 
     def refuse(self, why: str | None) -> None:
         if why and len(self.refused) < 1000:
@@ -458,6 +486,9 @@ class _Scan(_Calls):
                     memo[len(memo)] = stack[-1] if stack else None
                     continue
                 if opname in _MEMO_PUT:
+                    if int(arg) > n:  # pickle's memo is an array: a PUT grows it to twice the index (8 bytes a slot)
+                        self.refuse(f"a memo index {int(arg)} past the pickle's {n} opcodes so far: the unpickler "
+                                    "allocates memory for twice that many entries")
                     memo[int(arg)] = stack[-1] if stack else None
                     continue
                 if opname in _MEMO_GET:

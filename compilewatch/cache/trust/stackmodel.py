@@ -133,6 +133,11 @@ class _Set(_Node):
 # pickle looks these up on an instance (BUILD, APPENDS, ADDITEMS): an instance attribute of that name
 # is what it calls. Never a key of a BUILD state (with dunders).
 _PROTOCOL_ATTRS = frozenset({"append", "extend", "add"})
+# names builtins and torch's own restores look up on an instance and call: dict.update / dict() / `**` call
+# its `keys` (CachingAutotuner.__setstate__ is `self.__dict__.update(state)`), Counter.update a mapping's
+# `items`, and CachingAutotuner.__setstate__ calls `inductor_meta.get(...)`. Under these names a BUILD
+# state (either kind of restore) may keep data only: never a global, a call's result or a live instance
+_LOOKED_UP_ATTRS = frozenset({"keys", "get", "items"})
 # dunder attributes that are data on an instance, never looked up by a protocol (triton's JITFunction
 # keeps these in its state on CUDA): allowed as BUILD keys, their values checked like any other's
 _DATA_DUNDERS = frozenset({"__doc__", "__name__", "__qualname__", "__module__", "__globals__"})
@@ -142,7 +147,7 @@ class _Dict(_Node):
     """A dict the pickle built: what `reduce_graph_module` reads of it (its source, tracer class and
     extras), whether every key is a plain string, and the first value a BUILD may not store."""
 
-    __slots__ = ("code", "tracer", "extras", "str_keys", "bad_attr", "graph_fn", "args")
+    __slots__ = ("code", "tracer", "extras", "str_keys", "bad_attr", "graph_fn", "args", "called")
 
     def __init__(self) -> None:
         super().__init__()
@@ -153,6 +158,7 @@ class _Dict(_Node):
         self.bad_attr: str | None = None
         self.graph_fn = False  # {"fn": reduce_graph_module, "args": ...}: a SerializedGraphModule's state
         self.args: object = None
+        self.called: str | None = None  # a value under a name builtins and torch's restores call (_LOOKED_UP_ATTRS)
 
     def set(self, key: object, value: object) -> None:
         if isinstance(key, _Str):
@@ -160,6 +166,9 @@ class _Dict(_Node):
                 self.code = value
             if key == "args":
                 self.args = value
+            if key in _LOOKED_UP_ATTRS and self.called is None and (
+                    isinstance(value, (_Global, _Value)) or (isinstance(value, _Obj) and value.live)):
+                self.called = f"{describe(value)} as {key!r}"
             if key.startswith("__") and key not in _DATA_DUNDERS or key in _PROTOCOL_ATTRS:
                 self.bad_attr = self.bad_attr or f"a {key!r} key"
             elif key == "fn" and value == _RGM and isinstance(value, _Global):
@@ -386,7 +395,13 @@ def build(obj: object, state: object, graphs: list[tuple[object, object]]) -> st
         return f"{name}.__setstate__ runs its own code (BUILD)"
     if isinstance(state, (_Global, _Value)):
         return f"BUILD of {name} with {describe(state)} as its state"
+    called = next((d.called for d in (state, *(state.items if isinstance(state, _Seq) else ()))
+                   if isinstance(d, _Dict) and d.called), None)
+    if called:
+        return f"BUILD of {name} storing {called}: builtins and torch's restores look it up and call it"
     if not _builtin_owner(_owner(cls, "__setstate__")):  # an audited or torch's own restore of its data
+        if isinstance(state, _Obj):  # `self.__dict__.update(state)` calls the instance's `keys`
+            return f"BUILD of {name} with {describe(state)} as its state: its restore looks up the state's methods"
         # Its state may hold what torch's own entries keep there (a real CUDA fxgraph entry: triton's
         # JITFunction, constexpr classes, bound methods like `launcher.create_binder` in a defaultdict):
         # these restores assign, they do not call what they store. The class-mutation family stays
