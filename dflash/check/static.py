@@ -88,7 +88,11 @@ def _rope_type(scaling: dict[str, Any] | None) -> str:
 
 
 def _same(a, b) -> bool:
-    return a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1))
+    try:
+        return a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float))
+                          and abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1))
+    except OverflowError:  # an int past float's range (an edited config.json's record): not the float beside it
+        return False
 
 
 def check_static(cfg: dict[str, Any], spec, wdtype: str | None, target: TargetFacts,

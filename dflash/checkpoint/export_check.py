@@ -45,7 +45,12 @@ ROPE_LISTS = ("short_factor", "long_factor")
 
 
 def _real(v: Any) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int past float's range (JSON and pickles hold ints of any size)
+        return False
 
 
 def spec_problems(spec: DrafterSpec) -> list[str]:

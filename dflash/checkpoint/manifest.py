@@ -149,6 +149,24 @@ def record(directory: Path, names: Iterable[str]) -> dict[str, Any]:
     return manifest
 
 
+def keep(directory: Path, names: Iterable[str]) -> dict[str, Any] | None:
+    """Rewrite `directory/manifest.json` (atomically) to list only those of `names` it lists now, with
+    the sizes and digests recorded at the save: nothing is hashed again, so a file damaged since then
+    still fails `check` (hashing it now would vouch for the damage). None, and nothing written, when
+    the directory has no manifest (what was never recorded is not vouched for now). BadInput when the
+    manifest does not read (`read`)."""
+    from compilewatch import atomic_write_json
+
+    directory = Path(directory)
+    files = read(directory)
+    if files is None:
+        return None
+    kept = {n: files[n] for n in names if n != MANIFEST and _plain_name(n, "manifest.keep") in files}
+    manifest = {"format": FORMAT, "version": VERSION, "algorithm": ALGORITHM, "files": kept}
+    atomic_write_json(directory / MANIFEST, manifest)
+    return manifest
+
+
 def read(directory: Path) -> dict[str, dict[str, Any]] | None:
     """The files a checkpoint's manifest lists ({name: {"bytes", "xxh3_128"}}), every field checked;
     None when there is no manifest.json."""

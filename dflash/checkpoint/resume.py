@@ -8,6 +8,10 @@ What `--resume` can meet, each with its own answer (exit 2 unless it can go on):
   it is (compilewatch.open_untrusted), never "not found";
 - a run that already finished its schedule (`run_complete`): nothing to do, said at once (exit 0),
   with how to extend it.
+
+A resumed run's config may differ from the one its checkpoint was trained with (`--set` overrides, an
+edited config.toml): `changes_since_checkpoint` lists the fields that do, for the summary to state.
+(Data edited in place under the same path is not seen: a checkpoint records the data's path only.)
 """
 
 from __future__ import annotations
@@ -118,3 +122,42 @@ def run_complete(cfg: Config, overrides: dict[str, Any]) -> RunComplete | None:
     if total is None or step < total:
         return None
     return RunComplete(str(run_dir), step, total)
+
+
+SHOWN_CHANGES = 8  # fields listed by name (the count says how many more)
+
+
+def changes_since_checkpoint(cfg: Config) -> list[str]:
+    """What `cfg` (a resumed run's: its config.toml plus overrides) sets differently from the config its
+    newest checkpoint was trained with (that checkpoint's train_config.toml), as `section.field saved ->
+    now`, for the summary to state. Empty when there is no such checkpoint, or when its train_config.toml
+    does not read (the resume proper says what is wrong with a damaged checkpoint)."""
+    from dataclasses import asdict
+
+    from dflash.checkpoint.store import CONFIG_FILE, latest_checkpoint
+    from dflash.config import _flatten
+
+    try:
+        latest = latest_checkpoint(Path(cfg.checkpoint.out_dir))
+        if latest is None or not (latest / CONFIG_FILE).is_file():
+            return []
+        saved = load_toml(latest / CONFIG_FILE)
+    except BadInput:
+        return []
+    was, now = _flatten(asdict(saved)), _flatten(asdict(cfg))
+    for key in ("target.path", "data.path"):  # a relative path is made absolute when the run starts
+        p = now.get(key)
+        if isinstance(p, str) and not p.startswith("embedded:") and not Path(p).expanduser().is_absolute():
+            now[key] = str(Path(p).expanduser().absolute())
+    out = []
+    for key in now:
+        if key in ("checkpoint.out_dir",) or was.get(key) == now[key]:
+            continue
+        out.append(f"{key} {_shown(was.get(key))} -> {_shown(now[key])}")
+    return out
+
+
+def _shown(v: Any) -> str:
+    from compilewatch import one_line
+
+    return one_line(repr(list(v) if isinstance(v, tuple) else v), 60)

@@ -52,7 +52,10 @@ def _number(v: Any) -> float | None:
         v = v.item()
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an int past float's range (a pickle holds ints of any size)
+        return None
     return f if math.isfinite(f) else None
 
 

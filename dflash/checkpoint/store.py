@@ -116,6 +116,11 @@ def checked_spec(fields: Any, where: str) -> DrafterSpec:
 
     try:
         spec = dataclass_from_json(DrafterSpec, fields, where)
+    except OverflowError:  # an int past float's range where a number belongs (JSON and pickles hold any int)
+        big = [k for k, v in fields.items() if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 1000]
+        raise BadInput(f"{where}: not a drafter spec ({', '.join(map(str, big[:3])) or 'a number'} is too large "
+                       "to be a number)", hint="the export is damaged or was not written by dflash: use another "
+                                               "checkpoint") from None
     except (ValueError, ZeroDivisionError) as e:
         raise BadInput(f"{where}: not a drafter spec ({str(e)[:200]})") from None
     return check_spec(spec, where)
@@ -365,10 +370,11 @@ def load_training_state(path: Path) -> dict[str, Any]:
     import pickle
 
     where = str(path / STATE_FILE)
-    fd, _st = manifest.open_regular(path / STATE_FILE, "the training state")  # a FIFO or a directory: BadInput
+    fd, st = manifest.open_regular(path / STATE_FILE, "the training state")  # a FIFO or a directory: BadInput
     try:
-        with os.fdopen(fd, "rb"):  # checked a regular file; mmap reads it by path: tensors are paged in as
+        with os.fdopen(fd, "rb") as fh:  # checked a regular file; mmap reads it by path: tensors are paged in as
             # they are copied to the device (no full 12 GB host copy first, at 8B)
+            _check_state_archive(fh, st.st_size, where)  # first: torch.load's reads are then bounded by the file
             state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
     except (OSError, RuntimeError, EOFError, ValueError, TypeError, AttributeError, ImportError, KeyError, IndexError,
             pickle.UnpicklingError) as e:
@@ -395,6 +401,41 @@ def load_training_state(path: Path) -> dict[str, Any]:
         raise BadInput(f"{where!r} is not a dflash training state: {'; '.join(problems)}"[:600],
                        hint="resume from a checkpoint `dflash train` wrote")
     return state
+
+
+MAX_STATE_PICKLE = 64 << 20  # a training state's data.pkl describes its tensors: ~100 bytes each (KBs to a few MB)
+
+
+def _check_state_archive(fh: Any, size: int, where: str) -> None:
+    """BadInput unless `fh` (`size` bytes) is a zip archive as torch.save writes it: every record stored
+    uncompressed inside the file and the pickle at most MAX_STATE_PICKLE bytes. torch.load inflates a
+    compressed record into memory whole, whatever its size: a few MB of deflated zeros would ask for
+    gigabytes before weights_only looks at anything. Reads the zip's directory only."""
+    import zipfile
+
+    hint = ("it is not a training_state.pt that `dflash train` wrote (or it is damaged); resume from another "
+            "checkpoint (write its name into checkpoints/latest)")
+    try:
+        infos = zipfile.ZipFile(fh).infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
+        from compilewatch import one_line
+
+        raise BadInput(f"cannot read the training state {where!r}: not a zip archive (torch.save's format): "
+                       f"{one_line(e, 160)}", hint=hint) from None
+    for info in infos:
+        name = info.filename[:80]
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+            raise BadInput(f"the training state {where!r} holds a compressed record ({name!r}): torch.save "
+                           "stores every record uncompressed, and inflating it is not bounded by the file's size",
+                           hint=hint)
+        if info.header_offset + info.compress_size > size:
+            raise BadInput(f"the training state {where!r}: record {name!r} ends past the file's {size} bytes",
+                           hint=hint)
+        if info.filename.endswith("/data.pkl") and info.file_size > MAX_STATE_PICKLE:
+            raise BadInput(f"the training state {where!r}: its pickle {name!r} is {info.file_size} bytes, more "
+                           f"than the {MAX_STATE_PICKLE >> 20} MiB a training state's description of its tensors "
+                           "takes", hint=hint)
+    fh.seek(0)
 
 
 def check_compatible(spec: DrafterSpec, target_hidden: int, target_layers: int, layer_ids: tuple[int, ...],
