@@ -152,3 +152,28 @@ def test_resume_states_what_differs_from_the_checkpoints_config_and_refuses_a_bo
         in r.stderr
     assert "holds a compressed record" in r.stderr and "Traceback" not in r.stdout + r.stderr
     assert not (out / ".lock").exists() and state.is_file()  # the lock released, nothing of the run removed
+
+
+def test_a_train_config_that_is_a_fifo_or_edited_is_named_by_eval_and_check(tmp_path):
+    """A train_config.toml that is a FIFO read as 'has no train_config.toml; say which target'; `dflash check`
+    read the target and prompts from an edited one without a word (`dflash eval` checked it)."""
+    from cli.dflash_main import app
+    from tests.dflash_helpers import write_word_chats
+    from tests.helpers import invoke
+
+    data = write_word_chats(tmp_path / "chat.jsonl")
+    out = tmp_path / "run"
+    assert invoke(app, ["train", "--out", str(out), "--data", str(data), *COMMON, "--max-steps", "2"]).exit_code == 0
+    ck = out / "checkpoints" / "step_000002"
+    toml = ck / store.CONFIG_FILE
+    toml.write_text(toml.read_text().replace("max_length = 96", "max_length = 95"))
+    r = invoke(app, ["check", str(ck), "--static"])
+    text = " ".join(r.stdout.split())
+    assert r.exit_code == 1 and f"FAIL {store.CONFIG_FILE}: changed after the save" in text, r.stdout
+    toml.unlink()
+    os.mkfifo(toml)
+    for args in (["check", str(ck), "--static"], ["eval", str(ck), "-n", "1"]):
+        r = invoke(app, args)
+        err = " ".join(r.stderr.split())
+        assert r.exit_code == 2 and "Traceback" not in r.stderr, r.stderr
+        assert "is not a regular file" in err and "has no train_config.toml" not in err, err

@@ -13,6 +13,7 @@ an engine would read).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -61,8 +62,8 @@ def check_export(path: str, *, target_path: str | None = None, data_path: str | 
     from dflash.check.serving import check_serving
     from dflash.check.static import check_static, target_facts, weights_dtype, weights_finding
     from dflash.checkpoint import manifest
-    from dflash.checkpoint.store import CONFIG_FILE, read_export_spec, resolve_checkpoint
-    from dflash.config import apply_overrides, load_toml
+    from dflash.checkpoint.store import CONFIG_FILE, checkpoint_config, read_export_spec, resolve_checkpoint
+    from dflash.config import apply_overrides
     from dflash.flags import check_max_new_tokens, check_num_prompts, check_temperature
 
     check_num_prompts(num_prompts)
@@ -75,25 +76,28 @@ def check_export(path: str, *, target_path: str | None = None, data_path: str | 
     if unverified:
         notes.append(unverified)
     else:
-        try:
-            manifest.check(ck, ["config.json"])
-        except BadInput as e:
-            findings.append(Finding("fail", "config.json", f"changed after the save ({e.message})",
-                                    "the lines below say what differs from training; restore the saved "
-                                    "config.json, or re-export"))
+        # edited since the save: config.json is what an engine reads (the lines below say what differs from
+        # training); train_config.toml names the target and prompts this check uses
+        for name, todo in (("config.json", "the lines below say what differs from training; restore the saved "
+                                           "config.json, or re-export"),
+                           (CONFIG_FILE, "restore the saved train_config.toml (this check read the target and "
+                                         "prompts from it), or pass --target and --data")):
+            if name == CONFIG_FILE and not os.path.lexists(ck / name):
+                continue
+            try:
+                manifest.check(ck, [name])
+            except BadInput as e:
+                findings.append(Finding("fail", name, f"changed after the save ({e.message})", todo))
     spec = read_export_spec(ck)  # config.json bounded and typed, the weights' header against it (BadInput)
     cfg_json = _read_config(ck)
     record = read_record(cfg_json, str(ck / "config.json"))
-    train_cfg = None
     overrides = {"target.path": target_path} if target_path else {}
-    if (ck / CONFIG_FILE).is_file():
-        train_cfg = load_toml(ck / CONFIG_FILE, overrides)
-    elif target_path:
+    train_cfg = checkpoint_config(ck, overrides)
+    if train_cfg is None and target_path:
         from dflash.config import tiny
 
-        train_cfg = None
         base = apply_overrides(tiny(), overrides)
-    else:
+    elif train_cfg is None:
         raise BadInput(f"{str(ck)!r} has no {CONFIG_FILE}; say which target it drafts for",
                        hint="pass --target DIR (or embedded:tiny)")
     cfg = train_cfg if train_cfg is not None else base

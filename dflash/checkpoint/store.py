@@ -403,6 +403,20 @@ def load_training_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def checkpoint_config(ck: Path, overrides: dict[str, Any] | None = None):
+    """The config a checkpoint was trained with (its train_config.toml, then `overrides`), or None when it
+    has none. BadInput when the name is there but is not a regular file (a FIFO, a directory: never read;
+    it used to read as "has no train_config.toml") or does not read as a config."""
+    from dflash.config import load_toml
+
+    path = Path(ck) / CONFIG_FILE
+    if not os.path.lexists(path):
+        return None
+    fd, _st = manifest.open_regular(path, "the checkpoint's training config")
+    os.close(fd)
+    return load_toml(path, overrides)
+
+
 MAX_STATE_PICKLE = 64 << 20  # a training state's data.pkl describes its tensors: ~100 bytes each (KBs to a few MB)
 
 

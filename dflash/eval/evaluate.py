@@ -100,9 +100,9 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     things to tell the user (an export without checksums)."""
     from compilewatch import BadInput
     from dflash.checkpoint import manifest
-    from dflash.checkpoint.store import (CONFIG_FILE, EXPORT_FILES, check_compatible, load_export, read_export_spec,
-                                         resolve_checkpoint)
-    from dflash.config import apply_overrides, load_toml
+    from dflash.checkpoint.store import (CONFIG_FILE, EXPORT_FILES, check_compatible, checkpoint_config, load_export,
+                                         read_export_spec, resolve_checkpoint)
+    from dflash.config import apply_overrides
     from dflash.data.dataset import eval_prompts
     from dflash.flags import check_max_new_tokens
     from dflash.model.target import load_target, resolve_device
@@ -118,15 +118,14 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
         overrides["target.path"] = target_path
     if data_path:
         overrides["data.path"] = data_path
-    cfg_file = ck / CONFIG_FILE
-    if cfg_file.is_file():
-        cfg = load_toml(cfg_file, overrides)
-    elif target_path:
+    cfg = checkpoint_config(ck, overrides)
+    if cfg is None:
+        if not target_path:
+            raise BadInput(f"{str(ck)!r} has no {CONFIG_FILE}; say which target it drafts for",
+                           hint="pass --target DIR")
         from dflash.config import tiny
 
         cfg = apply_overrides(tiny(), overrides)
-    else:
-        raise BadInput(f"{str(ck)!r} has no {CONFIG_FILE}; say which target it drafts for", hint="pass --target DIR")
     dev = resolve_device(device or cfg.topology.device)
     if dev.type == "cpu" and cfg.train.cpu_threads:
         torch.set_num_threads(cfg.train.cpu_threads)
