@@ -106,6 +106,8 @@ def test_dflash_check_fails_an_export_with_non_finite_weights(tmp_path, chats):
     text = " ".join(r.stdout.split())
     assert r.exit_code == 1 and f"weights: 1 of {len(tensors)} tensors hold NaN or infinite values ({name})" in text
     assert "acceptance: not measured" in text
+    r = invoke(app, ["eval", str(ck), "-n", "2"])  # it measured τ 1.0 (a drafter that never drafts)
+    assert r.exit_code == 2 and "weights hold NaN or infinite values" in " ".join(r.stderr.split()), r.stderr
 
 
 def test_resuming_from_a_checkpoint_with_non_finite_weights_is_refused(tmp_path, chats, monkeypatch):

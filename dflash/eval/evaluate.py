@@ -139,6 +139,13 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     check_compatible(spec, target.hidden_size, target.num_layers, target.layer_ids, str(ck),
                      target_vocab=target.vocab_size)
     drafter = load_export(ck, spec=spec).to(dev, target.dtype).eval()
+    from dflash.model import nonfinite_parameters
+
+    bad = nonfinite_parameters(drafter)
+    if bad:  # it would decode as a drafter that never drafts (τ 1.0), which reads as a measurement
+        raise BadInput(f"{str(ck)!r}: {len(bad)} of the drafter's weights hold NaN or infinite values (e.g. {bad[0]}): "
+                       "training diverged before this save", hint="evaluate an earlier checkpoint (`dflash check` "
+                                                                  "names the tensors)")
     n = num_prompts if num_prompts is not None else cfg.eval.num_prompts
     new = max_new_tokens if max_new_tokens is not None else cfg.eval.max_new_tokens
     # before the prompts are made (the embedded ones are generated: -n 10**9 ran for hours) and tokenized:
