@@ -47,11 +47,11 @@ def lock_cmd(
 
       compilewatch diff-env before.lock.json env.lock.json
     """
+    if out_file is not None:
+        out_file = _lock_target(out_file)
     with byte_progress("fingerprint of the inductor cache") as on_bytes:
         lock = envlock.snapshot(with_gpus=not no_gpus, ask_torch=ask_torch, progress=on_bytes)
     if out_file is not None:
-        if out_file.is_dir():
-            raise BadInput(f"{out_file} is a directory", hint="give a file name, e.g. -o env.lock.json")
         atomic_write_json(out_file, lock)
     if as_json:
         output.print_json(lock)
@@ -61,6 +61,49 @@ def lock_cmd(
         output.out.print(f"wrote {out_file}")
     else:
         output.hint("save it with -o FILE; compare two with `compilewatch diff-env OLD NEW`")
+
+
+def _lock_target(out_file: Path) -> Path:
+    """Where `lock -o FILE` writes, checked before any work: the atomic write renames a temp file over
+    the target, so a device (`-o /dev/null` as root replaced /dev/null with a regular file), a FIFO or
+    a socket would be replaced, not written: refused. A symlink is written through (the link stays),
+    a link loop refused. A lock inside the inductor cache would become part of what it fingerprints
+    and be treated as a stray file by `cache verify --fix`: refused. The folder must be writable."""
+    import os
+    import stat
+
+    from compilewatch.fsutil import check_writable
+    from compilewatch.inputs import file_kind
+
+    target = out_file
+    if os.path.islink(out_file):
+        target = Path(os.path.realpath(out_file))
+        if os.path.islink(target):  # realpath stops inside a loop
+            raise BadInput(f"-o {out_file} is a symlink loop", hint="remove the link or give another file name")
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise BadInput(f"-o {out_file}: cannot be checked: {e.strerror or e}", hint="give another file name") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise BadInput(f"{out_file} is a directory", hint="give a file name, e.g. -o env.lock.json")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise BadInput(f"-o {out_file} is {file_kind(mode)}: the lock is written to a temp file renamed over "
+                       "the target, which would replace it, not write to it",
+                       hint=f"give a regular file name, or print it: compilewatch lock --json > {out_file}")
+    try:
+        from compilewatch import torchinfo
+
+        cache = torchinfo.inductor_cache_dir()
+    except Exception:  # noqa: BLE001 - torch not installed: there is no inductor cache to protect
+        cache = None
+    if cache is not None:  # it would become part of what it fingerprints; clean-ups treat it as a stray file
+        from compilewatch.cache.local.layout import refuse_inside
+
+        refuse_inside(Path(cache), target, "lock")
+    check_writable(target)
+    return target
 
 
 def diff_env_cmd(

@@ -73,6 +73,7 @@ class CacheStatus:
     foreign_entries: int | None = None  # entries built for another system/torch (compilewatch.cache only)
     broken_entries: int | None = None  # empty/truncated/unloadable entries (compilewatch.cache only)
     elsewhere: dict[str, int] | None = None  # bytes of its sub-caches outside `path` (precompiled headers, ...)
+    writable: bool | None = None  # whether this process may write there (None: it does not exist yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,7 @@ def cache_status(env: dict[str, str] | None = None) -> CacheStatus:
     key = torchinfo.system_key()
     if not exists:
         return CacheStatus(str(root), source, False, 0, 0, {}, key, (), None, "not found")
+    writable = os.access(root, os.W_OK | os.X_OK)
     try:
         w = cache_layout.walk(root)
         per: dict[str, int] = {}
@@ -162,14 +164,14 @@ def cache_status(env: dict[str, str] | None = None) -> CacheStatus:
         rep = cache_verify.verify(root, deep=False)
     except Exception as e:  # noqa: BLE001 - doctor reports; an unreadable cache is a fact, not a crash
         return CacheStatus(str(root), source, True, 0, 0, {}, key, (), None,
-                           f"compilewatch.cache failed: {type(e).__name__}: {e}")
+                           f"compilewatch.cache failed: {type(e).__name__}: {e}", writable=writable)
     stamped = {k: n for k, n in rep.entry_system_keys.items() if k != "unknown"}
     match = None if not stamped else key in stamped
     foreign = sum(n for k, n in rep.counts.items() if k.startswith("foreign"))
     errors = sum(n for k, n in rep.counts.items() if k in getattr(cache_verify, "ERROR_KINDS", ()))
     return CacheStatus(str(root), source, True, sum(f.size for f in w.files), len(w.files), dict(sorted(per.items())),
                        key, tuple(sorted(stamped)), match, "compilewatch.cache walk + verify (quick)",
-                       foreign_entries=foreign, broken_entries=errors,
+                       foreign_entries=foreign, broken_entries=errors, writable=writable,
                        elsewhere={f"{e.name} ({e.path})": e.bytes for e in cache_layout.elsewhere(cache_layout.locate(root))})
 
 
@@ -290,6 +292,11 @@ def _verdicts(env: EnvFacts, cache: CacheStatus, g: GpuSummary, fx: FxFacts, dyn
     else:
         out.append(Verdict("ok", "cache", f"inductor cache at {cache.path} ({cache.source}): {size} in "
                            f"{cache.files} files"))
+    if cache.exists and cache.writable is False:
+        out.append(Verdict("problem", "cache", f"the inductor cache {cache.path} is not writable by this process "
+                           "(permissions or a read-only filesystem): torch writes the code it generates there, so "
+                           "torch.compile fails",
+                           "point TORCHINDUCTOR_CACHE_DIR at a directory you may write, or fix its permissions"))
     others = [k for k in cache.entry_system_keys if k != cache.system_key]
     if cache.system_key_match is False:
         out.append(Verdict("problem", "cache", f"the cache was built for {len(others)} other system key(s) "

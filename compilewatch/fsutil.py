@@ -13,6 +13,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -68,9 +69,21 @@ def _parent_not_a_dir(target: Path) -> WriteFailed | None:
 
 def _temp_beside(target: Path, suffix: str) -> Path:
     """A new empty temp file in `target`'s folder (created if need be), or WriteFailed: `target` is a
-    directory, an ancestor is not one, or the folder cannot be created or written."""
+    directory, a device, FIFO or socket (the rename would replace it, not write to it: `-o /dev/null` as
+    root made /dev/null a regular file), an ancestor is not a directory, or the folder cannot be created or
+    written."""
     if target.is_dir():
         raise WriteFailed(f"cannot write {target}: it is a directory", hint="give a file name")
+    try:
+        mode = os.lstat(target).st_mode  # the name itself: a link is replaced, never what it points at
+    except OSError:
+        mode = None
+    if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        from compilewatch.inputs import file_kind
+
+        raise WriteFailed(f"cannot write {target}: it is {file_kind(mode)}, which a write here would replace "
+                          "(the file is written beside it and renamed over it); nothing was written",
+                          hint="give a regular file name (or print to stdout and redirect it)")
     if (bad := _parent_not_a_dir(target)) is not None:
         raise bad
     try:

@@ -7,8 +7,10 @@ releases (the FX flag, the compiling flag) is read through compilewatch.tracing.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -101,20 +103,35 @@ def inductor_cache_dir() -> Path:
 
 def check_cache_dir_usable() -> None:
     """BadInput when torch could not create its inductor cache dir: TORCHINDUCTOR_CACHE_DIR (or the
-    default) is a file, or lies under one. torch 2.13 calls `cache_dir()`, an `os.makedirs`, while
+    default) is a file (or FIFO, dangling symlink, link loop), lies under one, or does not exist under a
+    folder that cannot be written. torch 2.13 calls `cache_dir()`, an `os.makedirs`, while
     importing `torch._dynamo`, so every compile (and `doctor`, `warm`, `probe`) would stop there with a
-    FileExistsError / NotADirectoryError traceback. Only stats: nothing is created."""
+    FileExistsError / NotADirectoryError / PermissionError traceback. Only stats: nothing is created."""
     from compilewatch.errors import BadInput
     from compilewatch.fsutil import nearest_existing
+    from compilewatch.inputs import file_kind
 
     path = inductor_cache_dir()
     where = "TORCHINDUCTOR_CACHE_DIR" if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else "torch's default cache dir"
     p = nearest_existing(path)
     if p is not None and not os.path.isdir(p):
-        what = "is a file" if p == path else f"lies under {p}, which is a file"
+        if os.path.islink(p):  # a dangling link or a link loop: os.makedirs fails on it as on a file
+            try:
+                kind = f"a symlink to {file_kind(os.stat(p).st_mode)}"
+            except OSError as e:
+                kind = "a symlink loop" if e.errno == errno.ELOOP else f"a dangling symlink (to {os.readlink(p)})"
+        else:
+            mode = os.stat(p).st_mode
+            kind = "a file" if stat.S_ISREG(mode) else file_kind(mode)
+        what = f"is {kind}" if p == path else f"lies under {p}, which is {kind}"
         raise BadInput(f"the inductor cache dir {path} ({where}) {what}: torch cannot create its cache there, "
                        "and every torch.compile would fail", hint="point TORCHINDUCTOR_CACHE_DIR at a directory "
                        "(or move the file away); nothing was changed")
+    if p is not None and p != path and not os.access(p, os.W_OK | os.X_OK):
+        raise BadInput(f"the inductor cache dir {path} ({where}) does not exist and cannot be created: {p} is not "
+                       "writable (permissions or a read-only filesystem), so torch's os.makedirs would fail and "
+                       "every torch.compile with it", hint="point TORCHINDUCTOR_CACHE_DIR at a directory you may "
+                       "write; nothing was changed")
 
 
 def default_cache_dir() -> Path:

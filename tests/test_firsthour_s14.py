@@ -92,3 +92,27 @@ def test_the_race_demo_has_the_same_outcome_in_every_run(tmp_path):
         outcomes = [t["outcome"] for t in json.loads(o.stdout)["threads"]]
         assert outcomes == ["ok"] + ["ok" if per_thread else "error"] * (n - 1), (outcomes, o.stderr[-2000:])
         assert o.rc == (0 if per_thread else 1)
+
+
+def test_no_output_file_replaces_a_fifo_or_device(tmp_path):
+    """Every `-o` writes a temp file and renames it over the target: as root `lock -o /dev/null` made
+    /dev/null a regular file. The one atomic write (compilewatch.fsutil) refuses such a target now."""
+    import stat
+
+    from compilewatch import atomic_write_text
+    from compilewatch.errors import WriteFailed
+
+    cache = tmp_path / "cache"
+    make_cache(cache)
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    res = invoke(app, ["cache", "fingerprint", "--dir", str(cache), "-o", str(fifo)])
+    assert res.exit_code == 2 and "it is a FIFO" in " ".join(res.stderr.split()), res.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    try:
+        atomic_write_text(fifo, "x")
+    except WriteFailed as e:
+        assert "nothing was written" in e.message
+    else:
+        raise AssertionError("a FIFO was replaced")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and not list(tmp_path.glob(".out.fifo.*"))

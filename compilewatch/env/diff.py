@@ -86,6 +86,16 @@ CONSEQUENCE = {
     "env_compile": "compile configuration from the environment: inductor/dynamo config is part of the "
                    "FX-graph cache key, so entries can miss and compiled code can differ.",
     "env_info": "not compile configuration: compiled-artifact reuse is not affected.",
+    "env_cache_off": "{name}={value} turns off {what}: every process compiles from scratch (nothing is read "
+                     "from or written to the cache).",
+    "env_compile_off": "TORCH_COMPILE_DISABLE=1 turns torch.compile off: every compiled function runs eagerly "
+                       "(slow), nothing compiled is used.",
+    "env_gpus": "which GPUs torch sees and how cuda:N numbers them changed: the system key holds the name of the "
+                "first visible GPU (another model: every entry misses) and triton's per-device cache follows the "
+                "index; the same models in the same order: no miss.",
+    "env_no_gpu": "CUDA_VISIBLE_DEVICES={value} leaves torch no GPU: torch.cuda.is_available() is False, work "
+                  "meant for the GPU runs on the CPU or fails, and the system key loses the GPU name: no GPU cache "
+                  "entry is reused.",
     "secret_env": "a secret-looking variable (value never recorded) appeared or went away.",
 }
 
@@ -472,7 +482,7 @@ def _lock_changes(o: EnvLock, n: EnvLock, *, torch_reported: bool) -> list[Chang
     ot, nt = o.torch, n.torch
     if ot and nt:
         if ot.cuda != nt.cuda and not torch_reported:
-            add(Change("critical", "Changed", "torch CUDA", str(ot.cuda), str(nt.cuda),
+            add(Change("critical", "Changed", "torch CUDA", ot.cuda or "none (CPU build)", nt.cuda or "none (CPU build)",
                        _flavour_sentence(_flav(ot.cuda), _flav(nt.cuda))))
         asked = getattr(ot, "source", "torch") == "torch" and getattr(nt, "source", "torch") == "torch"
         if ot.cudnn != nt.cudnn and asked:  # a lock read from files does not know them (None)
@@ -586,8 +596,45 @@ def _vtuple(v: str) -> tuple[int, ...]:
     return tuple(int(x[:18]) for x in re.findall(r"\d+", v))  # a crafted 10^5-digit number stays an int
 
 
-_COMPILE_ENV = ("TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_COMPILE", "TRITON_", "TORCH_LOGS", "PYTORCH_")
+# torch reads these too (torch/_dynamo/config.py): TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES, TORCH_CACHING_PRECOMPILE, ...
+_COMPILE_ENV = ("TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_DYNAMO_", "TORCH_COMPILE", "TORCH_CACHING_PRECOMPILE",
+                "TORCH_STRICT_PRECOMPILE", "TORCH_FAKE_TENSOR_DISPATCH_CACHE", "TRITON_", "TORCH_LOGS", "PYTORCH_")
 _COVERED_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"})  # reported as cache dir changes
+# a variable and the value with which torch turns a cache off (torch._inductor/_functorch/compiler config)
+_CACHE_OFF = {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": ("1", "every inductor cache"),
+              "TORCH_COMPILE_FORCE_DISABLE_CACHES": ("1", "every inductor cache"),
+              "TORCHINDUCTOR_FX_GRAPH_CACHE": ("0", "torch's FX-graph cache"),
+              "TORCHINDUCTOR_AUTOGRAD_CACHE": ("0", "torch's AOTAutograd cache")}
+_GPU_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
+
+
+def _no_gpu(visible: str | None) -> bool:
+    """CUDA_VISIBLE_DEVICES that leaves CUDA no device: empty, or a first entry CUDA cannot match
+    ("-1", "none", garbage); CUDA stops at the first entry it cannot match."""
+    if visible is None:
+        return False
+    first = visible.split(",")[0].strip()
+    return not (first.isdigit() or first.startswith(("GPU-", "MIG-")))
+
+
+def _env_change(name: str, ov: str | None, nv: str | None, o: EnvLock, n: EnvLock) -> tuple[str, str]:
+    """(severity, consequence) of one variable's change: the changes that turn caches or compile off, or
+    hide every GPU that the other side had, are critical; other compile/GPU settings are a risk (warning)."""
+    if name in _CACHE_OFF:
+        value, what = _CACHE_OFF[name]
+        if nv == value and ov != value:
+            return "critical", CONSEQUENCE["env_cache_off"].format(name=name, value=value, what=what)
+    if name == "TORCH_COMPILE_DISABLE" and nv == "1" and ov != "1":
+        return "critical", CONSEQUENCE["env_compile_off"]
+    if name == "CUDA_VISIBLE_DEVICES" and _no_gpu(ov) != _no_gpu(nv):
+        hidden, seen = (nv, o) if _no_gpu(nv) else (ov, n)
+        if seen.gpus and seen.torch is not None and seen.torch.cuda:  # GPUs a CUDA torch would have used
+            return "critical", CONSEQUENCE["env_no_gpu"].format(value=repr(hidden))
+    if name in _GPU_ENV:
+        return "warning", CONSEQUENCE["env_gpus"]
+    if name.startswith(_COMPILE_ENV):
+        return "warning", CONSEQUENCE["env_compile"]
+    return "info", CONSEQUENCE["env_info"]
 
 
 def _env_changes(o: EnvLock, n: EnvLock) -> list[Change]:
@@ -596,10 +643,9 @@ def _env_changes(o: EnvLock, n: EnvLock) -> list[Change]:
         ov, nv = o.env.get(name), n.env.get(name)
         if ov == nv or name in _COVERED_ENV:
             continue
-        compile_var = name.startswith(_COMPILE_ENV)
-        severity, key = ("warning", "env_compile") if compile_var else ("info", "env_info")
+        severity, sentence = _env_change(name, ov, nv, o, n)
         action = "Added" if ov is None else "Removed" if nv is None else "Changed"
-        out.append(Change(severity, action, f"env {name}", ov, nv, CONSEQUENCE[key]))
+        out.append(Change(severity, action, f"env {name}", ov, nv, sentence))
     for name in sorted(set(o.env_left_out) ^ set(n.env_left_out)):
         action = "Added" if name in n.env_left_out else "Removed"
         out.append(Change("info", action, f"env {name}", "(secret, not recorded)" if action == "Removed" else None,

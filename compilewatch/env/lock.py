@@ -415,7 +415,31 @@ def lock_from_dict(data: Any, *, where: str = "lock") -> EnvLock:
         filled["cpu"] = {"isa_flags": [], **filled["cpu"]}
     for key in ("created", "compilewatch"):  # free text: whatever a writer put there, as text
         filled[key] = str(filled[key])
-    return build(EnvLock, filled, where)
+    lock = build(EnvLock, filled, where)
+    _check_counts(lock, where)
+    return lock
+
+
+MAX_COUNT = 2**63 - 1  # bytes, files, memory, indices: a lock from a real machine is far below this
+
+
+def _check_counts(obj: Any, where: str, path: str = "") -> None:
+    """Every integer in a lock is a count, a size, an index or a version number: BadInput for a negative
+    one (`files: -1` read as "the cache is gone") or one past 2**63 (10**400 bytes made the diff's
+    size label raise OverflowError)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            _check_counts(getattr(obj, f.name), where, f"{path}.{f.name}" if path else f.name)
+    elif isinstance(obj, tuple):
+        for i, x in enumerate(obj):
+            _check_counts(x, where, f"{path}[{i}]")
+    elif isinstance(obj, int) and not isinstance(obj, bool) and not 0 <= obj <= MAX_COUNT:
+        from compilewatch.inputs import one_line
+
+        raise BadInput(f"{where}: {path}: expected a count from 0 to 2**63-1, got {one_line(obj, 40)}",
+                       hint="the lock was edited or damaged: write it again with `compilewatch lock -o FILE`")
 
 
 def load_lock(path: str | os.PathLike[str]) -> EnvLock:
@@ -425,4 +449,25 @@ def load_lock(path: str | os.PathLike[str]) -> EnvLock:
 
 
 def parse_lock(text: str, where: str) -> EnvLock:
-    return lock_from_dict(loads_json(text, where), where=where)
+    data = loads_json(text, where)
+    _refuse_duplicate_keys(text, where)
+    return lock_from_dict(data, where=where)
+
+
+def _refuse_duplicate_keys(text: str, where: str) -> None:
+    """BadInput when one JSON object names a key twice: json keeps the last one silently (a second
+    `"torch"` replaced the first), other readers keep the first, so which environment the file
+    describes is ambiguous. `compilewatch lock` never writes one. Runs on text json already parsed."""
+    def pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                from compilewatch.inputs import one_line
+
+                raise BadInput(f"{where}: the key {one_line(repr(key), 80)} appears twice in one object: which "
+                               "value is meant is ambiguous (JSON readers differ)",
+                               hint="keep one of them, or write the lock again with `compilewatch lock -o FILE`")
+            seen.add(key)
+        return dict(pairs)
+
+    json.loads(text, object_pairs_hook=pairs_hook)
