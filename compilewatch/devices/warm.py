@@ -197,7 +197,7 @@ def _run_one(workload: Workload, device: str, phase: Phase, strict: bool, steps:
                 import torch
 
                 torch.cuda.synchronize(device)
-        except Exception as e:  # noqa: BLE001 - a failing workload is part of the report
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a failing workload (argparse's exit too) is in the report
             recompile = parse_recompile_error(device, str(e)) if phase == "verify" else None
             if recompile is None:
                 error = error_text(e, bare=isinstance(e, EntryPointError))  # it names the entry point and the error
@@ -264,10 +264,17 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
 
     verify_remote_reads()  # torch's remote-cache reads verified before it unpickles them
     t0 = time.perf_counter()
-    workload.build()
-    warm = [] if verify_only else _pass(workload, devs, "warm", strict, steps, progress)
-    verify_runs = (_pass(workload, devs, "verify", strict, 1, progress)
-                   if (verify or verify_only) and all(r.ok for r in warm) else [])
+    try:
+        workload.build()
+        built = None
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the workload's own error: in the report, not raised
+        built = _build_failed(devs[0], e, time.perf_counter() - t0)
+    if built is not None:
+        warm, verify_runs = [built], []
+    else:
+        warm = [] if verify_only else _pass(workload, devs, "warm", strict, steps, progress)
+        verify_runs = (_pass(workload, devs, "verify", strict, 1, progress)
+                       if (verify or verify_only) and all(r.ok for r in warm) else [])
     report_wall = time.perf_counter() - t0
     return WarmReport(
         workload=workload.name, devices=tuple(devs), torch_version=_torch_version(),
@@ -275,6 +282,13 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
         wall_s=report_wall, ok=all(r.ok for r in warm) and all(r.ok for r in verify_runs),
         verdicts=tuple(_verdicts(warm, verify_runs, verify or verify_only, verify_only)),
     )
+
+
+def _build_failed(device: str, e: BaseException, wall: float) -> DeviceRun:
+    """The warm run that never started: the workload's `build()` raised (reported on the first device)."""
+    return DeviceRun(device=device, phase="warm", ok=False, wall_s=wall, error=f"build() failed: {error_text(e)}",
+                     frames_compiled=0, compile_windows=0, trace_windows=0, counters=_counters.delta(_counters.snapshot()),
+                     peak_memory_bytes=None, memory_metric="none")
 
 
 def _repair_cache_swap() -> None:

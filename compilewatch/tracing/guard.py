@@ -120,6 +120,8 @@ class _RWLock:
             if self._writer == threading.get_ident() and getattr(self._tls, "in_write", 0) > 0:
                 self._tls.in_write -= 1
                 return
+            if self._held() <= 0:  # the share was given up by an interrupted acquire_exclusive: nothing to release
+                return
             self._tls.reads = self._held() - 1
             self._readers -= 1
             self._cond.notify_all()
@@ -141,8 +143,12 @@ class _RWLock:
             try:
                 while self._writer is not None or self._readers > 0:
                     self._cond.wait()
-            finally:
+            except BaseException:  # interrupted (KeyboardInterrupt in the wait): the share stays given up
                 self._waiting -= 1
+                suspended.pop()
+                self._cond.notify_all()  # readers held back by this waiter may go on
+                raise
+            self._waiting -= 1
             self._writer, self._depth = me, 1
 
     def release_exclusive(self) -> None:

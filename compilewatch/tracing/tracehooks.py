@@ -135,10 +135,10 @@ def _make_patched(original):
             outer_window=stack_ids[-1][1] if stack_ids else None,
         )
         stack_ids.append((id(self), window.window_id))
-        with _lock:
-            _active[window.window_id] = window
-        _notify("on_trace_enter", window)
-        try:
+        try:  # a listener interrupted on entry (Ctrl-C while the guard waits for its lock) still closes the window
+            with _lock:
+                _active[window.window_id] = window
+            _notify("on_trace_enter", window)
             return original(self, root, *args, **kwargs)
         except BaseException as e:
             window.error = f"{type(e).__name__}: {e}"

@@ -110,6 +110,13 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+_MAX_TIME_S = 1e12  # unix seconds (year ~33000): beyond it a timeline's microsecond offsets overflow to inf
+
+
+def _is_time(v: Any) -> bool:
+    return _is_num(v) and abs(v) <= _MAX_TIME_S
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -118,16 +125,17 @@ def _is_int(v: Any) -> bool:
 # crafted report is one clear error instead of a TypeError deep inside a renderer.
 _FIELD_CHECKS: dict[str, tuple[str, Any]] = {
     "kind": ("a string", lambda v: isinstance(v, str)),
-    "time": ("a finite number", _is_num),
+    "time": ("a time in unix seconds", _is_time),
     "schema_version": ("an integer", _is_int),
     "pid": ("an integer", _is_int),
     "thread_id": ("an integer", _is_int),
     "seq": ("an integer", _is_int),
-    "start": ("a finite number or null", lambda v: v is None or _is_num(v)),
-    "end": ("a finite number or null", lambda v: v is None or _is_num(v)),
+    "start": ("a time in unix seconds or null", lambda v: v is None or _is_time(v)),
+    "end": ("a time in unix seconds or null", lambda v: v is None or _is_time(v)),
     "open_for_s": ("a finite number", _is_num),
-    "setters": ("a list of objects", lambda v: v is None or (isinstance(v, list) and all(
-        isinstance(s, dict) and (s.get("thread_id") is None or _is_int(s.get("thread_id"))) for s in v))),
+    "setters": ("a list of objects (thread_id an integer, since a time)", lambda v: v is None or (
+        isinstance(v, list) and all(isinstance(s, dict) and (s.get("thread_id") is None or _is_int(s.get("thread_id")))
+                                    and (s.get("since") is None or _is_time(s.get("since"))) for s in v))),
     "threads_in_compile": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
     "reasons": ("a list of strings", lambda v: v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v))),
     "reasons_text": ("a string", lambda v: v is None or isinstance(v, str)),
