@@ -149,8 +149,18 @@ def _stdout_identity() -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _reopen_closed_streams() -> None:
+    """A process started with stdout or stderr closed (`cmd >&-`) has sys.stdout / sys.stderr None: what
+    would be printed there goes to /dev/null instead (it had nowhere to go), so a command still ends with its
+    own exit code (`compilewatch run` passes its program's through) rather than an AttributeError traceback."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 - for the process's life
+
+
 def run_app(app: typer.Typer) -> None:
     """Run `app` as a console script (see the module docstring for the closed-pipe rule)."""
+    _reopen_closed_streams()
     before = _stdout_identity()
     try:
         try:

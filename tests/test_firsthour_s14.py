@@ -116,3 +116,19 @@ def test_no_output_file_replaces_a_fifo_or_device(tmp_path):
     else:
         raise AssertionError("a FIFO was replaced")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and not list(tmp_path.glob(".out.fifo.*"))
+
+
+def test_run_with_its_own_stdout_closed_passes_the_programs_exit_code_through(tmp_path):
+    """`compilewatch run -- prog >&-`: sys.stdout is None in such a process; the summary's flush was an
+    AttributeError traceback and exit 1 instead of the program's 7."""
+    import shlex
+    import subprocess
+    import sys
+
+    me = f"{shlex.quote(sys.executable)} -c 'from cli.main import main; main()'"
+    prog = f"{shlex.quote(sys.executable)} -c 'import sys; sys.exit(7)'"
+    for flags in ("", "--json"):
+        p = subprocess.run(["bash", "-c", f"exec >&-; {me} run {flags} -- {prog}"], capture_output=True, text=True,
+                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__)
+                                                                               .resolve().parents[1])}, timeout=120)
+        assert p.returncode == 7 and "Traceback" not in p.stderr, (flags, p.returncode, p.stderr[-2000:])
