@@ -163,12 +163,12 @@ def summary(cfg, resumed: list[str] | None = None) -> str:
     if resumed is not None:
         lines.append(f"  resumed  devices and engine settings from {run_dir}/config.toml"
                      + (f"; from the command line: {', '.join(k.split('.', 1)[1] for k in resumed)}" if resumed else ""))
-        from dflash.checkpoint.resume import SHOWN_CHANGES, changes_since_checkpoint
+        import dflash
 
-        changed = changes_since_checkpoint(cfg)
+        changed, shown = dflash.changes_since_checkpoint(cfg), 8
         if changed:
-            more = f" (and {len(changed) - SHOWN_CHANGES} more)" if len(changed) > SHOWN_CHANGES else ""
-            lines.append(f"  changed  since the checkpoint's train_config.toml: {'; '.join(changed[:SHOWN_CHANGES])}{more}")
+            more = f" (and {len(changed) - shown} more)" if len(changed) > shown else ""
+            lines.append(f"  changed  since the checkpoint's train_config.toml: {'; '.join(changed[:shown])}{more}")
     lines += [
         f"  steps    {steps}, lr {o.lr:g} ({o.schedule}), checkpoint every {cfg.checkpoint.every}",
         f"  run dir  {run_dir} (full config: config.toml there, or --print-config)",

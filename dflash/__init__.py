@@ -46,6 +46,7 @@ _LAZY = {
     "build_config": ("dflash.config", "build_config"),
     "resume_config": ("dflash.checkpoint.resume", "build_config_for_resume"),
     "run_complete": ("dflash.checkpoint.resume", "run_complete"),
+    "changes_since_checkpoint": ("dflash.checkpoint.resume", "changes_since_checkpoint"),
     "apply_overrides": ("dflash.config", "apply_overrides"),
     "parse_set": ("dflash.config", "parse_set"),
     "config_field": ("dflash.config", "field_info"),

@@ -124,9 +124,6 @@ def run_complete(cfg: Config, overrides: dict[str, Any]) -> RunComplete | None:
     return RunComplete(str(run_dir), step, total)
 
 
-SHOWN_CHANGES = 8  # fields listed by name (the count says how many more)
-
-
 def changes_since_checkpoint(cfg: Config) -> list[str]:
     """What `cfg` (a resumed run's: its config.toml plus overrides) sets differently from the config its
     newest checkpoint was trained with (that checkpoint's train_config.toml), as `section.field saved ->
