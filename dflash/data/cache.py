@@ -24,8 +24,10 @@ an edited file or template rebuilds); a matching one is reused.
 
 A build never leaves something a reader would use: shards are written into `<root>/.tmp-<key>-...`,
 fsynced, the manifest written last, and the directory renamed onto `<root>/<key>` in one step. A
-cache whose manifest or files do not check out (size, index bounds, key) is moved aside to
-`<key>.corrupt-<time>` (never deleted) and rebuilt. Builds of one key take a file lock, so ranks
+cache whose manifest or files do not check out (size, index bounds, key; a symlink, FIFO or other
+non-regular file in place of one of its files) is moved aside to `<key>.corrupt-<time>` (never
+deleted) and rebuilt; a sample read with a token id past the tokenizer's is BadInput (a damaged
+shard is never embedded). A data file that changes while it is hashed and read is BadInput. Builds of one key take a file lock, so ranks
 that start together build once and the others then read the result.
 
 Tokenizing runs over record shards in worker processes (spawned, each with the pickled tokenizer);
@@ -42,6 +44,7 @@ import json
 import os
 import pickle
 import shutil
+import stat
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -57,7 +60,7 @@ from dflash.data.dataset import (DataStats, Sample, check_usable, held_out_note,
                                  normalize_record, stats_with_warnings,
                          tokenize_record)
 
-DATA_VERSION = 3  # 2: oversized and assistant-first records skipped; 3: a leading UTF-8 BOM read, non-string turns skipped; bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
+DATA_VERSION = 4  # 2: oversized and assistant-first records skipped; 3: a leading UTF-8 BOM read, non-string turns skipped; 4: turns with tool calls or lone surrogates skipped, an empty answer without a generation prompt trains its end-of-turn token; bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
 FORMAT = "dflash-data-cache"
 MANIFEST = "manifest.json"
 INDEX = "index.npy"
@@ -121,6 +124,15 @@ def _make_root(root: Path) -> None:
                        hint=ROOT_HINT) from None
 
 
+def _file_state(path: Path) -> tuple[int, ...] | None:
+    """What changes when a file is written or replaced (None: gone)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def file_digest(path: str | Path) -> str:
     import xxhash
 
@@ -182,6 +194,7 @@ class MappedSamples(Sequence[Sample]):
         self._tokens = [_map(directory / s["tokens"], np.uint32, s["n_tokens"]) for s in shards]
         self._masks = [_map(directory / s["mask"], np.uint8, s["n_tokens"]) for s in shards]
         self.reads = 0  # samples read (tests check that a rank reads only its share)
+        self.vocab: int | None = None  # token ids must be below it (prepare sets the tokenizer's size)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -199,6 +212,10 @@ class MappedSamples(Sequence[Sample]):
         self.reads += 1
         ids = torch.from_numpy(self._tokens[s][a:a + n].astype(np.int64))
         mask = torch.from_numpy(self._masks[s][a:a + n].astype(np.bool_))
+        if self.vocab is not None and n and int(ids.max()) >= self.vocab:  # a damaged shard: never embedded
+            raise BadInput(f"data cache {str(self.directory)!r} is damaged: sample {int(i)} holds token id "
+                           f"{int(ids.max())}, past the tokenizer's {self.vocab} tokens",
+                           hint="delete that directory (or move it aside) and run again: it is tokenized anew")
         return Sample(ids, mask)
 
     def __iter__(self) -> Iterator[Sample]:
@@ -214,15 +231,36 @@ class MappedSamples(Sequence[Sample]):
         return out
 
 
+def vocab_bound(tokenizer) -> int:
+    """One past the largest id `tokenizer` can produce (its size, or its largest id where ids have gaps)."""
+    return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
+
+
 def _map(path: Path, dtype, n: int) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=dtype)  # mmap cannot map an empty file
     return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
 
 
+def _regular_file(path: Path) -> int:
+    """The size of `path` (-1: missing), which must be a regular file of the cache itself: a symlink
+    (to tokens made elsewhere), a FIFO (opening it waits for a writer forever) or a directory is
+    CorruptCache."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return -1
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise CorruptCache(f"{path.name} is {kind}")
+    return st.st_size
+
+
 def _read_manifest(directory: Path) -> dict[str, Any]:
     path = directory / MANIFEST
     try:
+        if _regular_file(path) < 0:
+            raise FileNotFoundError(path)
         with open(path, "rb") as fh:
             raw = fh.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
@@ -253,10 +291,11 @@ def open_cache(directory: str | Path, key: str | None = None) -> tuple[dict[str,
             for name, width in ((s["tokens"], 4), (s["mask"], 1)):
                 if "/" in name or name.startswith("."):
                     raise CorruptCache(f"bad shard file name {name!r}")
-                p = directory / name
-                size = p.stat().st_size if p.is_file() else -1
+                size = _regular_file(directory / name)
                 if size != int(s["n_tokens"]) * width:
                     raise CorruptCache(f"{name} is {size} bytes, expected {int(s['n_tokens']) * width}")
+        if _regular_file(directory / INDEX) < 0:
+            raise CorruptCache(f"no {INDEX}")
         try:
             samples = MappedSamples(directory, shards)
         except (OSError, ValueError) as e:
@@ -520,9 +559,10 @@ def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
     notes: list[str] = []
     key = parts = None
     convs = warnings = eval_convs = None
+    path, state = Path(cfg.path).expanduser(), None
     if regenerate is None and cfg.path != EMBEDDED_DATA and base is not None:
-        path = Path(cfg.path).expanduser()
         if path.is_file():  # a missing file: load_conversations says so below
+            state = _file_state(path)
             key, parts = cache_key("file:" + file_digest(path), tokenizer, cfg, block_size, n_eval)
     if key is None:
         convs, warnings = load_conversations(cfg)
@@ -546,11 +586,16 @@ def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
         if found is None:
             if convs is None:
                 convs, warnings = load_conversations(cfg)
+                if _file_state(path) != state:  # the key is the digest of other bytes than those read
+                    raise BadInput(f"the dataset {cfg.path!r} changed while it was read",
+                                   hint="run again once whatever writes it has finished (write a new file and "
+                                        "rename it into place)")
                 convs, eval_convs, held = hold_out_eval(cfg, convs, n_eval)
             on_event("phase", {"name": "data", "conversations": len(convs)})
             found = build_cache(base, key, parts, convs, warnings, eval_convs, tokenizer, cfg, block_size,
                                 workers=workers, on_event=on_event, eval_held_out=held)
     man, samples = found
+    samples.vocab = vocab_bound(tokenizer)
     stats = stats_from(man)
     check_usable(stats, cfg)
     size = sum((base / key / n).stat().st_size for n in os.listdir(base / key))

@@ -14,7 +14,8 @@ in it:
 2. Otherwise: walk the messages in order through the rendered text, finding each message's content
    (as given, stripped, or, for assistant turns, the answer after a `</think>`). An assistant
    turn's span starts right after its generation prompt (the text `add_generation_prompt=True`
-   appends to the conversation so far), or at its content when there is none before it, and ends
+   appends to the conversation so far), or at its content when there is none before it (an empty
+   answer there: at its end-of-turn token, past the previous turn's closing `[/INST]`), and ends
    after the first special token following its content (whitespace only in between). Token i is trained when its
    first character lies in a span (offsets mapping of a fast tokenizer; a slow tokenizer is
    tokenized span by span).
@@ -117,8 +118,10 @@ def assistant_spans(tokenizer, text: str, messages: list[dict[str, str]]) -> lis
         if header >= 0 and (found is None or found[0] >= header):  # the turn opens with its generation prompt
             body = header + len(prompt)
             found, start = _find_content(m, text, body), body  # (a content that also occurs in the header)
-        else:  # no generation prompt before it (Mistral's is empty): the turn starts at its content
-            start = found[0] if found is not None else cursor
+        elif found is not None:  # no generation prompt before it (Mistral's is empty): the turn starts at its content
+            start = found[0]
+        else:  # ... and no content: the end-of-turn token after the previous turn's closing ones
+            start = _empty_answer_start(text, cursor, specials, getattr(tokenizer, "eos_token", None))
         if found is None and m["content"].strip():
             raise ChatMaskError("assistant turn not found in the chat template's rendering", f"turn {i}")
         content_end = found[1] if found is not None else start  # an empty answer: just its end-of-turn token
@@ -128,6 +131,23 @@ def assistant_spans(tokenizer, text: str, messages: list[dict[str, str]]) -> lis
     if not spans:
         raise ChatMaskError("no assistant turn")
     return spans
+
+
+def _empty_answer_start(text: str, cursor: int, specials: list[str], eos: str | None) -> int:
+    """Where an empty answer without a generation prompt starts: past the special tokens that close
+    the turn before it (Mistral's `[/INST]`: never the answer's) to its end-of-turn token `eos`; where
+    anything else comes first, there (the turn then trains nothing)."""
+    pos = cursor
+    while True:
+        rest = text[pos:]
+        stripped = rest.lstrip()
+        pos += len(rest) - len(stripped)
+        if eos and stripped.startswith(eos):
+            return pos
+        tok = next((t for t in specials if stripped.startswith(t)), None)
+        if tok is None:
+            return pos
+        pos += len(tok)
 
 
 def _turn_end(text: str, content_end: int, specials: list[str]) -> int:

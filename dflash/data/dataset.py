@@ -30,6 +30,7 @@ import codecs
 import json
 import os
 import random
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator, Sequence
@@ -125,7 +126,24 @@ def _text(value: Any, field: str, turn: int) -> str:
         got = "null" if value is None else {bool: "a boolean", int: "a number", float: "a number", list: "a list",
                                             dict: "an object"}.get(type(value), type(value).__name__)
         raise ValueError(f'turn {turn}: "{field}" must be a string, got {got}')
+    try:  # a lone surrogate ("\ud800" in the JSON) is no text: the tokenizer and the cache's manifest refuse it
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f'turn {turn}: "{field}" holds a lone UTF-16 surrogate ({value[e.start]!r} at character '
+                         f'{e.start}), which is not valid Unicode') from None
     return value
+
+
+TOOL_FIELDS = ("tool_calls", "function_call")  # OpenAI assistant turns that call a tool
+
+
+def _no_tool_call(m: dict, turn: int) -> None:
+    """A turn that calls a tool: normalize_record keeps role and content only, so its call would be
+    dropped from the rendering and the answer trained without it (not what the target generates)."""
+    for key in TOOL_FIELDS:
+        if m.get(key):
+            raise ValueError(f'turn {turn}: "{key}" is not supported (the call would be dropped and the turn '
+                             "trained without it); remove the conversation or render the call into \"content\"")
 
 
 def normalize_record(rec: Any) -> list[dict[str, str]]:
@@ -136,6 +154,8 @@ def normalize_record(rec: Any) -> list[dict[str, str]]:
         msgs = rec["messages"]
         if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
             raise ValueError('"messages" must be a list of {"role", "content"} objects')
+        for i, m in enumerate(msgs, 1):
+            _no_tool_call(m, i)
         return [{"role": _text(m["role"], "role", i), "content": _text(m["content"], "content", i)}
                 for i, m in enumerate(msgs, 1)]
     if "conversations" in rec:
@@ -186,6 +206,20 @@ def warning_reason(warning: str) -> str:
     return UNREADABLE
 
 
+SHARDS_HINT = "a directory of shards is not read: give one JSONL file (cat DIR/*.jsonl > all.jsonl)"
+COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip -k"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"),
+              (b"BZh", "bzip2", "bunzip2 -k"), (b"\xfd7zXZ\x00", "xz", "unxz -k"), (b"PK\x03\x04", "zip", "unzip"))
+
+
+def _not_compressed(p: Path, head: bytes) -> None:
+    """BadInput for a compressed file (its magic bytes): read as text, every line of it would be an
+    unreadable line, and the message would say nothing of why."""
+    for magic, kind, command in COMPRESSED:
+        if head.startswith(magic):
+            raise BadInput(f"dataset {str(p)!r} is {kind}-compressed, not JSON Lines",
+                           hint=f"decompress it first ({command} {shlex.quote(str(p))}) and pass the .jsonl file")
+
+
 def read_jsonl(path: str | Path, max_chars: int | None = None,
                max_line_bytes: int | None = None) -> tuple[list[list[dict[str, str]]], list[str]]:
     """All conversations in a JSONL file, plus warnings for the lines that were skipped: unreadable
@@ -200,9 +234,12 @@ def read_jsonl(path: str | Path, max_chars: int | None = None,
     p = Path(path).expanduser()
     if not p.is_file():  # stat only: a FIFO or a directory is refused here, never opened
         raise BadInput(f"dataset {str(p)!r} does not exist" if not p.exists() else f"dataset {str(p)!r} is not a file",
-                       hint='give a JSONL file with one {"messages": [...]} or {"conversations": [...]} per line')
+                       hint=SHARDS_HINT if p.is_dir() else
+                       'give a JSONL file with one {"messages": [...]} or {"conversations": [...]} per line')
     convs, warnings = [], []
     with open(p, "rb") as fh:  # bytes: a line that is not UTF-8 is skipped like any other bad line
+        _not_compressed(p, fh.read(8))
+        fh.seek(0)
         for n, raw in capped_lines(fh, max_line_bytes):
             if raw is None:
                 warnings.append(_skip_warning(p.name, n, OVERSIZED_LINE, f"more than {max_line_bytes} bytes"))
@@ -270,8 +307,14 @@ def check_data_path(cfg: DataConfig) -> None:
         return
     from compilewatch import open_untrusted
 
+    if Path(cfg.path).expanduser().is_dir():
+        raise BadInput(f"training data {cfg.path!r} is a directory, not a file", hint=SHARDS_HINT)
     fd, _ = open_untrusted(Path(cfg.path).expanduser(), "training data")
-    os.close(fd)
+    try:
+        head = os.read(fd, 8)
+    finally:
+        os.close(fd)
+    _not_compressed(Path(cfg.path).expanduser(), head)
 
 
 def load_conversations(cfg: DataConfig) -> tuple[list[list[dict[str, str]]], list[str]]:

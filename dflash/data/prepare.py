@@ -35,6 +35,11 @@ def load_training_data(cfg: Config, target: Target, on_event: Event) -> tuple[Ch
     prepared = prepare(cfg.data, target.tokenizer, cfg.drafter.block_size, n_eval=n_eval, regenerate=regen,
                        on_event=on_event)
     notes = list(prepared.notes)
+    s = prepared.stats
+    if s.truncated:  # their tokens past max_length are never trained: say so where the run starts
+        notes.append(f"{s.truncated} of {s.kept} conversations are longer than data.max_length "
+                     f"({cfg.data.max_length} tokens) and were truncated to it: their later tokens are not trained "
+                     "(raise data.max_length to keep them)")
     if prepared.cache_dir is not None:
         notes.append(f"data cache {'hit' if prepared.hit else 'built'}: {prepared.cache_dir}"
                      + ("" if prepared.hit else f" ({prepared.workers} worker(s), {prepared.seconds:.1f} s)"))
