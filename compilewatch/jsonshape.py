@@ -85,9 +85,13 @@ def _value(tp: Any, v: Any, where: str, path: str) -> Any:
             raise _fail(where, path, "an integer", v)
         return v
     if tp is float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise _fail(where, path, "a number", v)
-        return float(v)
+        try:  # an int past float's range (JSON holds ints of any size) is no number here either
+            f = None if isinstance(v, bool) or not isinstance(v, (int, float)) else float(v)
+        except OverflowError:
+            f = None
+        if f is None or not math.isfinite(f):
+            raise _fail(where, path, "a finite number", v)
+        return f
     if origin is tuple:
         if not isinstance(v, (list, tuple)):
             raise _fail(where, path, "a list", v)

@@ -114,15 +114,13 @@ def checked_spec(fields: Any, where: str) -> DrafterSpec:
     from compilewatch import dataclass_from_json
     from dflash.checkpoint.export_check import check_spec
 
+    hint = "the export is damaged or was not written by dflash: use another checkpoint"
     try:
         spec = dataclass_from_json(DrafterSpec, fields, where)
-    except OverflowError:  # an int past float's range where a number belongs (JSON and pickles hold any int)
-        big = [k for k, v in fields.items() if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 1000]
-        raise BadInput(f"{where}: not a drafter spec ({', '.join(map(str, big[:3])) or 'a number'} is too large "
-                       "to be a number)", hint="the export is damaged or was not written by dflash: use another "
-                                               "checkpoint") from None
+    except BadInput as e:  # a field of the wrong type (a number past float's range is one)
+        raise BadInput(e.message, hint=e.hint or hint) from None
     except (ValueError, ZeroDivisionError) as e:
-        raise BadInput(f"{where}: not a drafter spec ({str(e)[:200]})") from None
+        raise BadInput(f"{where}: not a drafter spec ({str(e)[:200]})", hint=hint) from None
     return check_spec(spec, where)
 
 
