@@ -195,3 +195,13 @@ def test_doctor_an_unwritable_cache_is_a_problem(monkeypatch, tmp_path):
     dyn = doctor.DynamoLimits(8, 256, False, True, True)
     problems = [v for v in doctor._verdicts(env, st, gpus, fx, dyn) if v.level == "problem"]
     assert len(problems) == 1 and "not writable" in problems[0].message
+
+
+def test_diff_env_a_pytorch_runtime_variable_is_not_called_compile_configuration(tmp_path):
+    """PYTORCH_CUDA_ALLOC_CONF was reported as 'compile configuration ... part of the FX-graph cache key'."""
+    from compilewatch.env.diff import _env_change
+
+    sev, why = _env_change("PYTORCH_CUDA_ALLOC_CONF", None, "expandable_segments:True", None, None)
+    assert sev == "warning" and "runtime setting" in why and "not part of any cache key" in why
+    sev, why = _env_change("TORCHINDUCTOR_MAX_AUTOTUNE", None, "1", None, None)
+    assert sev == "warning" and "FX-graph cache key" in why

@@ -86,6 +86,8 @@ CONSEQUENCE = {
     "env_compile": "compile configuration from the environment: inductor/dynamo config is part of the "
                    "FX-graph cache key, so entries can miss and compiled code can differ.",
     "env_info": "not compile configuration: compiled-artifact reuse is not affected.",
+    "env_runtime": "a torch runtime setting (the CUDA allocator, memory caching, ...), not part of any cache key: "
+                   "cache reuse is not affected; memory use, speed or numerics can differ.",
     "env_cache_off": "{name}={value} turns off {what}: every process compiles from scratch (nothing is read "
                      "from or written to the cache).",
     "env_compile_off": "TORCH_COMPILE_DISABLE=1 turns torch.compile off: every compiled function runs eagerly "
@@ -598,7 +600,8 @@ def _vtuple(v: str) -> tuple[int, ...]:
 
 # torch reads these too (torch/_dynamo/config.py): TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES, TORCH_CACHING_PRECOMPILE, ...
 _COMPILE_ENV = ("TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_DYNAMO_", "TORCH_COMPILE", "TORCH_CACHING_PRECOMPILE",
-                "TORCH_STRICT_PRECOMPILE", "TORCH_FAKE_TENSOR_DISPATCH_CACHE", "TRITON_", "TORCH_LOGS", "PYTORCH_")
+                "TORCH_STRICT_PRECOMPILE", "TORCH_FAKE_TENSOR_DISPATCH_CACHE", "TRITON_", "TORCH_LOGS")
+_RUNTIME_ENV = ("PYTORCH_",)  # PYTORCH_CUDA_ALLOC_CONF, PYTORCH_NO_CUDA_MEMORY_CACHING, ...: read at run time
 _COVERED_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"})  # reported as cache dir changes
 # a variable and the value with which torch turns a cache off (torch._inductor/_functorch/compiler config)
 _CACHE_OFF = {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": ("1", "every inductor cache"),
@@ -634,6 +637,8 @@ def _env_change(name: str, ov: str | None, nv: str | None, o: EnvLock, n: EnvLoc
         return "warning", CONSEQUENCE["env_gpus"]
     if name.startswith(_COMPILE_ENV):
         return "warning", CONSEQUENCE["env_compile"]
+    if name.startswith(_RUNTIME_ENV):
+        return "warning", CONSEQUENCE["env_runtime"]
     return "info", CONSEQUENCE["env_info"]
 
 
