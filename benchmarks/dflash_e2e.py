@@ -158,7 +158,7 @@ def random_target_and_data(fields: dict, n_seq: int, seq: int):
              Trainer.save, Trainer.preflight_disk)
     dflash.model.target.load_target = dflash.training.build.load_target = load
     dflash.training.build.load_training_data = data
-    Trainer.save = lambda self, final=False: str(Path(self.run_dir) / "not-saved")  # type: ignore[method-assign]
+    Trainer.save = lambda self, final=False, **kw: str(Path(self.run_dir) / "not-saved")  # type: ignore[method-assign]
     Trainer.preflight_disk = lambda self: None  # type: ignore[method-assign]  # nothing is saved: no disk needed
     try:
         yield

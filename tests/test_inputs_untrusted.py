@@ -117,7 +117,7 @@ def test_timeline_on_a_binary_file_exits_2(tmp_path):
 def test_timeline_with_time_not_a_number_exits_2(tmp_path):
     f = tmp_path / "r.jsonl"
     f.write_text(json.dumps({"kind": "start", "time": "x"}) + "\n")
-    _exit_2_one_line(invoke(app, ["timeline", str(f), "-o", str(tmp_path / "t.json")]), "'time' must be a finite number")
+    _exit_2_one_line(invoke(app, ["timeline", str(f), "-o", str(tmp_path / "t.json")]), "'time' must be a time in unix seconds")
 
 
 def test_timeline_output_a_directory_exits_2(tmp_path):

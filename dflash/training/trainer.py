@@ -42,6 +42,7 @@ from dflash.model import (
     resolve_dtype,
     weight_sum,
 )
+from dflash.training import divergence
 from dflash.training.build import build_trainer
 from dflash.training.memory_plan import plan_for
 from dflash.training.metrics import MetricsWriter, StepClock, StepMetrics, memory_bytes
@@ -112,16 +113,8 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any], where: str = "the training state") -> None:
         """Continue from `state` (Trainer.state_dict's); BadInput, with nothing changed, when it does not
         fit this drafter, optimizer and run length (dflash.checkpoint.state_check)."""
-        from compilewatch import BadInput
-        from dflash.model import nonfinite_parameters
-
         self.step = restore_training_state(state, self.drafter, self.optimizer, self.total_steps, where)
-        bad = nonfinite_parameters(self.drafter)
-        if bad:  # saved after the run diverged (by a version without the check before saves)
-            raise BadInput(f"{where} holds non-finite weights ({len(bad)} parameter(s), e.g. {bad[0]}): it was "
-                           "saved after training diverged, and every step from it would be NaN",
-                           hint="resume from an earlier checkpoint (write its name, e.g. step_000100, into "
-                                "RUN/checkpoints/latest), or train again with a lower optim.lr and another --out")
+        divergence.refuse_nonfinite_state(self.drafter, where)
         self.saver.resumed_step = self.step  # newer checkpoints (a rewound `latest`) are not this run's to prune
 
     # ------------------------------------------------------------ one step
@@ -313,44 +306,12 @@ class Trainer:
         return log.result(t0, run_eval=True)
 
     def check_step(self, m: StepMetrics) -> None:
-        """`diverged` when step `m`'s loss or gradient norm is not finite (AdamW would make the drafter's
-        weights non-finite, and every later step, save and export would carry them)."""
-        if not (math.isfinite(m.loss) and math.isfinite(m.grad_norm)):
-            self.diverged(m.step, {"loss": m.loss, "grad_norm": m.grad_norm, "lr": m.lr},
-                          f"loss {m.loss}, gradient norm {m.grad_norm} (lr {m.lr:g})")
+        """CheckFailed when step `m` went non-finite (dflash.training.divergence)."""
+        divergence.check_step(self, m)
 
     def check_weights(self) -> None:
-        """`diverged` when a drafter parameter holds a non-finite value (an update that overflowed although
-        its step's loss and gradient norm were finite): checked before every save, so no checkpoint or
-        export carries them. One device sync (a save takes a snapshot anyway)."""
-        from dflash.model import nonfinite_parameters
-
-        bad = nonfinite_parameters(self.drafter)
-        if bad:
-            shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-            self.diverged(self.step, {"nonfinite_parameters": bad[:16]},
-                          f"the update left non-finite values in {len(bad)} parameter(s) ({shown})")
-
-    def diverged(self, step: int, data: dict[str, Any], what: str) -> None:
-        """CheckFailed (exit 1): training went non-finite at `step` (`what` says how). The run stops here
-        without saving (a `diverged` event in metrics.jsonl), naming the newest checkpoint on disk. The
-        exception is also kept in `stopped` (the engine raises it from a worker thread and again after)."""
-        from compilewatch import CheckFailed
-        from dflash.checkpoint.writer import newest_on_disk
-
-        self.saver.wait()  # a save of an earlier (finite) step still being written: on disk before it is named
-        self.saver.poll()
-        self.write_event("diverged", {"step": step, **data})
-        if not self.primary:  # rank 0 writes the checkpoints, and may still be publishing one
-            where = "rank 0 names the newest checkpoint"
-        else:
-            newest = newest_on_disk(self.run_dir)
-            where = f"the newest checkpoint is {newest}" if newest is not None else "no checkpoint of this run is on disk"
-        self.stopped = CheckFailed(f"training diverged at step {step}: {what}; the drafter's weights are no longer "
-                                   f"finite, so the run stops without saving them; {where}",
-                                   hint="lower optim.lr (or raise optim.warmup_ratio; `dflash train --print-config` "
-                                        "shows them) and train again with another --out")
-        raise self.stopped
+        """CheckFailed when a drafter weight is non-finite: checked before every save (dflash.training.divergence)."""
+        divergence.check_weights(self)
 
     def evaluate(self, limit: int | None = None):
         """Speculative decoding on the held-out prompts (the first `limit` of them) with this drafter
