@@ -56,8 +56,14 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
         if name.startswith(arch.PREFIX) and picklescan.is_pickle_file(name[len(arch.PREFIX):], head):
             counts["pickles"] += 1
             add(name, picklescan.scan_file(data, data.size) if large else picklescan.scan(data))
+        elif name == arch.MEGA and large:  # a declared size no real Mega-Cache has: never read into memory
+            findings.append(ArchiveFinding(name, "unloadable", f"{data.size} bytes, more than {arch.MAX_MEGA}: not "
+                                           "parsed (load_mega_cache refuses it too)"))
         elif name == arch.MEGA:
-            for kind, content, key in _mega_artifacts(data):
+            artifacts = _mega_artifacts(data)
+            if artifacts is None:
+                findings.append(ArchiveFinding(name, "unloadable", "not a Mega-Cache torch can parse"))
+            for kind, content, key in artifacts or ():
                 counts["mega"] += 1
                 add(f"{arch.MEGA}: {kind} {one_line(key, 80)}", picklescan.scan_artifact(kind, content))
 
@@ -66,14 +72,30 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
                          counts["pickles"], counts["mega"], tuple(findings))
 
 
-def _mega_artifacts(data: bytes):
+def _mega_artifacts(data: bytes) -> list[tuple[str, object, str]] | None:
     """(kind, content, key) of each artifact in a Mega-Cache blob, parsed the way torch parses it
-    (`CacheArtifactManager.deserialize`: a length-prefixed container; nothing is unpickled)."""
+    (`CacheArtifactManager.deserialize`: a length-prefixed container; nothing is unpickled); None when
+    torch cannot parse it ([] without torch's Mega-Cache)."""
     try:
         from torch.compiler._cache import CacheArtifactManager
     except ImportError:
-        return
-    artifacts = CacheArtifactManager.deserialize(data)
-    for kind, items in (artifacts or {}).items():
-        for a in items:
-            yield kind, getattr(a, "content", None), str(getattr(a, "key", "?"))
+        return []
+    artifacts = deserialize_quietly(CacheArtifactManager, data)
+    if artifacts is None:
+        return None
+    return [(kind, getattr(a, "content", None), str(getattr(a, "key", "?"))) for kind, items in artifacts.items()
+            for a in items]
+
+
+def deserialize_quietly(manager, data: bytes):
+    """`manager.deserialize(data)` without the traceback torch logs as a warning when the blob is not a
+    Mega-Cache (the caller says so in one line); None then."""
+    import logging
+
+    log = logging.getLogger("torch.compiler._cache")
+    was = log.disabled
+    log.disabled = True
+    try:
+        return manager.deserialize(data)
+    finally:
+        log.disabled = was

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import xxhash
 
-from compilewatch.cache.archive import reader
+from compilewatch.cache.archive import check, reader
 from compilewatch.cache.archive.reader import (HEADER, MANIFEST, MEGA, PREFIX, _Reader, _umask, compatibility,
                                                 read_header)
 from compilewatch.cache.content import fingerprint as fp_mod
@@ -100,10 +100,10 @@ def load_mega_cache(archive: str | os.PathLike[str], *, trust: bool = False) -> 
     with _Reader(Path(archive)) as r:
         for m in r.members():
             if m.name == MEGA:
-                data = r.read(m, 1 << 40)
+                data = r.read(m, reader.MAX_MEGA)
                 verdict.check_member(MEGA, hashlib.sha256(data).hexdigest())
-                artifacts = CacheArtifactManager.deserialize(data)
-                if artifacts is None:
+                artifacts = check.deserialize_quietly(CacheArtifactManager, data)
+                if artifacts is None:  # not a Mega-Cache this torch parses (`cache verify` names it)
                     return None
                 for kind, items in artifacts.items():
                     for a in items:

@@ -334,6 +334,9 @@ MAX_SIGNATURE = 1 << 30  # a statement names every member (~120 bytes each): mil
 IN_MEMORY = 256 << 20  # members up to this size reach `on_member` as bytes; larger ones as a MemberStream
 
 
+MAX_MEGA = 1 << 30  # a Mega-Cache parsed in memory (verify's scan, load_mega_cache): larger ones are not parsed
+
+
 def check_provenance(archive: str | os.PathLike[str], *, trust: bool = False) -> provenance.Provenance:
     """The provenance verdict of `archive` (module docstring); reads and hashes every member, runs
     nothing. BadInput only for a file that is not a readable archive. `trust`: the caller accepts a
@@ -363,11 +366,17 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
             if stop_after is not None and total > stop_after:
                 raise BadInput(f"{archive} holds more than {stop_after} bytes, more than the disk beside the cache "
                                "has free; nothing was changed")
+            if not m.isreg():  # compilewatch archives hold regular files only; a link's target is never read
+                raise r.corrupt(f"member {one_line(repr(m.name), 200)} is {_KINDS.get(m.type, 'not a regular file')} "
+                                "(compilewatch archives hold regular files only)")
             cap = {HEADER: MAX_HEADER, MANIFEST: MAX_MANIFEST}.get(m.name)
             if cap is not None and m.size > cap:
                 raise r.corrupt(f"member {m.name} is {m.size} bytes, more than {cap} for what it is")
             h = hashlib.sha256()
-            keep = m.name in (HEADER, MANIFEST, MEGA) or (on_member is not None and m.size <= IN_MEMORY)
+            # the Mega-Cache is kept only for a scan, and only up to MAX_MEGA (a small compressed archive
+            # can declare one of any size: kept whole, it would be read into memory before any verdict)
+            keep = m.name in (HEADER, MANIFEST) or (on_member is not None and (
+                m.size <= MAX_MEGA if m.name == MEGA else m.size <= IN_MEMORY))
             chunks: list[bytes] = []
             n = 0
             try:
@@ -394,11 +403,16 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
                 raise r.corrupt(e) from None
             seen[m.name] = (n, h.hexdigest())
             data = b"".join(chunks) if keep else None
+            chunks.clear()  # one copy of a large member in memory while on_member parses it, not two
             if m.name == MANIFEST:
                 manifest = data
             if on_member is not None:
                 on_member(m.name, data)
     return provenance.judge(path, seen, sig, trust), manifest
+
+
+_KINDS = {tarfile.SYMTYPE: "a symbolic link", tarfile.LNKTYPE: "a hard link", tarfile.DIRTYPE: "a directory",
+          tarfile.FIFOTYPE: "a FIFO", tarfile.CHRTYPE: "a character device", tarfile.BLKTYPE: "a block device"}
 
 
 class MemberStream:

@@ -16,8 +16,10 @@ docs/cache.md, "While a training job writes the cache").
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -44,13 +46,23 @@ def cache_lock(cache_dir: str | os.PathLike[str], *, shared: bool = False,
     lock_path = lock_file_for(Path(os.path.abspath(cache_dir)))
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        # never through a link, never a FIFO or device: the holder truncates and writes the file, and
+        # whoever can write beside the cache could otherwise point it at a file of yours
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except OSError as e:
+        if e.errno == errno.ELOOP or os.path.islink(lock_path):
+            raise BadInput(f"the lock file {lock_path} is a symbolic link; compilewatch does not follow it "
+                           "(whoever can write beside the cache could point it at a file of yours)",
+                           hint=f"remove it (`rm {lock_path}`) and retry; nothing was changed") from None
         if shared:  # a reader that cannot create the lock file (read-only parent) goes ahead unlocked
             yield None
             return
         raise BadInput(f"cannot create the lock file {lock_path}: {e.strerror}",
                        hint="moving or replacing the cache needs write access to the folder that holds it") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BadInput(f"the lock file {lock_path} is not a regular file (a FIFO, device or folder someone put there)",
+                       hint=f"remove it (`rm {lock_path}`) and retry; nothing was changed")
     try:
         op = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
         deadline = time.monotonic() + max(timeout, 0.0)

@@ -329,11 +329,12 @@ def trust_remove(which: str) -> TrustedKey:
     """Stop trusting the key with this id (or a unique id prefix) or name."""
     keys = _read_trusted()
     hits = [k for k in keys if which in (k.id, k.name) or (len(which) >= 12 and k.id.startswith(which))]
-    if len(hits) != 1:
+    if len({k.id for k in hits}) != 1:
         listed = ", ".join(f"{k.name} ({k.id})" for k in keys) or "none"
         raise BadInput(f"{'no' if not hits else 'more than one'} trusted key matches {one_line(which, 80)!r}",
                        hint=f"trusted keys: {listed} (`compilewatch cache trust list`)")
-    _write_trusted([k for k in keys if k is not hits[0]])
+    # the key, under every name a hand-written store gives it: removing one name must not leave it trusted
+    _write_trusted([k for k in keys if k.id != hits[0].id])
     return hits[0]
 
 
