@@ -372,7 +372,7 @@ class EvalConfig:
     """Tokens generated per prompt (both plain and speculative decoding)."""
     every: int = 0
     """Also measure τ by real speculative decoding every N steps while training (metrics.jsonl event
-    "eval", the progress line); 0 = never. Its cost (seconds) is in the same row."""
+    "periodic_eval", the progress line); 0 = never. Its cost (seconds) is in the same row."""
     every_prompts: int = 4
     """Held-out prompts of each periodic eval (the first of the eval prompts): few, so it stays cheap."""
     baseline_cache: str | None = None
