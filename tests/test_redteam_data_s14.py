@@ -226,3 +226,12 @@ def test_training_says_how_many_conversations_were_truncated_to_max_length(tmp_p
     assert dataset.stats.truncated == 3
     assert any(n.startswith(f"3 of {dataset.stats.kept} conversations are longer than data.max_length (96 tokens)")
                for n in notes), notes
+
+
+def test_messages_roles_are_read_regardless_of_case():
+    """"Assistant" / " USER" were roles of their own: a record mixing cases had turns the mask never trained."""
+    from dflash.data.dataset import normalize_record
+
+    rec = {"messages": [{"role": "System", "content": "s"}, {"role": " USER", "content": "u"},
+                        {"role": "Assistant", "content": "a"}, {"role": "narrator", "content": "n"}]}
+    assert [m["role"] for m in normalize_record(rec)] == ["system", "user", "assistant", "narrator"]

@@ -60,7 +60,7 @@ from dflash.data.dataset import (DataStats, Sample, check_usable, held_out_note,
                                  normalize_record, stats_with_warnings,
                          tokenize_record)
 
-DATA_VERSION = 4  # 2: oversized and assistant-first records skipped; 3: a leading UTF-8 BOM read, non-string turns skipped; 4: turns with tool calls or lone surrogates skipped, an empty answer without a generation prompt trains its end-of-turn token; bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
+DATA_VERSION = 5  # 2: oversized and assistant-first records skipped; 3: a leading UTF-8 BOM read, non-string turns skipped; 4: turns with tool calls or lone surrogates skipped, an empty answer without a generation prompt trains its end-of-turn token; 5: messages roles read regardless of case ("Assistant"); bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
 FORMAT = "dflash-data-cache"
 MANIFEST = "manifest.json"
 INDEX = "index.npy"

@@ -146,6 +146,17 @@ def _no_tool_call(m: dict, turn: int) -> None:
                              "trained without it); remove the conversation or render the call into \"content\"")
 
 
+OPENAI_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def _role(role: str) -> str:
+    """A `messages` role as the chat templates and the trained-token mask spell it: "Assistant" or " USER" is
+    that role (it was no assistant turn, so a record mixing cases was trained in part, without a word);
+    another role stays as written (the template decides what to do with it)."""
+    low = role.strip().lower()
+    return low if low in OPENAI_ROLES else role
+
+
 def normalize_record(rec: Any) -> list[dict[str, str]]:
     """A record's turns as [{"role", "content"}]; ValueError says what was wrong."""
     if not isinstance(rec, dict):
@@ -156,7 +167,7 @@ def normalize_record(rec: Any) -> list[dict[str, str]]:
             raise ValueError('"messages" must be a list of {"role", "content"} objects')
         for i, m in enumerate(msgs, 1):
             _no_tool_call(m, i)
-        return [{"role": _text(m["role"], "role", i), "content": _text(m["content"], "content", i)}
+        return [{"role": _role(_text(m["role"], "role", i)), "content": _text(m["content"], "content", i)}
                 for i, m in enumerate(msgs, 1)]
     if "conversations" in rec:
         conv = rec["conversations"]
