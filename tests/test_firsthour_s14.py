@@ -132,3 +132,15 @@ def test_run_with_its_own_stdout_closed_passes_the_programs_exit_code_through(tm
                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__)
                                                                                .resolve().parents[1])}, timeout=120)
         assert p.returncode == 7 and "Traceback" not in p.stderr, (flags, p.returncode, p.stderr[-2000:])
+
+
+def test_a_huge_device_list_is_named_in_part():
+    from compilewatch.devices.spec import normalize_device
+    from compilewatch.errors import BadInput
+
+    try:
+        normalize_device("x" * 3000)
+    except BadInput as e:
+        assert len(e.message) < 200 and e.message.startswith("unknown device 'xxx")
+    else:
+        raise AssertionError("accepted")

@@ -29,7 +29,9 @@ def normalize_device(spec: str) -> str:
         return s
     if s.startswith("cuda:") and s[5:].isdigit():
         return f"cuda:{int(s[5:])}"
-    raise BadInput(f"unknown device {spec!r}", hint="expected an index like 0, cuda:N or cpu")
+    from compilewatch.inputs import one_line
+
+    raise BadInput(f"unknown device {one_line(repr(spec), 80)}", hint="expected an index like 0, cuda:N or cpu")
 
 
 def parse_device(spec: str) -> str:
@@ -63,7 +65,9 @@ def not_visible(asked: list[str], missing: list[str], visible: list[str]) -> Bad
 
     gpus = [d for d in visible if d != "cpu"]
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    asked_s = ", ".join(asked)
+    from compilewatch.inputs import one_line
+
+    asked_s = one_line(", ".join(asked), 200)  # a list of 10,000 devices is named in part
     if missing == asked:
         which = "none of them is" if len(asked) > 1 else "it is not"
     else:
