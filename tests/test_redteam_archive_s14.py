@@ -179,3 +179,12 @@ def test_trust_remove_removes_the_key_under_every_name(tmp_path, other_machine):
     keys.write_private(store, json.dumps({"keys": [entry, dict(entry, name="bob")]}).encode())
     assert invoke(app, ["cache", "trust", "remove", added.id]).exit_code == 0  # by id: one key, not "more than one"
     assert json.loads(store.read_text())["keys"] == []
+
+
+def test_a_foreign_archive_refused_creates_nothing_not_even_the_caches_parent(tmp_path, saved):
+    """`cache load` said "nothing was changed" after creating the target's parent folders."""
+    foreign = _with_mega(tmp_path / "foreign.tar.gz", saved, 16)
+    target = tmp_path / "new" / "deeper" / "cache"
+    with pytest.raises(BadInput, match="nothing was changed|not signed|foreign"):
+        archive_load.load(foreign, target)
+    assert not (tmp_path / "new").exists()

@@ -318,14 +318,16 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
     target = loc.path
     _check_target(target, force)
     header = read_header(source)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    verdict, manifest_bytes = reader.inspect_archive(source, trust=trust,
-                                                         stop_after=shutil.disk_usage(target.parent).free)
+    from compilewatch.fsutil import nearest_existing
+
+    free = shutil.disk_usage(nearest_existing(target.parent) or target.anchor).free  # nothing made before the verdict
+    verdict, manifest_bytes = reader.inspect_archive(source, trust=trust, stop_after=free)
     verdict.require()  # first: who made it
     problems = compatibility(header.system_key, header.torch_version, archive_info=header.system_info)
     if problems and not force:
         raise BadInput(f"{source} was saved for another system: " + "; ".join(problems),
                        hint="pass --force to load it anyway (the entries will not hit on this machine); nothing was changed")
+    target.parent.mkdir(parents=True, exist_ok=True)
     manifest = _manifest_of(source, manifest_bytes)
     space = _SpaceBudget(source, target.parent, [e.size for e in manifest.entries or ()])
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.load-", dir=target.parent))
