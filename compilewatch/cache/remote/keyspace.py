@@ -104,7 +104,9 @@ PUSHABLE = ("fxgraph", "aotautograd")  # the kinds whose local entries map 1:1 o
 _BY_ID = {k.cache_id: k for k in _KINDS if k.cache_id}
 _KEY_RE = re.compile(r"^pt2:(?P<cache_id>[^:]+)::(?P<key>.+):c(?P<version>\d+)$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_LOCAL_KEY = {"fxgraph": re.compile(r"^f[a-z0-9]{40,}$"), "aotautograd": re.compile(r"^a[a-z0-9]{40,}$")}
+# torch's keys are "f"/"a" + 52 base32 characters; the bound keeps a planted key a valid file name (pull makes a
+# folder of it: 300 characters was an OSError traceback)
+_LOCAL_KEY = {"fxgraph": re.compile(r"^f[a-z0-9]{40,128}$"), "aotautograd": re.compile(r"^a[a-z0-9]{40,128}$")}
 
 
 def layout_for(version: tuple[int, int]) -> RemoteLayout | None:

@@ -76,9 +76,7 @@ def redact(url: str) -> str:
     if parts.password is None:
         return url
     user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    host = parts.netloc.rpartition("@")[2]  # as written: an IPv6 host keeps its brackets, a bad port is shown, not parsed
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
@@ -121,6 +119,13 @@ def check_url(raw: str, source: str = "argument") -> None:
         raise BadInput(f"not a Redis URL: {redact(raw)!r}{where}: the scheme is "
                        f"{(parts.scheme + '://') if parts.scheme else 'missing'}",
                        hint="write redis://[:PASSWORD@]HOST:PORT[/DB] (rediss:// for TLS, unix:///path for a socket)")
+    try:  # redis-py turns every ?name=value into a connection argument; an unknown one fails at connect
+        _redis().ConnectionPool.from_url(raw).make_connection()
+    except (ValueError, TypeError) as e:
+        where = "" if source == "argument" else f" (from {source})"
+        raise BadInput(f"not a Redis URL: {redact(raw)}{where}: {str(e)[:200]}",
+                       hint="leave out query options redis-py does not know (?db=N, ?socket_timeout=S, ... are "
+                            "known); write redis://[:PASSWORD@]HOST:PORT[/DB]") from None
 
 
 def check_db(raw: str) -> None:
@@ -169,7 +174,8 @@ def why_failed(exc: BaseException, url: str) -> str:
         return f"{safe} answered, but not as a Redis server ({text[:120]}): is this the right port?"
     if isinstance(exc, redis.exceptions.ConnectionError):
         if "Connection closed by server" in text:
-            return f"{safe} closed the connection at once (not a Redis server, or one that rejects this client)"
+            return (f"{safe} closed the connection (not a Redis server, one that rejects this client, or one that "
+                    "went away mid-command)")
         return f"{safe} is unreachable: {text[:200]}"
     if isinstance(exc, redis.exceptions.ResponseError):
         return f"{safe} refused a command: {text[:200]}"
@@ -371,10 +377,13 @@ def entries(client, *, kinds: tuple[str, ...] | None = None, deep: bool, keep: b
 
 def signature_of(client, trust: sigs.Trust, key: str, value: bytes) -> sigs.Verdict:
     """The verdict on `value` of `key` from its signature key (read with a cap)."""
+    redis = _redis()
     try:
         sig = read_capped(client, remote_keys.signature_key(key), sigs.MAX_SIGNATURE)
     except ValueError:
         return sigs.Verdict("bad-signature", None, f"a signature value over {sigs.MAX_SIGNATURE} bytes")
+    except redis.exceptions.ResponseError as e:  # WRONGTYPE: anyone who can write planted a list or hash there
+        return sigs.Verdict("bad-signature", None, f"the signature key is not a string ({str(e)[:80]})")
     return trust.check(key, value, sig)
 
 
@@ -426,6 +435,7 @@ class RemoteStatus:
 
 
 MAX_NAMED = 20  # problem entries named in a status
+MAX_NAMED_FOREIGN = 100  # keys that are not torch's named in a verify (the rest counted in one finding)
 
 
 def status(url: str | None = None, *, quick: bool = False, max_value: int = MAX_VALUE,
@@ -607,11 +617,20 @@ def _verify(client, raw: str, max_value: int) -> RemoteVerifyReport:
     sk, th, tv = here()
     findings: list[RemoteFinding] = []
     checked: Counter[str] = Counter()
-    n = 0
+    n = foreign = 0
     for ki in scan(client):
-        if ki.kind == "foreign" or ki.kind == "pt2-unknown":
-            findings.append(RemoteFinding("foreign-key", "warning", ki.key, "not a key torch writes (another "
-                                          "application shares this database?): not read"))
+        if ki.size is None and remote_keys.parse_key(ki.key).kind in remote_keys.KINDS:
+            findings.append(RemoteFinding("malformed", "error", ki.key, "a torch key holding a Redis list, hash, set "
+                                          "or stream, not a string: torch's read of it fails (WRONGTYPE)"))
+        elif ki.kind == "foreign" or ki.kind == "pt2-unknown":
+            foreign += 1  # counted, and named up to MAX_NAMED_FOREIGN: millions of them must not become a report
+            if foreign <= MAX_NAMED_FOREIGN:
+                findings.append(RemoteFinding("foreign-key", "warning", ki.key, "not a key torch writes (another "
+                                              "application shares this database?): not read"))
+    if foreign > MAX_NAMED_FOREIGN:
+        findings.append(RemoteFinding("foreign-key", "warning", f"({foreign - MAX_NAMED_FOREIGN} more)",
+                                      f"{foreign - MAX_NAMED_FOREIGN} more keys that are not torch's, not named "
+                                      f"(the first {MAX_NAMED_FOREIGN} are): not read"))
     for e in entries(client, deep=True, max_value=max_value, trust=sigs.Trust()):
         n += 1
         checked[e.kind] += 1
@@ -633,6 +652,8 @@ def _verify(client, raw: str, max_value: int) -> RemoteVerifyReport:
     order = list(_SEVERITY)
     findings.sort(key=lambda f: order.index(f.kind))
     bad = any(f.severity == "error" for f in findings)
-    return RemoteVerifyReport(redact(raw), not bad, n, dict(checked), tuple(findings),
-                              dict(Counter(f.kind for f in findings)), posture, sk, tv)
+    counts = Counter(f.kind for f in findings)
+    if foreign:
+        counts["foreign-key"] = foreign  # every one, named or not
+    return RemoteVerifyReport(redact(raw), not bad, n, dict(checked), tuple(findings), dict(counts), posture, sk, tv)
 

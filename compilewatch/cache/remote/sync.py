@@ -45,7 +45,7 @@ from compilewatch.cache.remote import keyspace as remote_keys
 from compilewatch.cache.remote import server as remote
 from compilewatch.cache.remote import signatures as sigs
 from compilewatch.cache.trust import picklescan
-from compilewatch.errors import BadInput
+from compilewatch.errors import BadInput, WriteFailed
 from compilewatch.fsutil import atomic_path
 from compilewatch.inputs import one_line, read_bytes
 
@@ -221,7 +221,12 @@ def push(source: str | os.PathLike[str], url: str | None = None, *, overwrite: b
     """Seed the remote cache at `url` (default: torch's) from a cache dir, an archive or a `clear` backup."""
     t0 = time.perf_counter()
     src = Path(os.path.abspath(os.path.expanduser(source)))
-    if not src.exists():
+    try:
+        exists = src.exists()
+    except OSError as e:  # a name too long, a loop of links: not a traceback
+        raise BadInput(f"cannot use {one_line(str(src), 200)}: {e.strerror}", hint="give a cache dir, an archive from "
+                       "`cache save`, or a backup file from `cache remote clear`") from None
+    if not exists:
         raise BadInput(f"{src} does not exist", hint="give a cache dir, an archive from `cache save`, or a backup "
                        "file from `cache remote clear`")
     if src.is_dir():
@@ -305,28 +310,37 @@ def pull(url: str | None = None, path: str | os.PathLike[str] | None = None, *, 
     `all_systems`, and only entries signed by this machine's or a trusted key unless `allow_unsigned`
     (then unsigned and foreign-signed ones too; a signature that does not verify never)."""
     t0 = time.perf_counter()
-    loc = layout.locate(path)
-    target = loc.path
-    layout.refuse_symlink(target, "pull")
-    if target.exists() and not target.is_dir():
-        raise BadInput(f"{target} exists and is not a directory; nothing was changed")
-    if target.is_dir() and not layout.looks_like_cache(target) and not force:
-        raise layout.not_a_cache(target, can_force=True)
+    try:
+        loc = layout.locate(path)
+        target = loc.path
+        layout.refuse_symlink(target, "pull")
+        if target.exists() and not target.is_dir():
+            raise BadInput(f"{target} exists and is not a directory; nothing was changed")
+        if target.is_dir() and not layout.looks_like_cache(target) and not force:
+            raise layout.not_a_cache(target, can_force=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a name too long, a parent that is a file: said, not a traceback
+        raise _local_error(path, e) from None
     client = remote.connect(url, deadline=timeout)
     sk, th, _ = remote.here()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.load-", dir=target.parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.load-", dir=target.parent))
+    except OSError as e:
+        client.close()
+        raise _local_error(target.parent, e) from None
     pulled: Counter[str] = Counter()
     skipped: list[Skipped] = []
     nbytes = already = 0
     backup = None
     try:
-        if target.is_dir():
-            _link_tree(target, staging)
         try:
+            if target.is_dir():
+                _link_tree(target, staging)
             with remote.failing_server(url, "pull", "nothing was changed; pull again when the server is back"):
                 nbytes, already = _fetch(client, url, staging, pulled, skipped, sk, th, all_systems, max_value,
                                          allow_unsigned)
+        except OSError as e:  # the staging dir beside the cache: disk full, read-only, a name too long
+            raise _local_error(staging, e) from None
         finally:
             client.close()
         if pulled:
@@ -339,6 +353,11 @@ def pull(url: str | None = None, path: str | os.PathLike[str] | None = None, *, 
             shutil.rmtree(staging, ignore_errors=True)
     return PullResult(remote.config(url).url, str(target), backup, dict(pulled), nbytes, already, tuple(skipped),
                       time.perf_counter() - t0)
+
+
+def _local_error(where, e: OSError) -> BadInput:
+    return BadInput(f"cannot write {one_line(str(where), 200)}: {e.strerror or e}; nothing was changed",
+                    hint="give --dir a writable cache dir on a filesystem with room for the fetched entries")
 
 
 def _fetch(client, url: str | None, staging: Path, pulled: Counter[str], skipped: list[Skipped], sk: str,
@@ -419,6 +438,27 @@ def read_backup(path: Path, *, max_value: int = remote.MAX_VALUE):
             yield key, value
 
 
+def _write_backup(client, dest: Path, safe: str, keys: list[remote.KeyInfo],
+                  max_value: int) -> tuple[dict[str, str], int]:
+    """Every key's value into the backup file `dest`, atomically (BadInput when it exists); (SHA-1 per key, bytes)."""
+    if dest.exists():
+        raise BadInput(f"{dest} already exists; nothing was deleted", hint="choose another --backup file")
+    digests: dict[str, str] = {}
+    nbytes = 0
+    with atomic_path(dest) as tmp:
+        with open(tmp, "w", encoding="ascii") as out:
+            out.write(json.dumps({"format": BACKUP_FORMAT, "version": 1, "url": safe, "host": socket.gethostname(),
+                                  "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n")
+            for ki in keys:
+                value = remote.read_capped(client, ki.key, max_value)
+                if value is None:
+                    continue
+                out.write(json.dumps({"key": ki.key, "value": base64.b64encode(value).decode("ascii")}) + "\n")
+                digests[ki.key] = hashlib.sha1(value).hexdigest()
+                nbytes += len(value)
+    return digests, nbytes
+
+
 def clear(url: str | None = None, *, backup: str | os.PathLike[str] | None = None,
           max_value: int = remote.MAX_VALUE, timeout: float = remote.DEADLINE_S) -> RemoteClearResult:
     """Back up every torch entry (and its signature) of the remote cache to a file, then delete what was
@@ -450,21 +490,16 @@ def _clear(client, url: str | None, safe: str, backup: str | os.PathLike[str] | 
     if not keys:
         return RemoteClearResult(safe, 0, 0, None, 0, left, None)
     dest = Path(os.path.abspath(os.path.expanduser(backup))) if backup else default_backup_path(url)
-    if dest.exists():
-        raise BadInput(f"{dest} already exists; nothing was deleted", hint="choose another --backup file")
-    digests: dict[str, str] = {}
-    nbytes = 0
-    with atomic_path(dest) as tmp:
-        with open(tmp, "w", encoding="ascii") as out:
-            out.write(json.dumps({"format": BACKUP_FORMAT, "version": 1, "url": safe, "host": socket.gethostname(),
-                                  "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n")
-            for ki in keys:
-                value = remote.read_capped(client, ki.key, max_value)
-                if value is None:
-                    continue
-                out.write(json.dumps({"key": ki.key, "value": base64.b64encode(value).decode("ascii")}) + "\n")
-                digests[ki.key] = hashlib.sha1(value).hexdigest()
-                nbytes += len(value)
+    try:
+        digests, nbytes = _write_backup(client, dest, safe, keys, max_value)
+    except WriteFailed:  # atomic_path's own message (a full disk, a read-only folder)
+        raise
+    except OSError as e:  # a name too long, a parent that is a file, a full disk: nothing deleted yet
+        raise BadInput(f"cannot write the backup {one_line(str(dest), 200)}: {e.strerror or e}; nothing was deleted",
+                       hint="choose another --backup file") from None
+    except ValueError as e:  # a value that grew past the cap between SCAN and the read
+        raise BadInput(f"an entry grew meanwhile: {e}; nothing was deleted", hint="raise --max-value, or run it "
+                       "again when the writers are done") from None
     cas = client.register_script(_CAS_DELETE)
     deleted = changed = nsig = 0
     for key, digest in digests.items():
