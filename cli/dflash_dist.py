@@ -108,6 +108,9 @@ def render_rank(done: Any, cfg: Any, as_json: bool, render: Any) -> None:
         else:
             output.err.print(f"[rank {me.rank}/{me.world_size} {me.host}] {out.engine.outcome}: "
                              f"{out.engine.steps_done} steps; report {done.rank_report}", markup=False, highlight=False)
+        if out.engine.outcome == "interrupted":  # Ctrl-C: the engine saved replica 0 (rank 0 wrote it); 130, no error
+            finish(out.engine)
+            return
         error = done.failure
         if error is not None and any(t.alive for t in out.engine.threads):
             record_error(error)  # threads blocked inside torch (a collective, a stall): leave at once

@@ -141,6 +141,7 @@ class ProcessGroup:
         self.backend = backend
         self.timeout_s = timeout_s
         self._open = False
+        self._steps = 0  # step all-reduces this rank entered (sum_scalars: once per step), marked in the store
 
     def open(self) -> ProcessGroup:
         import torch.distributed as dist
@@ -198,9 +199,50 @@ class ProcessGroup:
     def sum_scalars(self, *values: float) -> tuple[float, ...]:
         import torch
 
+        self._steps += 1
+        self._mark(f"{self._steps} {self.info.host}")
         t = torch.tensor(values, dtype=torch.float64)
         self.sum_(t)
         return tuple(float(x) for x in t)
+
+    # ------------------------------------------------------------ who stopped
+    # Every rank marks in the job's store (torchrun's, beside the process group) how many step all-reduces it
+    # entered. A collective that fails says only "connection closed" or "timed out"; `behind` then names the
+    # ranks that never reached the one this rank waited in: the rank that died or hangs.
+    _KEY = "dflash/steps-reached/"
+
+    def _store(self):
+        import torch.distributed as dist
+
+        return dist.distributed_c10d._get_default_store()
+
+    def _mark(self, value: str) -> None:
+        try:
+            self._store().set(f"{self._KEY}{self.rank}", value)
+        except Exception:  # noqa: BLE001 - best effort: a diagnosis, never a reason to fail a step
+            pass
+
+    def behind(self, timeout_s: float = 5.0) -> list[str]:
+        """The ranks that did not enter the step all-reduce this rank entered last ("rank 1 (node1) is 1
+        step(s) behind"), read from the store; [] when all did, or when the store does not answer."""
+        try:
+            store = self._store()
+            store.set_timeout(datetime.timedelta(seconds=timeout_s))  # the store's host may be gone: never wait long
+            out = []
+            for r in range(self.world_size):
+                key = f"{self._KEY}{r}"
+                if r == self.rank or self._steps == 0:
+                    continue
+                if not store.check([key]):
+                    out.append(f"rank {r} never reached a step's all-reduce")
+                    continue
+                n, host = store.get(key).decode().split(" ", 1)
+                if int(n) < self._steps:
+                    out.append(f"rank {r} ({host}) is {self._steps - int(n)} step(s) behind: it never entered "
+                               "the all-reduce this rank waited in")
+            return out
+        except Exception:  # noqa: BLE001 - the store went with the job: no diagnosis
+            return []
 
     def barrier(self) -> None:
         import torch.distributed as dist

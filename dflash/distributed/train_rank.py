@@ -49,6 +49,7 @@ class DistributedResult:
     ranks: tuple[rr.RankReport, ...]  # every rank's, when the run ended ok everywhere (else this rank's only)
     verdicts: tuple[str, ...]  # across ranks: caches, identical weights
     ok: bool
+    behind: tuple[str, ...] = ()  # a collective failed: the ranks that never reached it (ProcessGroup.behind)
 
 
 def _devices(info: RankInfo, topo: TopologyConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -168,8 +169,10 @@ def finish_rank(joined: Joined, trainer: Trainer, result: TrainResult, report: A
         watch_report=str(own_dir / "watch.jsonl") if watch else None, engine_verdicts=report.verdicts,
         remote=rr.remote_rank())
     if not report.ok:  # no collective: the others may be gone or blocked; exiting non-zero stops the job
-        atomic_write_json(own_dir / "report.json", {"rank": mine, "ranks": [], "verdicts": []})
-        return DistributedResult(result, report, mine, (mine,), (), False)
+        f = report.failure
+        behind = tuple(group.behind()) if f is not None and is_peer_failure(f.error) else ()
+        atomic_write_json(own_dir / "report.json", {"rank": mine, "ranks": [], "verdicts": list(behind)})
+        return DistributedResult(result, report, mine, (mine,), behind, False, behind)
     ranks = tuple(group.all_gather(mine))  # also the barrier after rank 0's final checkpoint
     group.close()
     verdicts = rr.cache_verdicts(ranks)
@@ -217,7 +220,8 @@ def failure(out: DistributedResult) -> CheckFailed | None:
     who = f"rank {out.rank.rank} ({out.rank.host})"
     f = out.engine.failure
     if f is not None and is_peer_failure(f.error):
-        return PeerFailed(f"{who}: a collective failed because another rank stopped or hung: {f.error}",
+        which = f" ({'; '.join(out.behind)})" if out.behind else ""
+        return PeerFailed(f"{who}: a collective failed because another rank stopped or hung{which}: {f.error}",
                          hint="the first failure is in another rank's output (torchrun lists every failed rank); "
                               f"this rank's report: {rank_report_path(out)}")
     if f is not None:
