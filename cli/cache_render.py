@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from rich.markup import escape
 from rich.table import Table
 
 from cli import output
@@ -28,7 +29,9 @@ def print_findings(findings: Sequence[Any], column: str) -> None:
     o = output.out
     table = Table("severity", "kind", column, "detail", box=None)
     for f in findings[:MAX_FINDINGS]:
-        table.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.kind, getattr(f, column), f.detail)
+        # the key (a file name, a Redis key) and the detail come from elsewhere: shown as text, never as markup
+        table.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", escape(f.kind), escape(str(getattr(f, column))),
+                      escape(str(f.detail)))
     o.print(table)
     if len(findings) > MAX_FINDINGS:
         o.print(f"... and {len(findings) - MAX_FINDINGS} more (see --json)")

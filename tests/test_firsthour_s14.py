@@ -144,3 +144,22 @@ def test_a_huge_device_list_is_named_in_part():
         assert len(e.message) < 200 and e.message.startswith("unknown device 'xxx")
     else:
         raise AssertionError("accepted")
+
+
+def test_findings_with_markup_in_a_key_are_shown_as_text(capsys):
+    """A Redis key or a file name holding rich markup (`[/]`, `[red]x[/]`) was read as markup in `verify`'s
+    table: a MarkupError traceback, or a key shown as something it is not."""
+    from dataclasses import dataclass
+
+    from cli.cache_render import print_findings
+
+    @dataclass
+    class F:
+        severity: str
+        kind: str
+        key: str
+        detail: str
+
+    print_findings([F("error", "malformed", "pt2:x[/]", "bad [red]value[/]")], "key")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "pt2:x[/]" in out and "bad [red]value[/]" in out
