@@ -174,3 +174,25 @@ def test_timeline_of_hostile_times_is_bad_input(tmp_path, event, field):
     with pytest.raises(BadInput, match=f"field '{field}'"):
         timeline.convert(report, tmp_path / "t.json")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_prewarm_still_raises_bad_input_a_workloads_build_names():
+    """A build() failure is reported as a failed run; bad input it raises (BadInput: a target that cannot be
+    read) stays bad input, exit 2."""
+    import pytest
+
+    from compilewatch import prewarm
+    from compilewatch.errors import BadInput
+    from compilewatch.tracing.targets import Workload
+
+    class W(Workload):
+        name = "w"
+
+        def build(self):
+            raise BadInput("the target /nowhere cannot be read")
+
+        def run(self, device):
+            raise AssertionError("never runs")
+
+    with pytest.raises(BadInput, match="cannot be read"):
+        prewarm("cpu", W())

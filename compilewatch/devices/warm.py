@@ -264,9 +264,13 @@ def prewarm(devices: str | list[str], fn: Workload | Callable[..., Any], *, veri
 
     verify_remote_reads()  # torch's remote-cache reads verified before it unpickles them
     t0 = time.perf_counter()
+    from compilewatch.errors import CompilewatchError
+
     try:
         workload.build()
         built = None
+    except CompilewatchError:
+        raise  # bad input the workload names (a target that cannot be read): exit 2, as before
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the workload's own error: in the report, not raised
         built = _build_failed(devs[0], e, time.perf_counter() - t0)
     if built is not None:
