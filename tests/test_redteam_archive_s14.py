@@ -23,6 +23,7 @@ from compilewatch.cache.trust import keys
 from compilewatch.errors import BadInput
 from tests.cache_helpers import make_cache, signed_tar, tar_members, tree
 from tests.helpers import invoke
+from tests.test_cache_trust import other_machine  # noqa: F401 - fixture: run a block as another machine
 
 
 class _Zeros(io.RawIOBase):
@@ -50,24 +51,6 @@ def _with_mega(path, saved, size: int):
         ti.size = size
         t.addfile(ti, io.BufferedReader(_Zeros(size), 1 << 20))
     return path
-
-
-@pytest.fixture
-def other_machine(tmp_path, monkeypatch):
-    """`with other_machine(): ...` runs a block as another machine (its own config dir)."""
-    import contextlib
-
-    mine = os.environ["COMPILEWATCH_CONFIG_DIR"]
-
-    @contextlib.contextmanager
-    def as_other():
-        monkeypatch.setenv("COMPILEWATCH_CONFIG_DIR", str(tmp_path.parent / f"{tmp_path.name}-other-config"))
-        try:
-            yield
-        finally:
-            monkeypatch.setenv("COMPILEWATCH_CONFIG_DIR", mine)
-
-    return as_other
 
 
 @pytest.fixture
