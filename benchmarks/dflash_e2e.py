@@ -55,6 +55,7 @@ import torch  # noqa: E402
 from dflash.config import TopologyConfig, apply_overrides, qwen3_8b  # noqa: E402
 from dflash.data.dataset import ChatDataset, DataStats, Sample  # noqa: E402
 from dflash.model.drafter import default_layer_ids  # noqa: E402
+from dflash.model.fused_norm import fuse_norms  # noqa: E402
 from dflash.model.target import Target  # noqa: E402
 from dflash.model.build import build_drafter, drafter_spec  # noqa: E402
 from dflash.training.trainer import Trainer
@@ -85,10 +86,11 @@ def random_target(fields: dict, device: torch.device, dtype: torch.dtype, num_dr
     finally:
         torch.set_default_dtype(prev)
     model.requires_grad_(False).eval()
+    norms = fuse_norms(model)  # as dflash.model.target.finish_target does for a loaded target
     L = cfg.num_hidden_layers
     return Target(model=model, tokenizer=None, layer_ids=default_layer_ids(L, num_draft_layers),
                   mask_token_id=cfg.vocab_size - 1, device=device, dtype=dtype, source="benchmark:random",
-                  compile_taps=compile_taps and device.type == "cuda")
+                  notes=[norms] if norms else [], compile_taps=compile_taps and device.type == "cuda")
 
 
 def synthetic_dataset(n: int, seq: int, vocab: int, cfg, seed: int = 0) -> ChatDataset:

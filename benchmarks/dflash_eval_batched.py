@@ -314,7 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-first", action="store_true",
                     help="with --periodic: the first eval under cProfile (its row's host_profile: where its "
                          "first-call seconds go; its times then include cProfile's overhead)")
+    ap.add_argument("--no-cudnn-sdpa", action="store_true",
+                    help="CUDA: take cuDNN out of sdpa's backends for the whole process (what its per-shape "
+                         "plan building costs a first eval)")
     a = ap.parse_args(argv)
+    if a.no_cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if a.device == "cpu":
         torch.set_num_threads(a.threads)
     cases = [tuple(int(x) for x in c.lower().split("x")) for c in a.cases.split(",")]

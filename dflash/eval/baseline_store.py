@@ -7,7 +7,8 @@ parameters' version counters; neither survives the process. On disk it applies w
 decides the plain tokens and their time is the same as when it was measured (`identity`):
 - the target: its directory, and each of its files' name, size and modification time (config, weights,
   tokenizer); its dtype, whether it runs in FP8 (target.fp8), how many of its norms run fused
-  (dflash.model.fused_norm), its vocabulary (the mask token may grow it);
+  (dflash.model.fused_norm), its vocabulary (the mask token may grow it), the attention kernels the eval
+  allows (dflash.eval.attention);
 - where it ran: the device's name, torch's and transformers' versions;
 - the decode: the prompts' token ids, the token budget, CUDA graphs on or off.
 Anything else, or a file that does not parse or check, and the baseline is measured again (and the
@@ -37,6 +38,7 @@ from typing import Any
 
 import torch
 
+from dflash.eval.attention import NAME as ATTENTION
 from dflash.eval.generation import Generation
 
 FILE = "eval_baseline.json"
@@ -78,7 +80,7 @@ def identity(target) -> dict[str, Any]:
     return {"source": str(target.source), "files": files, "dtype": str(target.dtype),
             "fp8": any(isinstance(m, Fp8Linear) for m in mods),
             "fused_norms": sum(isinstance(m, FusedRMSNorm) and m.fused for m in mods),  # dflash.model.fused_norm
-            "vocab": int(emb.weight.shape[0]), "device": _device_name(target.device),
+            "vocab": int(emb.weight.shape[0]), "device": _device_name(target.device), "attention": ATTENTION,
             "torch": torch.__version__, "transformers": transformers.__version__}
 
 

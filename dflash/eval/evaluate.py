@@ -40,10 +40,19 @@ def evaluate_drafter(drafter, target, prompts: list[list[int]], max_new_tokens: 
     the reference ran, why graphs were turned off, or that the plain baseline was reused. `state`
     (dflash.eval.reuse.EvalState): what a run's evals keep for the next (`step`: this one's training
     step); without it, as `dflash eval` runs, everything is measured afresh."""
-    from dflash.eval.divergence import weigh
+    from dflash.eval.attention import decode_attention
     from dflash.flags import check_count
 
     check_count(max_new_tokens, "max_new_tokens", "the tokens generated per prompt")
+    with decode_attention():  # no cuDNN sdpa: its first-call kernel builds cost a first eval seconds
+        return _evaluate(drafter, target, prompts, max_new_tokens, block_size, progress, batched=batched,
+                         use_graphs=use_graphs, on_note=on_note, state=state, step=step)
+
+
+def _evaluate(drafter, target, prompts, max_new_tokens, block_size, progress, *, batched, use_graphs, on_note,
+              state, step) -> EvalResult:
+    from dflash.eval.divergence import weigh
+
     why = batched_unsupported(target, block_size) if batched else "asked for the batch-1 reference"
     if why is None:
         result, notes = evaluate_batched(drafter, target, prompts, max_new_tokens, block_size, progress,
