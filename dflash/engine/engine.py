@@ -265,9 +265,9 @@ class Engine:
                     watcher.mark_warm()
                 self._barrier = threading.Barrier(R, action=self._commit_step)
                 self._router = BatchRouter(len(producers), cfg.queue_depth, self._stop)
-                self._start_threads(producers)
                 w0 = time.perf_counter()
-                try:
+                try:  # a Ctrl-C while the workers start stops the ones started, as one during the run does
+                    self._start_threads(producers)
                     outcome, dumped = self._monitor()
                 except KeyboardInterrupt:
                     interrupted, outcome = True, "interrupted"
