@@ -10,13 +10,15 @@ machine); the later evals 4.4 s either way: the decode steps' attention is ~1.5%
 (`python benchmarks/dflash_eval_batched.py --random-8b --device cuda --cases 4x256 --periodic 2
 [--no-cudnn-sdpa]`, docs/benchmarks.md, session 15).
 
-`decode_attention()` turns cuDNN's sdpa off for the eval's forwards, eager and captured (a CUDA graph keeps
-the kernel its capture ran), and leaves the other backends as the process had them (flash, memory-efficient,
-math: a user's own switches stand). torch keeps these switches per process, not per thread
-(`torch.backends.cuda.enable_cudnn_sdp`): the eval runs between training steps (inside the step barrier on
-the engine), when no other forward runs; a compile traced in another thread meanwhile would pick among the
-other kernels, with the same results to within rounding. The switch is put back when the eval ends, raised
-or not. A CPU has no cuDNN sdpa, so nothing changes there.
+`decode_attention()` turns cuDNN's sdpa off for the eval's forwards, eager and captured (a CUDA graph keeps the
+kernel its capture ran), and leaves the other backends as the process had them (flash, memory-efficient, math: a
+user's own switches stand). torch keeps these switches per process, not per thread
+(`torch.backends.cuda.enable_cudnn_sdp`). The eval runs between training steps (inside the step barrier on the
+engine), so no drafter forward runs beside it; the engine's target workers may go on filling their queue
+meanwhile: a compiled target forward calls the kernel its graph was traced with, and an eager one (`target.compile
+= false`) picks among the other kernels for that while (the same results to within rounding; a graph traced in
+that while keeps its pick). The switch is put back when the eval ends, raised or not. A CPU has no cuDNN sdpa, so
+nothing changes there.
 """
 
 from __future__ import annotations
