@@ -26,6 +26,7 @@ fp_lib = lazy("compilewatch.cache.content.fingerprint")
 layout = lazy("compilewatch.cache.local.layout")
 manage = lazy("compilewatch.cache.local.manage")
 verify_lib = lazy("compilewatch.cache.content.verify")
+trust_keys = lazy("compilewatch.cache.trust.keys")
 from compilewatch.errors import BadInput
 from compilewatch.fsutil import atomic_write_json
 
@@ -241,7 +242,9 @@ def _provenance_line(p) -> str:
 def _render_verify_archive(r) -> None:
     o = output.out
     o.print(_provenance_line(r.provenance))
-    verdict = "[green]ok[/]" if r.ok else "[red]not loadable without --trust[/]"
+    refused = any(f.kind == "refused" for f in r.findings)  # load refuses these even with --trust
+    verdict = "[green]ok[/]" if r.ok else "[red]cache load refuses it, with --trust too[/]" if refused else \
+        "[red]not loadable without --trust[/]"
     o.print(f"[bold]verify {r.path}[/]: {r.members} members, {r.pickles_scanned} pickles and "
             f"{r.mega_artifacts_scanned} Mega-Cache artifacts scanned, {verdict}")
     if r.findings:
@@ -288,8 +291,8 @@ def _render_save(r: archive_save.SaveResult) -> None:
             f"in {output.fmt_seconds(r.duration_s)}")
     o.print(f"content hash {r.content_hash}")
     if r.signed_by:
-        o.print(f"signed by this machine's key {r.signed_by} (other machines trust it with `cache trust add`; "
-                "`cache trust key` prints it)")
+        who = trust_keys.describe_own(r.signed_by)  # this machine's, or COMPILEWATCH_SIGNING_KEY's, by path
+        o.print(f"signed by {who} (other machines trust it with `cache trust add`; `cache trust key` prints it)")
     if r.mega_cache:
         o.print("Mega-Cache: " + ", ".join(f"{n} {k}" for k, n in sorted(r.mega_cache.items())))
     for sub, c in (r.left_out or {}).items():

@@ -67,17 +67,21 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 
 def _render_list(s) -> None:
     o = output.out
-    if s.own is not None:
+    if s.own is not None and s.own_name == keys.MACHINE:
         o.print(f"this machine: {s.own.id} ({s.own.name}); its archives are recognised as made here")
+    elif s.own is not None:
+        o.print(f"your signing key: {s.own.id} from {s.own_name}; archives it signs are recognised as your own")
     else:
         o.print("this machine has no signing key yet (the first `cache save` makes one)")
     if not s.keys:
         o.print(f"no other trusted keys ({s.path})")
-        return
-    table = Table("name", "key", "added", box=None)
-    for k in s.keys:
-        table.add_row(k.name, k.id, k.added_at)
-    o.print(table)
+    else:
+        table = Table("name", "key", "added", box=None)
+        for k in s.keys:
+            table.add_row(k.name, k.id, k.added_at)
+        o.print(table)
+    for note in s.notes:
+        output.warn(note)
 
 
 @app.command("remove")

@@ -3,8 +3,11 @@ unpickled or run.
 
 First its provenance (`provenance.check_provenance`: made here, signed by a trusted key, or foreign),
 then, in the same pass, every member torch would unpickle (`picklescan.is_pickle_file`) and every
-artifact of its Mega-Cache (`picklescan.scan_artifact`) scanned. `ok` is True only for an archive
-that is own or trusted and whose pickles all pass: the one `cache load` takes without `--trust`.
+artifact of its Mega-Cache (`picklescan.scan_artifact`) scanned, and every member checked the way
+`cache load` checks it: a name it would write (`reader.cache_rel`), listed in the manifest, every
+listed file there. `ok` is True only for an archive that is own or
+trusted, whose pickles all pass and whose members `load` takes: the one `cache load` takes without
+`--trust`.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ from pathlib import Path
 
 from compilewatch.cache.archive import reader
 from compilewatch.cache.trust import picklescan, provenance
+from compilewatch.errors import BadInput
 from compilewatch.inputs import one_line
 
 
 @dataclass(frozen=True, slots=True)
 class ArchiveFinding:
     member: str
-    kind: str  # "untrusted" (a pickle names or calls what torch's caches never do), "unloadable" (malformed)
+    kind: str  # "untrusted" (a pickle names or calls what torch's caches never do), "unloadable" (malformed),
+    # "refused" (a member `cache load` refuses whatever --trust says: a name it never writes, one the
+    # manifest does not list, a listed file missing, a file where a folder must go)
     detail: str
 
 
@@ -49,9 +55,19 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
         elif scan.refused:
             findings.append(ArchiveFinding(member, "untrusted", "; ".join(one_line(r, 200) for r in scan.refused[:3])))
 
+    names: set[str] = set()  # the cache-relative paths of the members load would write
+
     def on_member(name: str, data: bytes | reader.MemberStream) -> None:
         counts["members"] += 1
         large = isinstance(data, reader.MemberStream)  # over provenance.IN_MEMORY: scanned as it streams
+        if name not in _OWN_MEMBERS:
+            rel = reader.cache_rel(name)
+            if rel is None:
+                findings.append(ArchiveFinding(one_line(name, 200), "refused", "a member `cache load` never writes "
+                                               f"(only files under {arch.PREFIX}, no absolute path, `.` or `..`): "
+                                               "load refuses the archive"))
+            else:
+                names.add(rel)
         head = data.peek(1) if large else data[:1]
         if name.startswith(arch.PREFIX) and picklescan.is_pickle_file(name[len(arch.PREFIX):], head):
             counts["pickles"] += 1
@@ -67,9 +83,48 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
                 counts["mega"] += 1
                 add(f"{arch.MEGA}: {kind} {one_line(key, 80)}", picklescan.scan_artifact(kind, content))
 
-    verdict, _ = reader.inspect_archive(Path(path), on_member=on_member)
+    verdict, manifest = reader.inspect_archive(Path(path), on_member=on_member)
+    if manifest is not None or verdict.verdict != "foreign":  # (a foreign archive is not ok already)
+        findings.extend(_against_manifest(Path(path), manifest, names))
     return ArchiveReport(str(path), verdict.verdict != "foreign" and not findings, verdict, counts["members"],
                          counts["pickles"], counts["mega"], tuple(findings))
+
+
+_OWN_MEMBERS = frozenset({reader.HEADER, reader.MEGA, reader.MANIFEST, provenance.SIGNATURE})
+
+
+def _against_manifest(path: Path, manifest: bytes | None, got: set[str]) -> list[ArchiveFinding]:
+    """What `cache load` would refuse, comparing the cache members read (`got`: their relative paths)
+    with the manifest: files missing or not listed, a file where a folder must go. (Sizes and content
+    are the signature's to vouch for: `inspect_archive` hashes every member against it.)"""
+    if manifest is None:
+        return [ArchiveFinding(reader.MANIFEST, "refused", "the archive has no manifest: load refuses it")]
+    try:
+        fp = reader._parse_manifest(path, manifest)
+    except BadInput as e:
+        return [ArchiveFinding(reader.MANIFEST, "refused", one_line(e.message, 300))]
+    want = {e.rel for e in fp.entries or ()}
+    out = []
+    for rel in sorted(want - got)[:_SHOWN]:
+        out.append(ArchiveFinding(reader.PREFIX + one_line(rel, 200), "refused",
+                                  "listed in the manifest, not in the archive"))
+    for rel in sorted(got - want)[:_SHOWN]:
+        out.append(ArchiveFinding(reader.PREFIX + one_line(rel, 200), "refused",
+                                  "not in the manifest: load refuses the archive"))
+    folders = sorted({rel for rel in got for a in _ancestors(rel) if a in got} if len(got) > 1 else set())
+    for rel in folders[:_SHOWN]:
+        parent = next(a for a in _ancestors(rel) if a in got)
+        out.append(ArchiveFinding(reader.PREFIX + one_line(rel, 200), "refused", f"needs a folder where the archive "
+                                  f"holds the file {reader.PREFIX}{one_line(parent, 200)}: load cannot write both"))
+    return out
+
+
+_SHOWN = 200  # findings of one kind listed (the CLI shows 200 in all)
+
+
+def _ancestors(rel: str):
+    parts = rel.split("/")
+    return ("/".join(parts[:i]) for i in range(1, len(parts)))
 
 
 def _mega_artifacts(data: bytes) -> list[tuple[str, object, str]] | None:

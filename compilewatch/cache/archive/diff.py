@@ -13,7 +13,7 @@ from compilewatch.cache.content import fingerprint as fp_mod
 from compilewatch.cache.content.fingerprint import Fingerprint
 from compilewatch.cache.local import layout
 from compilewatch.errors import BadInput
-from compilewatch.inputs import loads_json, read_text
+from compilewatch.inputs import loads_json, open_untrusted, read_text
 
 
 # --- diff -----------------------------------------------------------------------------------------
@@ -60,7 +60,9 @@ def load_side(x: str | os.PathLike[str]) -> tuple[Fingerprint, str, str]:
         return fp_mod.fingerprint(p, files=True), "dir", ""
     if not p.exists():
         raise BadInput(f"{p} does not exist", hint="give a cache dir, an archive or a fingerprint JSON file")
-    with open(p, "rb") as fh:
+    # a FIFO or device is refused by name, never waited on
+    fd, _ = open_untrusted(p, "cache diff side (a cache dir, an archive or a fingerprint JSON)")
+    with os.fdopen(fd, "rb") as fh:
         head = fh.read(1)
     if head in (b"{", b"["):
         data = loads_json(read_text(p, what="fingerprint JSON file"), str(p))

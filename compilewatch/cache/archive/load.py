@@ -25,6 +25,7 @@ manifest's total. Header and manifest members are capped in size before they are
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
@@ -38,8 +39,8 @@ from pathlib import Path
 import xxhash
 
 from compilewatch.cache.archive import check, reader
-from compilewatch.cache.archive.reader import (HEADER, MANIFEST, MEGA, PREFIX, _Reader, _umask, compatibility,
-                                                read_header)
+from compilewatch.cache.archive.reader import (HEADER, MANIFEST, MEGA, PREFIX, _Reader, _umask, cache_rel,
+                                                compatibility, read_header)
 from compilewatch.cache.content import fingerprint as fp_mod
 from compilewatch.cache.content.fingerprint import FileEntry, Fingerprint, ProgressFn
 from compilewatch.cache.local import busy, layout, swap
@@ -116,16 +117,6 @@ def load_mega_cache(archive: str | os.PathLike[str], *, trust: bool = False) -> 
 
 
 # --- load -----------------------------------------------------------------------------------------
-def _safe_rel(name: str) -> str | None:
-    if not name.startswith(PREFIX):
-        return None
-    rel = name[len(PREFIX):]
-    parts = rel.split("/")
-    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or parts[0] == layout.SIDECAR:
-        return None
-    return rel
-
-
 def _extract(reader: _Reader, dest: Path, manifest: Fingerprint, progress: ProgressFn | None = None,
              verdict: provenance.Provenance | None = None, space: "_SpaceBudget | None" = None,
              ) -> dict[str, tuple[int, str, int]]:
@@ -147,7 +138,7 @@ def _extract(reader: _Reader, dest: Path, manifest: Fingerprint, progress: Progr
             progress(min(reader.raw.tell(), size), size)
         if m.name in (HEADER, MEGA, MANIFEST, provenance.SIGNATURE):
             continue
-        rel = _safe_rel(m.name)
+        rel = cache_rel(m.name)
         if rel is None or not m.isreg():
             raise reader.corrupt(f"unexpected member {one_line(repr(m.name), 200)} (only regular files under "
                                  f"{PREFIX} are allowed)")
@@ -285,6 +276,34 @@ class _SpaceBudget:
                                hint="free some space or load it elsewhere with --dir")
 
 
+@contextlib.contextmanager
+def _parents_made(folder: Path):
+    """Make `folder` and the folders above it that are missing; when the block fails, remove those
+    it made again (each only while empty), so a refusal that says "nothing was changed" holds."""
+    made = []
+    p = folder
+    while not os.path.lexists(p) and p.parent != p:
+        made.append(p)
+        p = p.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file where a folder must go, no permission
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise BadInput(f"cannot make {folder} to hold the cache: {e.strerror or e}; nothing was changed",
+                       hint="choose another place with --dir") from None
+    try:
+        yield
+    except BaseException:
+        for d in made:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:  # something was put there meanwhile (or it is gone): leave it
+                break
+        raise
+
+
 def _manifest_of(source: Path, data: bytes | None) -> Fingerprint:
     if data is None:
         raise BadInput(f"{source} has no {MANIFEST}: it was cut short", hint="save it again")
@@ -308,8 +327,6 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
     `<cache>.backup-<timestamp>`. `progress(done, total)` follows the archive's bytes while extracting
     (it must not raise).
     """
-    from compilewatch import torchinfo
-
     t0 = time.perf_counter()
     source = Path(os.path.abspath(os.path.expanduser(source)))
     if source.is_dir():
@@ -327,9 +344,19 @@ def load(source: str | os.PathLike[str], path: str | os.PathLike[str] | None = N
     if problems and not force:
         raise BadInput(f"{source} was saved for another system: " + "; ".join(problems),
                        hint="pass --force to load it anyway (the entries will not hit on this machine); nothing was changed")
-    target.parent.mkdir(parents=True, exist_ok=True)
     manifest = _manifest_of(source, manifest_bytes)
-    space = _SpaceBudget(source, target.parent, [e.size for e in manifest.entries or ()])
+    space = _SpaceBudget(source, Path(nearest_existing(target.parent) or target.anchor),
+                         [e.size for e in manifest.entries or ()])
+    with _parents_made(target.parent):  # removed again, when still empty, if the load fails from here on
+        return _load_checked(source, target, header, problems, verdict, manifest, space, trust, progress, t0)
+
+
+def _load_checked(source: Path, target: Path, header, problems, verdict: provenance.Provenance,
+                  manifest: Fingerprint, space: "_SpaceBudget", trust: bool, progress: ProgressFn | None,
+                  t0: float) -> LoadResult:
+    """`load` once the archive was judged: extract beside `target` (whose parent exists), check, swap in."""
+    from compilewatch import torchinfo
+
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.load-", dir=target.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp made it 0700; it becomes the cache dir
     try:
@@ -434,13 +461,16 @@ def restore_dir(source: Path, path: str | os.PathLike[str] | None = None, *, for
         raise BadInput(f"{source} holds entries for another system: " + "; ".join(problems),
                        hint="pass --force to restore it anyway; nothing was changed")
     verdict.require()  # who made it: a backup made here, or foreign (accepted only with trust)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if os.stat(source).st_dev != os.stat(target.parent).st_dev:
-        raise BadInput(f"{source} is on another filesystem than {target}: it cannot be renamed into place",
+    from compilewatch.fsutil import nearest_existing
+
+    where = nearest_existing(target.parent) or target.anchor
+    if os.stat(source).st_dev != os.stat(where, follow_symlinks=False).st_dev:
+        raise BadInput(f"{source} is on another filesystem than {target}: it cannot be renamed into place; "
+                       "nothing was changed",
                        hint=f"save it with `compilewatch cache save X.tar.gz --dir {shlex.quote(str(source))}` and load that")
     trusted_pickles = () if built_here is not None else \
         _scan_pickles(source, source, [f.rel for f in layout.walk(source).files], trust, prefix="")
-    with cache_lock(target), busy.not_compiling(target):
+    with _parents_made(target.parent), cache_lock(target), busy.not_compiling(target):
         backup = _swap_in(source, target, new_is_temp=False)
         rewritten = rebase_triton_paths(target, target)
     return LoadResult(

@@ -68,6 +68,42 @@ MAX_HEADER = 16 << 20  # the header is a few KB; anything this large is not one
 MAX_MANIFEST = 512 << 20  # ~150 bytes per file: millions of files
 
 
+# The work an untrusted archive can make us do is bounded by its size on disk: its tar stream may
+# inflate to MAX_RATIO times the bytes the file takes (its allocated blocks: a sparse file's holes,
+# which read as zeros, count as nothing), and to MIN_INFLATE whatever its size. Real caches compress
+# 3-6x (a CPU compile's 24 files: 4.3x overall, 6.0x its most compressible member, a .so); gzip reaches
+# 1032x on zeros (a 0.5 MB file of 512 MiB took `cache verify` 1.3 s: ~2.4 s per GiB inflated, and a
+# pickle member's scan ~0.7 s per MB of opcodes), zstd 30,000x and more.
+MAX_RATIO = 64
+
+
+MIN_INFLATE = 64 << 20
+
+
+def _disk_bytes(st: os.stat_result) -> int:
+    """The bytes a file takes on disk: its size, or less where it is sparse (holes take nothing). No
+    blocks at all is taken as unknown (some FUSE mounts say 0 for every file): a sparse archive has
+    at least its first header's block."""
+    blocks = getattr(st, "st_blocks", None)
+    return min(st.st_size, blocks * 512) if blocks else st.st_size
+
+
+def inflate_limit(st: os.stat_result) -> int:
+    """How many bytes the archive whose stat is `st` may inflate to (MAX_RATIO, MIN_INFLATE)."""
+    return max(MIN_INFLATE, MAX_RATIO * _disk_bytes(st))
+
+
+def _on_disk(archive: Path) -> int:
+    try:
+        return _disk_bytes(os.stat(archive))
+    except OSError:
+        return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
 @dataclass(frozen=True, slots=True)
 class ArchiveHeader:
     format: int
@@ -79,6 +115,20 @@ class ArchiveHeader:
     torch_hash: str | None
     compression: str
     env: dict[str, Any]
+
+
+def cache_rel(name: str) -> str | None:
+    """The cache-relative path of member `name`, or None when `load` would never write it: not under
+    `cache/`, absolute, with an empty, `.` or `..` component, or compilewatch's own sidecar."""
+    from compilewatch.cache.local import layout
+
+    if not name.startswith(PREFIX):
+        return None
+    rel = name[len(PREFIX):]
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or parts[0] == layout.SIDECAR:
+        return None
+    return rel
 
 
 # --- compression ----------------------------------------------------------------------------------
@@ -174,7 +224,8 @@ class _Reader:
         self.archive = archive
         self.raw = open(archive, "rb")
         try:
-            self.stream = tarsafe.GuardedStream(_compressed_reader(self.raw, archive))
+            limit = inflate_limit(os.fstat(self.raw.fileno()))
+            self.stream = tarsafe.GuardedStream(_compressed_reader(self.raw, archive), limit)
             self.tar = tarfile.open(fileobj=self.stream, mode="r|")  # type: ignore[call-overload]
         except (tarfile.TarError, OSError, EOFError, ValueError) as e:
             self.close()
@@ -195,6 +246,25 @@ class _Reader:
                 yield m
         except (tarfile.TarError, OSError, EOFError, ValueError) as e:
             raise self.corrupt(e) from None
+
+    def unfinished(self, members: int, last: str | None, missing: str) -> BadInput | None:
+        """BadInput when the tar stream did not end at its end-of-archive marker (`GuardedStream.end`):
+        cut short, or a block that is not a header; `tarfile` just stops there, so the members after
+        the cut (`missing`: "its signature", ...) look absent rather than lost. None when it ended well."""
+        end = self.stream.end
+        if end == "marker":
+            return None
+        where = f"after member {members} ({one_line(last, 120)})" if last else "before its first member"
+        if end == "damaged":
+            what = (f"{self.archive} is damaged: at byte {self.stream.end_at} of its tar stream, {where}, comes a "
+                    f"block that is not a tar header; nothing after it can be read, {missing} included: a damaged "
+                    "archive (a corrupted copy or download?), not an unsigned one")
+        else:
+            what = (f"{self.archive} was cut short: its tar stream ends {where}, without the end-of-archive marker "
+                    f"every finished archive has, and without {missing}: a damaged archive (an interrupted copy or "
+                    "download?), not an unsigned one")
+        return BadInput(what,
+                        hint="copy it again from where it was made; nothing was changed")
 
     def read(self, m: tarfile.TarInfo, limit: int) -> bytes:
         if m.size > limit:
@@ -273,6 +343,12 @@ def read_manifest_checked(archive: str | os.PathLike[str]) -> tuple[Fingerprint,
 
 
 def _corrupt(archive: Path, e: BaseException | str) -> BadInput:
+    if isinstance(e, tarsafe.Inflated):
+        return BadInput(f"{archive} inflates to more than {_mib(e.limit)} ({MAX_RATIO} times the "
+                        f"{_mib(_on_disk(archive))} it takes on disk, and at least {_mib(MIN_INFLATE)}): a compression "
+                        "bomb, or not a cache archive (real caches compress 3-6x); stopped reading it",
+                        hint="nothing was changed. If you made it yourself, save it again as an uncompressed *.tar, "
+                             "which this bound does not refuse")
     why = e if isinstance(e, str) else str(e) if isinstance(e, tarsafe.UnsafeTar) else f"{type(e).__name__}: {e}"
     return BadInput(f"{archive} is not a readable compilewatch cache archive ({one_line(why, 400)})",
                     hint="it may be truncated or corrupt; nothing was changed")
@@ -354,9 +430,11 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
     read_header(path)  # a clear error for files that are not archives
     seen: dict[str, tuple[int, str]] = {}
     sig = manifest = None
-    total = 0
+    total = count = 0
+    last = None
     with _Reader(path) as r:
         for m in r.members():
+            count, last = count + 1, m.name
             if m.name in seen or (m.name == provenance.SIGNATURE and sig is not None):
                 raise r.corrupt(f"member {one_line(m.name, 200)} appears twice")  # which copy counts is ambiguous
             if m.name == provenance.SIGNATURE:
@@ -385,7 +463,12 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
                 raise r.corrupt(e) from None
             if fh is not None and on_member is not None and not keep:  # a large cache file: read as it streams
                 stream = MemberStream(fh, h, m.size)
-                on_member(m.name, stream)
+                try:
+                    on_member(m.name, stream)
+                except Exception:
+                    if stream.error is None:
+                        raise
+                    raise r.corrupt(stream.error) from None  # the archive's stream failed under the scan
                 seen[m.name] = (stream.drain(), h.hexdigest())
                 if stream.error is not None:
                     raise r.corrupt(stream.error) from None
@@ -408,6 +491,10 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
                 manifest = data
             if on_member is not None:
                 on_member(m.name, data)
+        if sig is None:  # the signature comes last: a cut (or a damaged block) loses it first
+            cut = r.unfinished(count, last, "its signature" if manifest is not None else "its manifest and signature")
+            if cut is not None:
+                raise cut
     return provenance.judge(path, seen, sig, trust), manifest
 
 

@@ -66,7 +66,7 @@ class SaveResult:
     mega_cache: dict[str, int] | None  # artifact type -> count, None when torch offered none
     duration_s: float
     warnings: tuple[str, ...]
-    signed_by: str | None = None  # the key id that signed it (keys.signing_key)
+    signed_by: str | None = None  # the key id that signed it (keys.signing_key; which key, in words: keys.describe_own)
     left_out: dict[str, dict[str, int]] | None = None  # sub-cache -> {"files", "bytes"} not archived (LEFT_OUT)
 
 

@@ -19,6 +19,12 @@ Two guards, both linear in the bytes they see:
 - `check_member` validates the metadata of one parsed member before anything uses it: name length,
   component length and depth, no NUL, size, mtime finite and within the years 1970-9999.
 
+`GuardedStream` also bounds the work: it refuses (`Inflated`) a stream that inflates past a limit
+its caller sets (`reader`: a multiple of the archive's size on disk), and it records how the tar
+stream ended (`end`): at the end-of-archive marker (a zero block) every finished tar has, at a block
+that is not a tar header (`tarfile` stops there without a word), or at the end of the bytes (the
+file was cut short; `tarfile` stops there silently too when the cut falls between two members).
+
 compilewatch's own archives (`archive.save`: PAX format, one extended header per member at most,
 holding `path` and `mtime`) are far inside every bound.
 """
@@ -53,6 +59,14 @@ _TIME_VALUE = re.compile(rb"-?[0-9]{1,20}(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?"
 
 class UnsafeTar(tarfile.TarError):
     """The archive is outside the bounds this module enforces (its message says which)."""
+
+
+class Inflated(UnsafeTar):
+    """The stream inflated past `limit` bytes (GuardedStream's `limit`)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"it inflates to more than {limit} bytes")
+        self.limit = limit
 
 
 def _block(n: int) -> int:
@@ -129,8 +143,9 @@ class GuardedStream:
     reads no further headers either.
     """
 
-    def __init__(self, raw: BinaryIO) -> None:
+    def __init__(self, raw: BinaryIO, limit: int | None = None) -> None:
         self._raw = raw
+        self._limit = limit  # bytes the stream may inflate to (None: no bound)
         self._pos = 0  # bytes passed through
         self._next = 0  # stream offset of the next header block
         self._header = bytearray()  # the next header, while it is collected
@@ -142,11 +157,24 @@ class GuardedStream:
         self.extended_bytes = 0
         self.members = 0
         self._done = False
+        # how the tar stream ended: "marker" (a zero block), "damaged" (a block that is not a header,
+        # at stream offset `end_at`), None (the bytes ran out first, or reading has not reached the end)
+        self.end: str | None = None
+        self.end_at = 0
+
+    @property
+    def position(self) -> int:
+        """Bytes passed through so far (the inflated stream's offset)."""
+        return self._pos
 
     def read(self, size: int = -1) -> bytes:
         data = self._raw.read(size)
+        if self._limit is not None and self._pos + len(data) > self._limit:
+            raise Inflated(self._limit)
         if data and not self._done:
             self._feed(data)
+        else:
+            self._pos += len(data)
         return data
 
     def close(self) -> None:
@@ -181,11 +209,13 @@ class GuardedStream:
         here = self._next
         if not header.strip(b"\0") or not _checksum_ok(header):
             self._done = True  # the end of the archive (or tarfile's own error): nothing more to check
+            self.end, self.end_at = ("marker" if not header.strip(b"\0") else "damaged"), here
             return
         kind = header[156:157]
         size = _number(header[124:136])
         if size is None:
             self._done = True
+            self.end, self.end_at = "damaged", here
             return
         if size < 0:
             raise UnsafeTar(f"a header at byte {here} gives a negative size")

@@ -86,6 +86,10 @@ class TrustStore:
     path: str
     keys: tuple[TrustedKey, ...]
     own: PublicKey | None  # this machine's key (None: no archive was saved here yet)
+    own_name: str = "this machine"  # whose `own` is (`own_name()`: this machine, or COMPILEWATCH_SIGNING_KEY's file)
+    # what is odd in the store, one sentence each: a key listed under two names, two keys under one
+    # name, this machine's own key listed (a hand-edited store: `trust add` makes none of these)
+    notes: tuple[str, ...] = ()
 
 
 def config_dir() -> Path:
@@ -96,9 +100,29 @@ def config_dir() -> Path:
     return Path(base) / "compilewatch"
 
 
+ENV_KEY = "COMPILEWATCH_SIGNING_KEY"
+
+
+MACHINE = "this machine"  # the name of the config dir's own key (`own_name`)
+
+
 def key_path() -> Path:
-    env = os.environ.get("COMPILEWATCH_SIGNING_KEY")
+    env = os.environ.get(ENV_KEY)
     return Path(os.path.abspath(os.path.expanduser(env))) if env else config_dir() / KEY_FILE
+
+
+def own_name() -> str:
+    """Whose key `signing_key()` is, in words: MACHINE ("this machine": the config dir's key), or
+    "COMPILEWATCH_SIGNING_KEY (PATH)" when that variable names another key file (a CI or cluster
+    key: archives it signs may have been made on any machine that holds it)."""
+    return f"{ENV_KEY} ({key_path()})" if os.environ.get(ENV_KEY) else MACHINE
+
+
+def describe_own(kid: str, name: str | None = None) -> str:
+    """`kid`, the signing key `own_name()` (or `name`) says, in words: "this machine's key ID", or
+    "key ID from COMPILEWATCH_SIGNING_KEY (PATH)"."""
+    name = own_name() if name is None else name
+    return f"this machine's key {kid}" if name == MACHINE else f"key {kid} from {name}"
 
 
 def key_id(raw: bytes) -> str:
@@ -191,8 +215,8 @@ def signing_key(*, create: bool = True):
     path = key_path()
     if os.path.lexists(path):
         return _load_private(path)
-    if os.environ.get("COMPILEWATCH_SIGNING_KEY"):
-        raise BadInput(f"COMPILEWATCH_SIGNING_KEY names {path}, which does not exist",
+    if os.environ.get(ENV_KEY):
+        raise BadInput(f"{ENV_KEY} names {path}, which does not exist",
                        hint="point it at an Ed25519 PEM key file, or unset it to use this machine's key")
     return _create_private(path) if create else None
 
@@ -260,7 +284,12 @@ def _read_trusted(*, checked: bool = True) -> list[TrustedKey]:
     for i, k in enumerate(keys):
         if not (isinstance(k, dict) and all(isinstance(k.get(f), str) for f in ("id", "public_key", "name", "added_at"))):
             raise BadInput(f"{path}: keys[{i}] is not an object with id, public_key, name, added_at strings")
-        pk = parse_public_key(k["public_key"], name=k["name"])
+        try:
+            pk = parse_public_key(k["public_key"], name=k["name"])
+        except BadInput as e:  # a hand-edited entry: say which, in which file
+            raise BadInput(f"{path}: keys[{i}] ({one_line(k['name'], 64)!r}): {e.message}",
+                           hint=f"fix or remove that entry in {path} (`compilewatch cache trust add` writes only "
+                                "valid ones); until then no key in it is trusted") from None
         out.append(TrustedKey(pk.id, pk.public_key, pk.name, k["added_at"]))
     return out
 
@@ -291,8 +320,34 @@ def _write_trusted(keys: list[TrustedKey]) -> None:
 
 
 def trust_store() -> TrustStore:
-    """The keys this user trusts, and this machine's own (which is always trusted)."""
-    return TrustStore(str(trust_path()), tuple(_read_trusted()), own_public_key(create=False))
+    """The keys this user trusts, and this machine's own (which is always trusted), with `notes` on
+    what `trust add` never makes (a hand-edited or merged store)."""
+    listed = tuple(_read_trusted())
+    own = own_public_key(create=False)
+    return TrustStore(str(trust_path()), listed, own, own_name(), _store_notes(listed, own))
+
+
+def _store_notes(listed: tuple[TrustedKey, ...], own: PublicKey | None) -> tuple[str, ...]:
+    names: dict[str, list[str]] = {}
+    ids: dict[str, list[str]] = {}
+    for k in listed:
+        names.setdefault(k.id, []).append(k.name)
+        ids.setdefault(k.name, []).append(k.id)
+    notes = []
+    for kid, ns in names.items():
+        if len(ns) > 1:
+            shown = ", ".join(repr(n) for n in dict.fromkeys(ns))
+            notes.append(f"key {kid} is trusted under {len(ns)} names ({shown}): one key has one name (archives it "
+                         f"signs show the first, {ns[0]!r}); `cache trust remove {kid}` removes it under every name, "
+                         "then add it once")
+    for name, ks in ids.items():
+        if len(set(ks)) > 1:
+            notes.append(f"{len(set(ks))} different keys are named {name!r} ({', '.join(dict.fromkeys(ks))}): archives "
+                         f"signed by any of them show {name!r}; remove the one you do not mean by its id")
+    if own is not None and own.id in names:
+        notes.append(f"this machine's own key {own.id} is also listed, as {', '.join(repr(n) for n in names[own.id])}: "
+                     "its archives are recognised as made here all the same")
+    return tuple(notes)
 
 
 def trust_add(key: str, *, name: str | None = None) -> TrustedKey:
@@ -300,14 +355,20 @@ def trust_add(key: str, *, name: str | None = None) -> TrustedKey:
     (already trusted, as made here), for a key already trusted under another name (one key, one
     name), and for a name another key has; adding a key again under its own name changes nothing."""
     text = key
-    if "\n" not in key and os.path.isfile(os.path.expanduser(key)):
-        text = read_bytes(os.path.expanduser(key), limit=_MAX_KEY_FILE, what="public key file").decode("utf-8", "replace")
+    path = os.path.expanduser(key)
+    if "\n" not in key and not key.startswith(KEY_TYPE + " ") and os.path.lexists(path):
+        # a file holding the line (read bounded; a directory or FIFO is refused by name, never waited on)
+        text = read_bytes(path, limit=_MAX_KEY_FILE, what="public key file").decode("utf-8", "replace")
+        if not text.strip():
+            raise BadInput(f"public key file {path} is empty",
+                           hint="it should hold the line `compilewatch cache trust key` printed on the other machine")
     pk = parse_public_key(text, name=name)
     keys = _read_trusted()
     own = own_public_key(create=False)
     if own is not None and own.id == pk.id:
-        raise BadInput(f"key {pk.id} is this machine's own signing key ({key_path()}): its archives are already "
-                       "trusted, as made here; nothing was added",
+        whose = f"this machine's own signing key ({key_path()}): its archives are already trusted, as made here" \
+            if own_name() == MACHINE else f"your own signing key, from {own_name()}: its archives are already trusted"
+        raise BadInput(f"key {pk.id} is {whose}; nothing was added",
                        hint="add the keys of other machines and people; give this one to them "
                             "(`compilewatch cache trust key`)")
     held = next((k for k in keys if k.id == pk.id), None)
@@ -362,7 +423,7 @@ def who_signed(raw: bytes) -> Signer:
                 unknown.append(f"this machine's key cannot be read: {_why(e)}")
             else:
                 if own_raw == raw:
-                    return Signer("own", "this machine", bad.sentence if bad is not None else None)
+                    return Signer("own", own_name(), bad.sentence if bad is not None else None)
     bad = _store_problem()
     if bad is not None and bad.kind in ("type", "access"):
         unknown.append(bad.sentence)

@@ -89,7 +89,7 @@ class Provenance:
     reason: str  # one plain sentence: why this verdict
     signed: bool  # a signature.json member was there
     key_id: str | None  # the key whose signature verified (None: none did)
-    key_name: str | None  # "this machine", or the trust store's name for the key
+    key_name: str | None  # "this machine" (keys.own_name), or the trust store's name for the key
     made_by: dict[str, Any]  # the statement's user / host / created_at (checked only when signed)
     trusted_by_flag: bool  # foreign, accepted because the caller passed trust=True
     member_sha256: SignedMembers = field(default_factory=SignedMembers)  # what was signed (own/trusted)
@@ -104,8 +104,12 @@ class Provenance:
     def summary(self) -> str:
         """The first thing to say about the archive, in plain words."""
         if self.verdict == "own":
-            return f"made here: {self.reason}" if self.kind == "dir" else \
-                f"made here: signed by this machine's key {self.key_id}"
+            if self.kind == "dir":
+                return f"made here: {self.reason}"
+            if self.key_name in (None, keys.MACHINE):
+                return f"made here: signed by this machine's key {self.key_id}"
+            # a key from COMPILEWATCH_SIGNING_KEY: yours, but any machine that holds it may have signed
+            return f"signed by your own key: {keys.describe_own(str(self.key_id), self.key_name)}"
         if self.verdict == "trusted":
             return f"signed by a trusted key: {self.key_name} ({self.key_id})"
         return f"foreign: {self.reason}"
@@ -230,7 +234,7 @@ def judge(archive: Path, seen: dict[str, tuple[int, str]], sig: bytes | None, tr
         host = f" ({made['user']}@{made['host']}, unverified)" if {"user", "host"} <= set(made) else ""
         kid = keys.key_id(raw)
         if signer.kind == "own":
-            why = f"signed by this machine's key {kid}, but that key cannot be trusted: {signer.problem}"
+            why = f"signed by {keys.describe_own(kid, signer.name)}, but that key cannot be trusted: {signer.problem}"
         elif signer.kind == "trusted":
             why = f"signed by key {kid}, named {signer.name!r} in your trust store, but that store cannot be trusted: {signer.problem}"
         elif signer.problem:
@@ -249,6 +253,7 @@ def judge(archive: Path, seen: dict[str, tuple[int, str]], sig: bytes | None, tr
                        f"({len(changed)} changed, {len(extra)} added, {len(missing)} missing members, e.g. "
                        f"{', '.join(bad)})", True, made)
     kind, name = who
-    reason = "signed by this machine's key" if kind == "own" else f"signed by {name}, a key in your trust store"
+    reason = ("signed by this machine's key" if name == keys.MACHINE else f"signed by your own key, from {name}") \
+        if kind == "own" else f"signed by {name}, a key in your trust store"
     return Provenance(str(archive), kind, reason, True, keys.key_id(raw), name, made, False,
                       SignedMembers({n: v[1] for n, v in signed.items()}))
