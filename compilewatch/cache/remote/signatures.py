@@ -154,8 +154,9 @@ class Trust:
         who = self.who(parsed)
         kid = trust_keys.key_id(parsed)
         if who.trusted:
-            if who.kind == "own":
-                return Verdict("own", "this machine", "signed by this machine's key")
+            if who.kind == "own":  # the config dir's key, or COMPILEWATCH_SIGNING_KEY's (any machine holding it)
+                name = trust_keys.own_name()
+                return Verdict("own", name, f"signed by {trust_keys.describe_own(kid, name)}")
             return Verdict("trusted", who.name, f"signed by trusted key {who.name!r}")
         if who.kind is not None:
             return Verdict("foreign", who.name, f"signed by {who.name} ({kid}), but {who.problem}")
