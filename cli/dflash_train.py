@@ -169,6 +169,9 @@ def summary(cfg, resumed: list[str] | None = None) -> str:
         if changed:
             more = f" (and {len(changed) - shown} more)" if len(changed) > shown else ""
             lines.append(f"  changed  since the checkpoint's train_config.toml: {'; '.join(changed[:shown])}{more}")
+        data = dflash.data_since_checkpoint(cfg)  # hashes the data once (the run's own check reuses it)
+        if data is not None and data.line() is not None:
+            lines.append(f"  {'changed' if data.changed else 'data':<8} {data.line()}")
     lines += [
         f"  steps    {steps}, lr {o.lr:g} ({o.schedule}), checkpoint every {cfg.checkpoint.every}",
         f"  run dir  {run_dir} (full config: config.toml there, or --print-config)",

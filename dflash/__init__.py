@@ -47,6 +47,7 @@ _LAZY = {
     "resume_config": ("dflash.checkpoint.resume", "build_config_for_resume"),
     "run_complete": ("dflash.checkpoint.resume", "run_complete"),
     "changes_since_checkpoint": ("dflash.checkpoint.resume", "changes_since_checkpoint"),
+    "data_since_checkpoint": ("dflash.checkpoint.data_check", "data_since_checkpoint"),
     "apply_overrides": ("dflash.config", "apply_overrides"),
     "parse_set": ("dflash.config", "parse_set"),
     "config_field": ("dflash.config", "field_info"),

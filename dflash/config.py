@@ -140,6 +140,10 @@ class DataConfig:
     (shared by runs and resumes); "off" = tokenize in memory at every start."""
     workers: int | None = None
     """Processes that tokenize when the cache is built; None = one per CPU core (small data: none)."""
+    accept_changed: bool = False
+    """--resume only: go on when the data file's contents differ from what the checkpoint recorded
+    (edited in place under the same path) instead of refusing (dflash/checkpoint/data_check.py). For
+    that one resume: the run's config.toml keeps false, so a later change is asked about again."""
 
     def __post_init__(self) -> None:
         _need(bool(self.path), "data.path", "must be a JSONL file or embedded:tiny-chat")
@@ -154,7 +158,8 @@ class DataConfig:
         _need(self.pack_chunks == "auto" or self.pack_chunks >= 1, "data.pack_chunks", 'must be >= 1 or "auto"')
         _need(self.pack_blocks is None or self.pack_blocks % self.chunk_quantum() == 0, "data.pack_chunks",
               'must divide data.pack_blocks ("auto" may pick 4: a multiple of 4)')
-        _need(self.cache_dir is None or bool(self.cache_dir), "data.cache_dir", 'must be a directory, "off" or none')
+        _need(self.cache_dir is None or (bool(self.cache_dir) and self.cache_dir.lower() not in ("false", "no", "0")),
+              "data.cache_dir", 'must be a directory, "off" (tokenize in memory) or none')
         _need(all(b >= 1 for b in self.buckets) and list(self.buckets) == sorted(set(self.buckets)),
               "data.buckets", "must be increasing positive lengths")
 
@@ -521,14 +526,17 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
         raise ValueError(f"{name}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ValueError(f"{name}: expected an integer, got {value!r}")
+    if tp is int:  # a whole float (TOML `3.0`, --set 3.0 or 1e3) is that integer; 3.5 or 1e30 is no integer
         try:
-            if isinstance(value, float) and not value.is_integer():
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise ValueError
-            return int(value) if not isinstance(value, str) else int(value.strip())
-        except (TypeError, ValueError):
+            if isinstance(value, str) and value.strip().lstrip("+-").replace("_", "").isdigit():
+                return int(value.strip())
+            f = float(value)
+            if not f.is_integer() or abs(f) > 2 ** 53:  # past 2**53 a float is not the integer written
+                raise ValueError
+            return int(f)
+        except (TypeError, ValueError, OverflowError):
             raise ValueError(f"{name}: expected an integer, got {value!r}") from None
     if tp is float:
         try:
@@ -538,7 +546,9 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
         if isinstance(value, bool) or not math.isfinite(f):
             raise ValueError(f"{name}: expected a finite number, got {value!r}")
         return f
-    if tp is str:
+    if tp is str:  # an integer is fine (a device index); a TOML true/false, number or table is no path or name
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ValueError(f"{name}: expected a string (in quotes), got {value!r}")
         return str(value)
     raise ValueError(f"{name}: unsupported type {tp!r}")
 

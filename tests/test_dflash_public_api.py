@@ -22,7 +22,7 @@ SURFACE = {
     "build_config", "resume_config", "apply_overrides", "parse_set", "config_field", "to_dict", "to_toml",
     "TrainResult", "StepMetrics", "EngineReport", "DistributedResult", "RankReport", "PeerFailed",
     "DryRunReport", "PrepareReport", "RegenResult", "EvalResult", "run_complete", "RunComplete", "check_export",
-    "changes_since_checkpoint",
+    "changes_since_checkpoint", "data_since_checkpoint",
 }
 
 

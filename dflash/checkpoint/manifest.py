@@ -16,6 +16,10 @@ opened for reading, so never blocks) is BadInput naming that file. A checkpoint 
 manifest.json (written before manifests existed) is accepted: `check` returns a note saying that
 nothing was verified, for the caller to show; with a manifest it returns None.
 
+A manifest may also hold "data": what the run trained on at that step (path, content digest, record
+counts; dflash.checkpoint.data_check compares it at --resume). It is not a file's checksum and is not
+checked by `check`; `read_data` returns it type-checked, or None.
+
 The manifest is untrusted input like the files it lists: read capped, every field type-checked, and
 the names it lists must be plain file names inside the checkpoint (never a path out of it).
 """
@@ -131,10 +135,10 @@ def _plain_name(name: Any, where: str) -> str:
     return name
 
 
-def record(directory: Path, names: Iterable[str]) -> dict[str, Any]:
+def record(directory: Path, names: Iterable[str], data: dict[str, Any] | None = None) -> dict[str, Any]:
     """Hash each named file of `directory` and write `directory/manifest.json` atomically; returns
     the manifest. Call it last, once every listed file is written (and before the directory is
-    published)."""
+    published). `data`: the training data's record (module docstring), kept as "data"."""
     from compilewatch import atomic_write_json
 
     directory = Path(directory)
@@ -145,6 +149,8 @@ def record(directory: Path, names: Iterable[str]) -> dict[str, Any]:
             continue
         files[name] = file_entry(directory / name)
     manifest = {"format": FORMAT, "version": VERSION, "algorithm": ALGORITHM, "files": files}
+    if data is not None:
+        manifest["data"] = data
     atomic_write_json(directory / MANIFEST, manifest)
     return manifest
 
@@ -163,13 +169,15 @@ def keep(directory: Path, names: Iterable[str]) -> dict[str, Any] | None:
         return None
     kept = {n: files[n] for n in names if n != MANIFEST and _plain_name(n, "manifest.keep") in files}
     manifest = {"format": FORMAT, "version": VERSION, "algorithm": ALGORITHM, "files": kept}
+    data = read_data(directory)
+    if data is not None:
+        manifest["data"] = data
     atomic_write_json(directory / MANIFEST, manifest)
     return manifest
 
 
-def read(directory: Path) -> dict[str, dict[str, Any]] | None:
-    """The files a checkpoint's manifest lists ({name: {"bytes", "xxh3_128"}}), every field checked;
-    None when there is no manifest.json."""
+def _load(directory: Path) -> dict[str, Any] | None:
+    """manifest.json as read (format, version and algorithm checked), or None when there is none."""
     from compilewatch import loads_json
 
     path = Path(directory) / MANIFEST
@@ -191,6 +199,38 @@ def read(directory: Path) -> dict[str, dict[str, Any]] | None:
     if man.get("version") != VERSION or man.get("algorithm") != ALGORITHM:
         raise BadInput(f"{where}: version {man.get('version')!r} / algorithm {man.get('algorithm')!r}, "
                        f"this dflash reads version {VERSION} / {ALGORITHM}")
+    return man
+
+
+DATA_FIELDS = {"path": str, "digest": str, "records": int, "kept": int}
+MAX_DATA_TEXT = 4096  # a path or digest longer than this is not one a save wrote
+
+
+def read_data(directory: Path) -> dict[str, Any] | None:
+    """The manifest's "data" record ({"path", "digest", "records", "kept"}, each of its type), or None:
+    no manifest, none recorded (a checkpoint saved before dflash recorded it), or one that does not
+    type-check (then it says nothing either). BadInput when the manifest itself does not read."""
+    man = _load(directory)
+    data = man.get("data") if man is not None else None
+    if not isinstance(data, dict):
+        return None
+    out = {}
+    for key, kind in DATA_FIELDS.items():
+        v = data.get(key)
+        if not isinstance(v, kind) or isinstance(v, bool) or (kind is int and v < 0) \
+                or (kind is str and not 0 < len(v) <= MAX_DATA_TEXT):
+            return None
+        out[key] = v
+    return out
+
+
+def read(directory: Path) -> dict[str, dict[str, Any]] | None:
+    """The files a checkpoint's manifest lists ({name: {"bytes", "xxh3_128"}}), every field checked;
+    None when there is no manifest.json."""
+    man = _load(directory)
+    if man is None:
+        return None
+    where = str(Path(directory) / MANIFEST)
     files = man.get("files")
     if not isinstance(files, dict):
         raise BadInput(f"{where}: \"files\" is not an object")

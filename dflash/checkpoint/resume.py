@@ -11,7 +11,7 @@ What `--resume` can meet, each with its own answer (exit 2 unless it can go on):
 
 A resumed run's config may differ from the one its checkpoint was trained with (`--set` overrides, an
 edited config.toml): `changes_since_checkpoint` lists the fields that do, for the summary to state.
-(Data edited in place under the same path is not seen: a checkpoint records the data's path only.)
+The data it trains on is compared with what the checkpoint recorded by dflash.checkpoint.data_check.
 """
 
 from __future__ import annotations
@@ -52,8 +52,40 @@ def build_config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> C
                        hint="pass --out the directory a `dflash train --out DIR` run wrote")
     fd, _ = open_untrusted(path, "run config")  # a link to /dev/zero, a FIFO or a dir: named as such
     os.close(fd)
-    cfg = load_toml(path, overrides)
-    return apply_overrides(cfg, {"checkpoint.out_dir": str(run_dir)})
+    try:
+        cfg = load_toml(path, overrides)
+    except BadInput as e:  # an edit of the run's config.toml that does not read: where to get a good one
+        saved = _newest_saved_config(run_dir)
+        raise BadInput(e.message, hint=f"fix it in {path}" + (f", or put back the config the newest checkpoint "
+                                                            f"trained with: `cp {saved} {path}`" if saved else "")
+                       ) from None
+    cfg = apply_overrides(cfg, {"checkpoint.out_dir": str(run_dir)})
+    if run_complete(cfg, overrides) is None:  # a finished run says so, whatever happened to its data since
+        _data_is_there(cfg, run_dir)
+    return cfg
+
+
+def _data_is_there(cfg: Config, run_dir: Path) -> None:
+    """BadInput, with what the run trained on and how to go on, when the data file is gone (a bare
+    "is missing" said nothing of --data, nor that a copy of the same data resumes exactly)."""
+    p = cfg.data.path
+    if p.startswith("embedded:") or os.path.lexists(Path(p).expanduser()):
+        return
+    from dflash.checkpoint.manifest import read_data
+    from dflash.checkpoint.store import latest_checkpoint
+
+    try:
+        latest = latest_checkpoint(run_dir)
+        rec = read_data(latest) if latest is not None else None
+    except BadInput:
+        rec = None  # the resume proper says what is wrong with the checkpoint
+    what = ""
+    if rec and latest is not None:
+        of = "" if rec["path"] == p else f" of {rec['path']!r}"
+        what = f" ({latest.name} recorded {rec['records']} records{of}, xxh3 {rec['digest'].partition(':')[2][:12]})"
+    raise BadInput(f"--resume: the training data {p!r} is missing (no such file){what}",
+                   hint="put it back at that path, or pass --data FILE: a copy of the same data resumes exactly, "
+                        "other data is trained on from the checkpoint's step (the summary says so)")
 
 
 def _newest_saved_config(run_dir: Path) -> Path | None:

@@ -138,8 +138,21 @@ def staged(state: dict[str, Any], device: torch.device, threads: int = 4) -> dic
 
 def check_resume_state(start: Path, resumed: ResumeState, spec: DrafterSpec, target_hidden: int,
                        target_layers: int, layer_ids: tuple[int, ...]) -> ResumeState:
-    """The saved drafter against the target and against this config's drafter `spec` (BadInput)."""
+    """The saved drafter against the target and against this config's drafter `spec` (BadInput). A drafter
+    setting edited since the checkpoint (drafter.num_layers in config.toml moves the default taps too) is
+    named as that, not as a target that does not match."""
+    from dataclasses import fields
+
     saved = DrafterSpec(**resumed.state["spec"])
+    differ = [f.name for f in fields(DrafterSpec) if getattr(saved, f.name) != getattr(spec, f.name)]
+    if set(differ) - {"target_layer_ids"} and (saved.hidden_size, saved.num_target_layers, saved.vocab_size) == \
+            (target_hidden, target_layers, spec.vocab_size):  # the same target: the config's drafter changed
+        diffs = [f"{n} {getattr(saved, n)!r} vs {getattr(spec, n)!r}" for n in differ]
+        raise BadInput(f"the drafter in {str(start)!r} differs from this config's drafter (checkpoint vs config): "
+                       + "; ".join(diffs)[:600],
+                       hint="resume with the drafter the run trained with: the summary's `changed` line names the "
+                            "settings edited since the checkpoint; put them back in the run's config.toml (or "
+                            "--set them to the values in the checkpoint's train_config.toml)")
     store.check_compatible(saved, target_hidden, target_layers, layer_ids, str(start))
     if saved != spec:
         raise BadInput(f"the drafter in {str(start)!r} differs from this config's drafter",

@@ -196,13 +196,16 @@ def write_export_state(directory: Path, model: dict[str, torch.Tensor], spec: Dr
 
 
 def save_checkpoint(run_dir: Path, step: int, model: dict[str, torch.Tensor], spec: DrafterSpec,
-                    export_dtype: torch.dtype, training_state: dict[str, Any], config_toml: str) -> Path:
+                    export_dtype: torch.dtype, training_state: dict[str, Any], config_toml: str,
+                    data: dict[str, Any] | None = None) -> Path:
     """Write checkpoints/step_NNNNNN atomically and point `latest` at it; returns its path. `model`:
     the drafter's weights on the host (the export); `training_state`: what `Trainer.state_dict` holds,
     tensors on the host. The staging directory is fsynced file by file, its manifest (sizes and
     checksums, dflash.checkpoint.manifest) is the last file written, then it is renamed into place.
     config.json records what the drafter was trained with (the target tokenizer, chat template and
-    DFlash fields: dflash.check.record.build_record, from `config_toml`) for `dflash check`."""
+    DFlash fields: dflash.check.record.build_record, from `config_toml`) for `dflash check`. `data`: what
+    the run trains on (path, content digest, record counts), kept in the manifest for --resume to compare
+    (dflash.checkpoint.data_check)."""
     from dflash.check.record import build_record
     from dflash.checkpoint import manifest
 
@@ -213,7 +216,7 @@ def save_checkpoint(run_dir: Path, step: int, model: dict[str, torch.Tensor], sp
         write_export_state(stage, model, spec, export_dtype, build_record(config_toml, spec))
         _write_synced(stage / STATE_FILE, lambda fh: torch.save(training_state, fh))
         atomic_write_text(stage / CONFIG_FILE, config_toml)
-        manifest.record(stage, [*EXPORT_FILES, STATE_FILE, CONFIG_FILE])  # last: sizes + checksums of the above
+        manifest.record(stage, [*EXPORT_FILES, STATE_FILE, CONFIG_FILE], data=data)  # last: sizes + checksums
         _publish(stage, final)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)

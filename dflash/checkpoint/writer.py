@@ -112,6 +112,7 @@ class Snapshot:
     config_toml: str
     final: bool
     blocked_s: float = 0.0  # training time this save cost the loop (wait for the previous + snapshot)
+    data: dict[str, Any] | None = None  # the training data's record (dflash.checkpoint.data_check)
 
 
 def _tensors(drafter: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[Any, torch.Tensor]:
@@ -214,10 +215,11 @@ class Saver:
 
     # ------------------------------------------------------------ a save
     def save(self, step: int, drafter: torch.nn.Module, optimizer: torch.optim.Optimizer, total_steps: int,
-             config_toml: str, *, final: bool, plan: Callable[[], diskspace.DiskPlan] | None = None) -> str:
+             config_toml: str, *, final: bool, plan: Callable[[], diskspace.DiskPlan] | None = None,
+             data: dict[str, Any] | None = None) -> str:
         """Snapshot now, write in the background (or inline with `checkpoint.background = false`).
         Returns the checkpoint's path (published when the write ends). `plan`: the disk plan to
-        check first (default `self.plan` at `step`)."""
+        check first (default `self.plan` at `step`). `data`: what the run trains on, for the manifest."""
         t0 = time.perf_counter()
         if self._reserving is not None:
             self._reserving.join()
@@ -231,6 +233,7 @@ class Saver:
             return target
         snap = snapshot(self.buffers, step, drafter, optimizer, total_steps, config_toml, final)
         snap.blocked_s = time.perf_counter() - t0
+        snap.data = data
         out = Outcome(step, final, blocked_s=snap.blocked_s)
         if self.cfg.background:
             self._thread = threading.Thread(target=self._write, args=(snap, out), name="dflash-checkpoint")
@@ -245,7 +248,7 @@ class Saver:
         t0 = time.perf_counter()
         try:
             path = ckpt.save_checkpoint(self.run_dir, snap.step, snap.model, snap.spec, self.export_dtype,
-                                        snap.state, snap.config_toml)
+                                        snap.state, snap.config_toml, data=snap.data)
             out.path, out.bytes = str(path), diskspace.dir_bytes(path)
             out.write_s = time.perf_counter() - t0
             self._written.add(Path(path).name)

@@ -57,10 +57,11 @@ import torch
 from compilewatch import BadInput, nearest_existing
 from dflash.config import EMBEDDED_DATA, DataConfig
 from dflash.data.dataset import (DataStats, Sample, check_usable, held_out_note, hold_out_eval, load_conversations,
-                                 normalize_record, stats_with_warnings,
-                         tokenize_record)
+                                 normalize_record, stats_with_warnings, tokenize_record)
+from dflash.data.digest import _file_state, convs_digest, file_digest, source_digest  # noqa: F401 (file_digest: benchmarks)
+from dflash.data.holdout import duplicate_notes, duplicates
 
-DATA_VERSION = 5  # 2: oversized and assistant-first records skipped; 3: a leading UTF-8 BOM read, non-string turns skipped; 4: turns with tool calls or lone surrogates skipped, an empty answer without a generation prompt trains its end-of-turn token; 5: messages roles read regardless of case ("Assistant"); bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
+DATA_VERSION = 6  # 2: oversized and assistant-first records skipped; 3: a leading UTF-8 BOM read, non-string turns skipped; 4: turns with tool calls or lone surrogates skipped, an empty answer without a generation prompt trains its end-of-turn token; 5: messages roles read regardless of case ("Assistant"); 6: eval prompts held out by content (every conversation that begins with one, dflash.data.holdout); bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
 FORMAT = "dflash-data-cache"
 MANIFEST = "manifest.json"
 INDEX = "index.npy"
@@ -68,7 +69,6 @@ OFF = "off"
 MAX_MANIFEST_BYTES = 256 << 20  # stats keep every unreadable line's warning; never read more
 SHARD_RECORDS = (256, 8192)  # records per shard: at least, at most
 SMALL = 2048  # fewer records than this: tokenize in this process (starting workers costs more)
-HASH_CHUNK = 8 << 20
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -104,11 +104,79 @@ def check_root(root: Path | None) -> None:
         return
     if not existing.is_dir():
         why = "it is not a directory" if existing == root else f"{str(existing)!r} is not a directory"
-    elif not os.access(existing, os.W_OK | os.X_OK):
+    elif not _writable(existing):
+        if existing == root and _holds_a_cache(root):
+            return  # prepared by someone else, read-only to us: `prepare` reads it if it holds this data's key
         why = f"{str(existing)!r} is not writable"
     else:
         return
     raise BadInput(f"cannot use the data cache directory {str(root)!r}: {why}", hint=ROOT_HINT)
+
+
+def _writable(d: Path) -> bool:
+    return os.access(d, os.W_OK | os.X_OK)
+
+
+def _holds_a_cache(root: Path, looked: int = 256) -> bool:
+    """Whether `root` holds a cache directory (one with a manifest), among its first `looked` entries."""
+    try:
+        with os.scandir(root) as it:
+            for n, e in enumerate(it):
+                if n >= looked:
+                    break
+                if not e.name.startswith(".") and os.path.isfile(os.path.join(e.path, MANIFEST)):
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def _closest(root: Path, parts: dict[str, Any], looked: int = 64) -> str:
+    """How the cache in `root` nearest to `parts` (the most key parts alike) was made otherwise, or ""."""
+    best: tuple[int, list[str]] | None = None
+    with contextlib.suppress(OSError), os.scandir(root) as it:
+        for n, e in enumerate(it):
+            if n >= looked:
+                break
+            try:
+                theirs = _read_manifest(Path(e.path)).get("parts") if not e.name.startswith(".") else None
+            except (CorruptCache, OSError):
+                continue
+            if isinstance(theirs, dict):
+                diff = [k for k in parts if theirs.get(k) != parts[k]]
+                if best is None or len(diff) < best[0]:
+                    best = (len(diff), [f"{_PART_NAMES.get(k, k)}: {_shown(theirs.get(k))} there, {_shown(parts[k])} here"
+                                        for k in diff])
+    return f"; the closest one there differs in {'; '.join(best[1])[:500]}" if best and best[1] else ""
+
+
+_PART_NAMES = {"data": "the data's contents", "tokenizer": "the target's tokenizer or chat template",
+               "max_length": "data.max_length", "max_record_chars": "data.max_record_chars",
+               "block_size": "drafter.block_size", "eval_held_out": "the eval prompts held out (eval.num_prompts "
+                                                                      "when eval.at_end)"}
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 24 else text[:20] + "...'"
+
+
+def _read_only(root: Path, key: str, parts: dict[str, Any]) -> tuple[dict[str, Any], MappedSamples]:
+    """The cache of `key` in a root this process cannot write (a shared one prepared elsewhere): read as it
+    is, never built, locked or moved aside. BadInput when it is not there or does not check out."""
+    d = root / key
+    if not d.exists():
+        raise BadInput(f"the data cache directory {str(root)!r} is read-only here and holds no cache of this data "
+                       f"(key {key}): it was prepared for other data, another tokenizer or other settings"
+                       + _closest(root, parts),
+                       hint=f"run `dflash prepare` with this run's config where that directory is writable, or "
+                            f"{ROOT_HINT}")
+    try:
+        return open_cache(d, key)
+    except (CorruptCache, OSError) as e:
+        raise BadInput(f"data cache {str(d)!r} is unusable ({e}), and its directory is read-only here: it cannot "
+                       "be moved aside and rebuilt", hint=f"ask whoever prepared it to run `dflash prepare` again, or "
+                                                          f"{ROOT_HINT}") from None
 
 
 ROOT_HINT = "--set data.cache_dir=DIR with a writable directory, or --set data.cache_dir=off to tokenize in memory"
@@ -122,36 +190,6 @@ def _make_root(root: Path) -> None:
         check_root(root)
         raise BadInput(f"cannot create the data cache directory {str(root)!r}: {e.strerror or e}",
                        hint=ROOT_HINT) from None
-
-
-def _file_state(path: Path) -> tuple[int, ...] | None:
-    """What changes when a file is written or replaced (None: gone)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def file_digest(path: str | Path) -> str:
-    import xxhash
-
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def convs_digest(convs: Sequence[Any], warnings: Sequence[str] = ()) -> str:
-    import xxhash
-
-    h = xxhash.xxh3_128()
-    for c in convs:
-        h.update(json.dumps(c, ensure_ascii=False, sort_keys=True).encode("utf-8"))
-        h.update(b"\n")
-    h.update(json.dumps(list(warnings)).encode("utf-8"))
-    return h.hexdigest()
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -421,9 +459,13 @@ BUILDS = {"count": 0}  # cache builds in this process (tests: a second call must
 
 def build_cache(root: Path, key: str, parts: dict[str, Any], convs: list, warnings: list[str], eval_convs: list,
                 tokenizer, cfg: DataConfig, block_size: int, *, workers: int | None = None,
-                on_event: Event | None = None, eval_held_out: int = 0) -> tuple[dict[str, Any], MappedSamples]:
+                on_event: Event | None = None, eval_held_out: int = 0,
+                repeats: tuple[int, int, int] = (0, 0, 0), records: int = 0) -> tuple[dict[str, Any], MappedSamples]:
     """Tokenize `convs` into `<root>/<key>` (atomically; see the module docstring) and open it.
-    `eval_held_out`: how many of `eval_convs` were held out of `convs` (recorded in the manifest)."""
+    `eval_held_out`: how many of `eval_convs` were held out of `convs`; `repeats`: the conversations held
+    out as repeats of an eval prompt, and the repeated conversations of `convs` and their extra copies
+    (dflash.data.holdout); `records`: the data's records, read before any was held out (all recorded in the
+    manifest)."""
     on_event = on_event or (lambda kind, data: None)
     BUILDS["count"] += 1
     t0 = time.perf_counter()
@@ -461,7 +503,8 @@ def build_cache(root: Path, key: str, parts: dict[str, Any], convs: list, warnin
                     "source": cfg.path, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "build_seconds": round(time.perf_counter() - t0, 3), "workers": n_workers,
                     "samples": int(len(idx)), "shards": shards, "stats": asdict(stats), "eval_prompts": eval_convs,
-                    "eval_held_out": int(eval_held_out)}
+                    "eval_held_out": int(eval_held_out), "repeats": [int(n) for n in repeats],
+                    "records": int(records)}
         _write_synced(tmp / MANIFEST, json.dumps(manifest, ensure_ascii=False).encode("utf-8"))  # last
         _fsync_dir(tmp)
         final = root / key
@@ -543,6 +586,7 @@ class Prepared:
     seconds: float
     notes: list[str] = field(default_factory=list)
     eval_held_out: int | None = 0  # eval prompts held out of training (None: a cache that did not record it)
+    records: int = 0  # records of the data: read (skipped ones included) and held out
 
 
 def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
@@ -562,11 +606,14 @@ def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
     path, state = Path(cfg.path).expanduser(), None
     if regenerate is None and cfg.path != EMBEDDED_DATA and base is not None:
         if path.is_file():  # a missing file: load_conversations says so below
-            state = _file_state(path)
-            key, parts = cache_key("file:" + file_digest(path), tokenizer, cfg, block_size, n_eval)
+            digest, state = source_digest(cfg)
+            key, parts = cache_key(digest, tokenizer, cfg, block_size, n_eval)
     if key is None:
         convs, warnings = load_conversations(cfg)
-        convs, eval_convs, held = hold_out_eval(cfg, convs, n_eval)
+        total = len(convs) + len(warnings)
+        cut = hold_out_eval(cfg, convs, n_eval)
+        convs, eval_convs, held = cut.train, cut.prompts, cut.held_out
+        repeats = (cut.repeats_held_out, *duplicates(convs))
         if regenerate is not None and convs:
             convs = regenerate(convs)
         if base is None:  # caching off: the in-memory path
@@ -578,10 +625,12 @@ def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
             check_usable(stats, cfg)
             note = held_out_note(len(eval_convs), held, len(convs))
             return Prepared(samples, stats, eval_convs, None, None, False, 1, 0, 0, time.perf_counter() - t0,
-                            [note] if note else [], eval_held_out=held)
+                            ([note] if note else []) + duplicate_notes(*repeats), eval_held_out=held,
+                            records=total)
         key, parts = cache_key("conversations:" + convs_digest(convs, warnings), tokenizer, cfg, block_size, n_eval)
-    with _build_lock(base, key):
-        found = lookup(base, key, notes)
+    read_only = base.is_dir() and not _writable(base)  # a shared cache prepared elsewhere: read, never written
+    with contextlib.nullcontext() if read_only else _build_lock(base, key):
+        found = _read_only(base, key, parts) if read_only else lookup(base, key, notes)
         hit = found is not None
         if found is None:
             if convs is None:
@@ -590,10 +639,14 @@ def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
                     raise BadInput(f"the dataset {cfg.path!r} changed while it was read",
                                    hint="run again once whatever writes it has finished (write a new file and "
                                         "rename it into place)")
-                convs, eval_convs, held = hold_out_eval(cfg, convs, n_eval)
+                total = len(convs) + len(warnings)
+                cut = hold_out_eval(cfg, convs, n_eval)
+                convs, eval_convs, held = cut.train, cut.prompts, cut.held_out
+                repeats = (cut.repeats_held_out, *duplicates(convs))
             on_event("phase", {"name": "data", "conversations": len(convs)})
             found = build_cache(base, key, parts, convs, warnings, eval_convs, tokenizer, cfg, block_size,
-                                workers=workers, on_event=on_event, eval_held_out=held)
+                                workers=workers, on_event=on_event, eval_held_out=held, repeats=repeats,
+                                records=total)
     man, samples = found
     samples.vocab = vocab_bound(tokenizer)
     stats = stats_from(man)
@@ -604,6 +657,21 @@ def prepare(cfg: DataConfig, tokenizer, block_size: int, *, n_eval: int = 0,
     held = held if isinstance(held, int) and not isinstance(held, bool) and held >= 0 else None
     eval_convs = list(man.get("eval_prompts") or [])
     note = held_out_note(len(eval_convs), held, stats.records + len(stats.warnings))
+    repeats = _counts(man.get("repeats"))
     return Prepared(samples, stats, eval_convs, str(base / key), key, hit,
                     int(man.get("workers", 1)), len(man["shards"]), size, time.perf_counter() - t0,
-                    notes + ([note] if note else []), eval_held_out=held)
+                    notes + ([note] if note else []) + duplicate_notes(*repeats), eval_held_out=held,
+                    records=_count(man.get("records"), stats.records + len(stats.warnings)))
+
+
+def _count(value: Any, otherwise: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else otherwise
+
+
+def _counts(value: Any) -> tuple[int | None, int | None, int | None]:
+    """A manifest's "repeats" ([repeats of held-out prompts, repeated conversations, extra copies]), or
+    Nones where it has none (a cache built before they were counted) or a bad one."""
+    if (isinstance(value, list) and len(value) == 3
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)):
+        return value[0], value[1], value[2]
+    return None, None, None

@@ -286,17 +286,18 @@ EMBEDDED_TRAIN = 384  # conversations in the embedded training set
 EMBEDDED_EVAL_SEED = 99991  # held-out embedded prompts come from another seed
 
 
-def hold_out_eval(cfg: DataConfig, convs: list, n_eval: int) -> tuple[list, list, int]:
-    """(training conversations, eval prompts, how many of them were held out of training): the eval
-    prompts come from the last records, which are held out of training when the dataset has more than
-    twice as many (else they are training prompts too: `held_out_note` says so). The embedded
-    dataset's eval prompts come from another seed: never trained on."""
-    eval_convs = eval_prompts(cfg, n_eval) if n_eval else []
+def hold_out_eval(cfg: DataConfig, convs: list, n_eval: int):
+    """The training conversations and the eval prompts (a dflash.data.holdout.Split): the prompts are the
+    last distinct ones of the data, and every conversation that begins with one of them is held out of
+    training, by content, when the dataset has more than twice as many (else they are training prompts
+    too: `held_out_note` says so). The embedded dataset's eval prompts come from another seed: never
+    trained on."""
+    from dflash.data.holdout import Split, last_prompts, split
+
     if cfg.path == EMBEDDED_DATA:
-        return convs, eval_convs, len(eval_convs)
-    if eval_convs and len(convs) > 2 * len(eval_convs):
-        return convs[: -len(eval_convs)], eval_convs, len(eval_convs)
-    return convs, eval_convs, 0
+        prompts = embedded_prompts(n_eval, seed=EMBEDDED_EVAL_SEED) if n_eval else []
+        return Split(convs, prompts, len(prompts), 0)
+    return split(convs, last_prompts(convs, n_eval) if n_eval else [])
 
 
 def held_out_note(n_eval_prompts: int, held_out: int | None, conversations: int) -> str | None:
@@ -337,22 +338,14 @@ def load_conversations(cfg: DataConfig) -> tuple[list[list[dict[str, str]]], lis
 
 
 def eval_prompts(cfg: DataConfig, n: int) -> list[list[dict[str, str]]]:
-    """Prompts for `dflash eval`: held-out embedded prompts, or the first user turn of the last n records."""
+    """Prompts for `dflash eval`: held-out embedded prompts, or the last n distinct prompts of the data
+    (dflash.data.holdout: the ones training held out)."""
+    from dflash.data.holdout import last_prompts
+
     if cfg.path == EMBEDDED_DATA:
         return embedded_prompts(n, seed=EMBEDDED_EVAL_SEED)
     convs, _ = read_jsonl(cfg.path, cfg.record_chars(), cfg.line_bytes())
-    out = []
-    for conv in reversed(convs):
-        turns = []
-        for m in conv:
-            if m["role"] == "assistant":
-                break
-            turns.append(m)
-        if turns and turns[-1]["role"] == "user":
-            out.append(turns)
-        if len(out) == n:
-            break
-    return out
+    return last_prompts(convs, n)
 
 
 # ---------------------------------------------------------------- tokenization
@@ -465,6 +458,7 @@ class ChatDataset:
         self._packs_per_epoch: int | None = None
         self._plan: tuple[int, list] | None = None  # (epoch, its plan): step_batches' last epoch
         self.block_budget = cfg.batch_size * cfg.num_anchors  # padded: the block slots of a micro-batch
+        self.identity: dict[str, Any] | None = None  # what checkpoints record of the data (dflash.data.prepare)
         if self.packed:
             self.block_budget = self.packed_block_budget()
 

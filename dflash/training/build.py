@@ -95,6 +95,8 @@ def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: 
         torch.set_num_threads(cfg.train.cpu_threads)  # restored by close()
     phases = Phases(on_event)
     reading = loading = warming = None
+    checked: list = []  # the resume's data check (dflash.checkpoint.data_check), made when the data is hashed
+    expect = _data_expectation(start, cfg, checked) if start is not None else None
     try:
         notes = owned.clean()
         home = resolve_device(target_device) if target_device is not None else device
@@ -108,7 +110,7 @@ def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: 
             on_event("phase", {"name": "target", "source": cfg.target.path})
             loading = _start_target(cfg, home, imports.wait)
             full_target, dataset, eval_convs, data_notes, spec, drafter = _overlapped(cfg, loading, phases, on_event,
-                                                                                      device, start)
+                                                                                      device, start, expect)
             if warming is not None:
                 warming.join()  # a CUDA error, if it had one, is raised here
                 warming = None
@@ -118,7 +120,7 @@ def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: 
             with phases.phase("target"):
                 full_target = load_target(cfg.target, cfg.drafter.num_layers, home)
             with phases.phase("data"):
-                dataset, eval_convs, data_notes = load_training_data(cfg, full_target, on_event)
+                dataset, eval_convs, data_notes = _load_data(cfg, full_target, on_event, expect)
             drafter = None
         target = full_target if target_device is None else full_target.embed_head_on(device)
         notes += list(full_target.notes)
@@ -144,6 +146,7 @@ def build_trainer(cfg: Config, cls: type[T], *, resume: bool = False, on_event: 
             trainer = cls(cfg, target, dataset, drafter, run_dir, eval_convs=eval_convs, notes=notes,
                           on_event=on_event, full_target=full_target)
             trainer._threads_before = threads_before
+            trainer.data_check = checked[0] if checked else None
             from dflash.eval.in_training import check_evals_fit
 
             check_evals_fit(trainer)
@@ -182,15 +185,35 @@ def _start_target(cfg: Config, home: torch.device, wait) -> TargetLoad:
     return TargetLoad.of(lambda: stand_in(cfg.target, cfg.drafter.num_layers, home))
 
 
+def _data_expectation(start: Path, cfg: Config, checked: list) -> Callable[[str], None]:
+    """A resume's data check (dflash.checkpoint.data_check), run once the data is hashed and before it is
+    tokenized or regenerated: BadInput when the data under the checkpoint's own path changed and
+    data.accept_changed is not set; the comparison is kept in `checked` (for metrics.jsonl)."""
+    from dflash.checkpoint.data_check import compare, refuse_unaccepted
+
+    def expect(digest: str) -> None:
+        check = compare(start, cfg.data.path, digest)
+        refuse_unaccepted(check, cfg.data.accept_changed)
+        checked[:] = [check]
+    return expect
+
+
+def _load_data(cfg: Config, target: Any, on_event: Event, expect: Callable[[str], None] | None):
+    """load_training_data, given `expect` only on a resume (a stand-in patched over it takes 3 arguments)."""
+    if expect is None:
+        return load_training_data(cfg, target, on_event)
+    return load_training_data(cfg, target, on_event, expect=expect)
+
+
 def _overlapped(cfg: Config, loading: TargetLoad, phases: Phases, on_event: Event, device: torch.device,
-                start: Path | None):
+                start: Path | None, expect: Callable[[str], None] | None = None):
     """The data and the drafter from the target's shape while the target loads, then the target:
     (target, dataset, eval prompts, data notes, the drafter's spec, the drafter)."""
     shape = loading.shape()  # the target's own input errors (tokenizer, template, taps) are raised here
     data = None
     if not cfg.data.regenerate:  # the data needs only the tokenizer: it is read beside the weights
         with phases.phase("data"):
-            data = load_training_data(cfg, shape, on_event)
+            data = _load_data(cfg, shape, on_event, expect)
     spec = drafter_spec(cfg, shape)
     with phases.phase("drafter"), BUILDING:  # never while the target's model is being built (default dtype)
         drafter = build_drafter(cfg, spec, device, init=start is None)
@@ -205,7 +228,7 @@ def _overlapped(cfg: Config, loading: TargetLoad, phases: Phases, on_event: Even
     target = loading.result()
     if data is None:
         with phases.phase("data"):
-            data = load_training_data(cfg, target, on_event)
+            data = _load_data(cfg, target, on_event, expect)
     return (target, *data, spec, drafter)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,7 +61,8 @@ class Trainer:
         when `target` is only its embedding and LM head (`Target.embed_head_on`): end-of-run eval and
         the engine's target worker use it where it lives."""
         self.cfg, self.target, self.dataset, self.drafter = cfg, target, dataset, drafter
-        self.config_toml = to_toml(cfg)  # the resolved config as config.toml and every checkpoint keep it
+        # the resolved config as config.toml and every checkpoint keep it; data.accept_changed is one resume's
+        self.config_toml = to_toml(replace(cfg, data=replace(cfg.data, accept_changed=False)))
         self.full_target = full_target or target
         self.device = target.device
         self.run_dir = Path(run_dir)
@@ -87,6 +89,7 @@ class Trainer:
         self._threads_before: int | None = None
         self._lock = None  # the run directory's RunLock, when this trainer holds it (from_config)
         self.resumed_from: Path | None = None  # the checkpoint this run continued (from_config's --resume)
+        self.data_check = None  # --resume: the data against the checkpoint's record (dflash.checkpoint.data_check)
         self.phases = None  # from_config's dflash.training.startup.Phases: the start's, the first step's time too
         self.saver = Saver(self.run_dir, cfg.checkpoint, self.compute_dtype, self._saved)
 
@@ -208,7 +211,7 @@ class Trainer:
         if not checked:
             self.check_weights()
         return self.saver.save(self.step, self.drafter, self.optimizer, self.total_steps, self.config_toml,
-                               final=final, plan=self.disk_plan)
+                               final=final, plan=self.disk_plan, data=getattr(self.dataset, "identity", None))
 
     def disk_plan(self):
         """This run's checkpoint disk use from its current step (dflash.checkpoint.diskspace)."""
@@ -279,6 +282,9 @@ class Trainer:
         start = {"step": self.step, "total_steps": total_steps, "backend": self.backend, "device": str(self.device),
                  "data": self.dataset.stats, "run_dir": str(self.run_dir), **(extra or {})}
         writer.write_event("start", {**start, "notes": self.notes})
+        check, now = self.data_check, getattr(self.dataset, "identity", None)
+        if check is not None and check.status != "same":  # the data against the checkpoint's (--resume)
+            writer.write_event("data_check", check.event(now, self.cfg.data.accept_changed))
         self.on_event("start", start)
         if primary:
             self.preflight_disk()
