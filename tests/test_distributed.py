@@ -284,6 +284,17 @@ def test_ranks_that_built_different_runs_are_named():
     assert "rank 0's were broadcast" in check_agreement([fresh, {**fresh, "weights": "x"}], ["a", "b"])[0]
 
 
+def test_ranks_whose_data_has_the_same_counts_but_other_contents_are_named():
+    """Two nodes' copies of the data file that tokenize to the same counts (records edited, reordered) were
+    taken as the same data: each rank would train on its own."""
+    facts = {"step": 0, "checkpoint": None, "total_steps": 4, "config": "c", "samples": 24, "tokens": 9,
+             "weights": "w", "data": "file:aaaa"}
+    assert check_agreement([facts, dict(facts)], ["a", "b"]) == []
+    with pytest.raises(BadInput, match=r"rank 1 \(b\) read other data than rank 0: the same 24 sequences and 9 "
+                                       r"tokens, from a file of other contents \(file:bbbb there, file:aaaa on rank 0\)"):
+        check_agreement([facts, {**facts, "data": "file:bbbb"}], ["a", "b"])
+
+
 def test_cache_verdicts_name_a_cold_rank_and_a_foreign_machine(tmp_path):
     warm = CacheState("/c", "warm", 10, 100, "h1", "key-a", 0, 0.1)
     cold = CacheState("/c", "missing", 0, 0, None, "key-a", 0, 0.0)

@@ -71,7 +71,8 @@ def _facts(trainer: Trainer, digest: str) -> dict[str, Any]:
     return {"step": trainer.step, "checkpoint": start.name if start is not None and trainer.step else None,
             "total_steps": trainer.total_steps,
             "config": to_toml(apply_overrides(trainer.cfg, {"topology.device": "auto"})),  # devices differ per rank
-            "samples": len(trainer.dataset), "tokens": trainer.dataset.stats.tokens, "weights": digest}
+            "samples": len(trainer.dataset), "tokens": trainer.dataset.stats.tokens, "weights": digest,
+            "data": (getattr(trainer.dataset, "identity", None) or {}).get("digest")}  # the file's bytes (xxh3)
 
 
 def check_agreement(facts: Sequence[dict[str, Any]], hosts: Sequence[str]) -> list[str]:
@@ -88,6 +89,10 @@ def check_agreement(facts: Sequence[dict[str, Any]], hosts: Sequence[str]) -> li
         if (f["samples"], f["tokens"]) != (ref["samples"], ref["tokens"]):
             problems.append(f"{where} read different data ({f['samples']} sequences, {f['tokens']} tokens) than rank 0 "
                             f"({ref['samples']}, {ref['tokens']})")
+        elif f.get("data") != ref.get("data"):  # the same counts from other records (another copy of the file)
+            problems.append(f"{where} read other data than rank 0: the same {f['samples']} sequences and "
+                            f"{f['tokens']} tokens, from a file of other contents ({f.get('data')} there, "
+                            f"{ref.get('data')} on rank 0)")
         elif f["total_steps"] != ref["total_steps"]:
             problems.append(f"{where} plans {f['total_steps']} steps, rank 0 {ref['total_steps']}")
         if f["weights"] != ref["weights"] and not problems:
