@@ -408,11 +408,11 @@ class RunLog:
         t.on_event("periodic_eval", data)
 
     def result(self, t0: float, *, run_eval: bool) -> TrainResult:
-        """Run the end-of-run eval (if configured, `run_eval` and the run reached its last step) and
-        build the TrainResult."""
+        """Run the end-of-run eval (if configured, `run_eval`, and this call stepped the run to its last step:
+        a resume of a finished run evaluated at its end already) and build the TrainResult."""
         t, h, w = self.trainer, self.history, self.window
         result_eval = None
-        if run_eval and t.cfg.eval.at_end and t.eval_convs and t.step == self.total:
+        if run_eval and t.cfg.eval.at_end and t.eval_convs and t.step == self.total and self.last is not None:
             result_eval = t.evaluate()
             t.write_event("eval", {"result": result_eval})
         first, last = self.first, self.last
