@@ -38,7 +38,22 @@ module that names it:
 - what the loader allocates: a memo index past the opcodes read so far (the unpickler's memo is an
   array: `LONG_BINPUT 2**31` asks for 32 GiB), `bytes(n)` / `bytearray(n)` of a number, a container
   built from a `range`, a codec other than a plain text one (its module is imported) are refused;
-  a memo'd constant loaded or encoded again and again is scanned once.
+  a memo'd constant loaded or encoded again and again is scanned once. Beyond those, `loadcost`
+  models what the load allocates (every constant, container, copy a call or a restore makes, storage
+  torch.load sizes) and computes (hashing, sympy's evaluation, `__post_init__` walks), and refuses a
+  pickle past max(64 MiB, 8x its size) of memory or max(2**28, 256x its size) steps; a hashed key
+  nested deeper than 1000 (CPython's tuple hash recurses in C: a crash past ~1e5) and keys made to
+  share one hash are refused (session 15: a memo'd value copied k times held k*L bytes);
+- what torch's code does with a state during the load (session 15): AutotuneCache's restore with a
+  `remote_cache` builds a Redis client (RemoteAutotuneCache) under a key of the pickle's choosing,
+  CachingAutotuner's with `incremental_autotune` imports a plugin, TritonCompileResult's looks into its
+  `kernel`: refused unless they are local data in plain dicts. No state may put an instance, a global or
+  a call's result over a method or cached_property of its class (StaticallyLaunchedTritonKernel's
+  `__del__` called `self.C_impl._unload_kernel(self.module)`: a C_impl holding `getattr(CppCodeCache(),
+  'load')` compiled and loaded the pickle's C++), and what that `__del__` reads is None or {}.
+- what FX's re-trace runs for real (`fxbounds`): a GraphModule's source may not compute on its own
+  constants past small bounds (`"a" * 10**9`, `10 ** 10 ** 8`), and what its torch calls on constant
+  shapes allocate is charged to the load (`full([16384, 16384])`: 1 GiB during pickle.loads).
 
 Audit of what the allowed names reach (torch 2.13, issue 37): the protocol methods of the 630
 classes of CLASS_MODULES (`__repr__`, `__hash__`, `__eq__`, `__iter__`, `__index__`, ...) call no
@@ -69,58 +84,35 @@ guards it evaluates, and `.so` files it loads. A cache archive is code: trust it
 from __future__ import annotations
 
 import _compat_pickle
-import collections
-import enum
 import gc
 import io
 import json
 import pickletools
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from compilewatch.cache.trust.allowlist import (
-    _ATTR_NAME,
-    _MEMBER_NAME,
-    _MISSING,
-    CALLABLE_GLOBALS,
-    CHECKED_CALLS,
-    STORING_CONSTRUCTORS,
-    _builtin_owner,
-    _import_attr,
-    _init_is_data,
-    _is_callable_class,
-    _is_sympy,
-    _new_is_data,
-    _owner,
-    _setstate_is_data,
-    _why_refused,
-    is_allowed,
-)
+from compilewatch.cache.trust.allowlist import CHECKED_CALLS, _builtin_owner, _owner, _why_refused
+from compilewatch.cache.trust.calls import _Calls, _opaque
+from compilewatch.cache.trust.loadcost import LoadCost, add_items
 from compilewatch.cache.trust.stackmodel import (
-    _NUM,
-    _BoundMethod,
+    FINALIZER,
+    _NONE,
     _Bytes,
     _Dict,
     _FSet,
     _Global,
     _List,
+    _Num,
     _Obj,
     _Seq,
     _Set,
     _Str,
     _Value,
-    _generated,
     build,
-    describe,
     fill,
-    fresh_class,
     graph_args,
     key_refused,
-    live_of,
-    stores_only,
-    strong,
 )
 
 MAX_OPS = 50_000_000  # opcodes scanned in one pickle; a real FX-graph entry has tens of thousands
@@ -190,202 +182,10 @@ _REFUSED_OPS = {"EXT1", "EXT2", "EXT4"}
 _TORCH_SAVE_PICKLES = 5  # torch.save's legacy format: magic, protocol, sys info, the object, storage keys
 
 
-_CODECS = frozenset({"latin1", "latin-1", "utf-8", "utf8", "ascii"})  # how protocols 0-2 pickle bytes
-
-
-_TENSOR_RESULTS = frozenset({"torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
-                             "torch._utils._rebuild_parameter", "torch._tensor._rebuild_from_type_v2"})
-
-
-def _opaque(what: str) -> _Value:
-    return _Value("opaque", what)
-
-
-def _is_defaultdict(cls: type) -> bool:
-    return cls is collections.defaultdict
-
-
-class _Calls:
-    """What each call (REDUCE / NEWOBJ / NEWOBJ_EX / OBJ / INST, and getattr) may do, and what it
-    returns, by the callee's declared result (stackmodel)."""
-
-    refuse: Callable[[str], None]
-    nested_torch_save: Callable[[bytes], None]
-    # bytes already scanned for _load_from_bytes, and what _codecs.encode made of each string constant: by
-    # the object (kept alive here), so a memo'd constant loaded or encoded again and again costs nothing more
-    loaded: dict[int, _Bytes]
-    encoded: dict[tuple[int, str], tuple[_Str, _Bytes]]
-
-    def checked_call(self, fn: _Global, args: object) -> object:
-        """getattr's two allowed forms (see CHECKED_CALLS); what it pushes."""
-        items = args.items if isinstance(args, _Seq) else None
-        if items is not None and len(items) == 2 and isinstance(items[1], _Str):
-            obj, name = items
-            target = _import_attr(obj) if isinstance(obj, _Global) else _MISSING
-            if isinstance(obj, _Global) and is_allowed(*obj.rsplit(".", 1)) and _MEMBER_NAME.match(name):
-                if isinstance(target, enum.EnumMeta):
-                    return _Value("member", f"{obj}.{name}", target)  # an enum member
-                return _opaque(f"getattr({obj}, {str(name)!r})")  # a class attribute: anything
-            if _ATTR_NAME.match(name) and not (isinstance(obj, _Global) and obj in CHECKED_CALLS):
-                if isinstance(obj, _Obj):  # of an instance this pickle made: a bound method, most likely
-                    return _BoundMethod("opaque", f"getattr(<{obj.cls.__qualname__} instance>, {str(name)!r})")
-                return _opaque(f"getattr(..., {str(name)!r})")  # a bound method or attribute: never callable here
-        shown = (f"getattr({items[0] if isinstance(items[0], str) else '<object>'}, {items[1]!r})"
-                 if items is not None and len(items) == 2 else "getattr(<computed arguments>)")
-        self.refuse(f"{fn} call {shown}: only getattr(<class>, 'MEMBER') and getattr(<object>, 'name') are allowed")
-        return _opaque("a refused getattr")
-
-    def call(self, opname: str, fn: object, args: object, kwargs: object = None) -> object:
-        """Check one call of `fn` with `args`; what it pushes."""
-        if not isinstance(fn, _Global):
-            what = fn.what if isinstance(fn, _Value) else describe(fn)
-            self.refuse(f"<a call of {what}: only named, allowed globals may be called>")
-            return _opaque("the result of a refused call")
-        if fn in CHECKED_CALLS or _why_refused(*fn.rsplit(".", 1)) is not None:
-            return _opaque(f"{fn}(...)")  # refused when it was named
-        obj = _import_attr(fn)
-        if obj is _MISSING:
-            return _opaque(f"{fn}(...)")  # not importable here: pickle.loads would fail on it too
-        items = args.items if isinstance(args, _Seq) else None
-        if isinstance(obj, type):
-            return self.construct(opname, fn, obj, items, args, kwargs)
-        if opname != "REDUCE" or fn not in CALLABLE_GLOBALS:
-            self.refuse(f"{fn} called: it may be a value in a cache pickle, never called by one")
-            return _opaque(f"{fn}(...)")
-        return self.call_function(fn, items)
-
-    def call_function(self, fn: _Global, items: list[object] | None) -> object:
-        if fn == "copyreg._reconstructor":  # (cls, base, state): base.__new__(cls, state) [+ base.__init__]
-            base = _import_attr(items[1]) if items and len(items) == 3 and isinstance(items[1], _Global) else _MISSING
-            cls = _import_attr(items[0]) if items and isinstance(items[0], _Global) else _MISSING
-            if base is not object or not isinstance(cls, type):
-                self.refuse("copyreg._reconstructor with a base other than object, or of something not a named "
-                            "class: it runs that base's constructor")
-                return _opaque(f"{fn}(...)")
-            if not fresh_class(cls):
-                self.refuse(f"copyreg._reconstructor of {items[0]}: an instance made without its constructor")
-            return _Obj(cls, fresh=fresh_class(cls))
-        if fn in _TENSOR_RESULTS:
-            self.tensor_call(fn, items)
-            return _Value("tensor", f"{fn}(...)")
-        if fn == "_codecs.encode":  # (str, encoding): how protocols 0-2 pickle bytes
-            if not (items and len(items) == 2 and isinstance(items[0], _Str) and isinstance(items[1], _Str)
-                    and items[1] in _CODECS):
-                self.refuse(f"{fn} of something other than a string constant and a plain text codec")
-                return _Value("bytes", f"{fn}(...)")
-            key = (id(items[0]), str(items[1]))
-            try:
-                if key not in self.encoded:
-                    self.encoded[key] = (items[0], _Bytes(str(items[0]).encode(str(items[1]))))
-                return self.encoded[key][1]
-            except UnicodeError:
-                return _Value("bytes", f"{fn}(...)")  # pickle.loads would fail on it too
-        if fn == "torch.fx.graph_module.reduce_graph_module":  # exec(import_block + body["_code"])
-            why = graph_args(_Seq(list(items)) if items is not None else None)
-            if why:
-                self.refuse(f"{fn} of {why}")
-            return _Value("graph module", f"{fn}(...)")
-        if fn == "torch.storage._load_from_bytes":  # torch.load(bytes, weights_only=False): scan what it loads
-            blob = items[0] if items and len(items) == 1 else None
-            if not isinstance(blob, _Bytes):
-                self.refuse(f"{fn} of something computed: it unpickles it")
-            elif id(blob) not in self.loaded:
-                self.loaded[id(blob)] = blob
-                self.nested_torch_save(bytes(blob))
-            return _Value("storage", f"{fn}(...)")
-        return _opaque(f"{fn}(...)")  # select_decomp_table(): a table of functions
-
-    def tensor_call(self, fn: _Global, items: list[object] | None) -> None:
-        if fn != "torch._tensor._rebuild_from_type_v2":  # (storage, offset, size, stride, grad, hooks, ...)
-            why = next((live_of(x) for x in items or () if live_of(x)), None)
-            if why:
-                self.refuse(f"{fn} with an argument holding {why} (backward hooks are called)")
-            return
-        # (func, type, args, state): ret = func(*args).as_subclass(type), then its state set by setattr
-        inner, new_type, inner_args, state = items if items and len(items) == 4 else (None,) * 4
-        if not (isinstance(inner, _Global) and inner.startswith("torch._utils._rebuild_") and inner in CALLABLE_GLOBALS):
-            self.refuse(f"{fn} with a function other than torch's tensor rebuilders: it calls that function")
-        cls = _import_attr(new_type) if isinstance(new_type, _Global) else _MISSING
-        torch = sys.modules.get("torch")
-        if not (isinstance(cls, type) and torch is not None and issubclass(cls, torch.Tensor)):
-            self.refuse(f"{fn} with a type that is not a named tensor class: it makes one of it")
-        elif not _setstate_is_data(cls):
-            self.refuse(f"{fn} of {new_type}: its __setstate__ runs its own code")
-        if not isinstance(inner_args, _Seq) or inner_args.live:
-            self.refuse(f"{fn} with rebuild arguments the scan cannot see")
-        parts = state.items if isinstance(state, _Seq) and len(state.items) == 2 else [state]
-        for d in parts:
-            if d is None or d is _NUM:
-                continue
-            if not (isinstance(d, _Dict) and d.str_keys and not d.bad_attr and not d.graph_fn and not d.live):
-                why = (d.bad_attr or d.live) if isinstance(d, _Dict) else describe(d)
-                self.refuse(f"{fn} with a state that is not plain data ({why}): it is set on the tensor")
-
-    def construct(self, opname: str, fn: str, cls: type, items: list[object] | None, args: object,
-                  kwargs: object) -> object:
-        if cls in (bytes, bytearray, str) and items:  # bytes(n) allocates n bytes; (x, encoding) looks the codec up
-            if cls is not str and not (isinstance(items[0], (_Bytes, _Str, _Seq, _List)) or (
-                    isinstance(items[0], _Obj) and items[0].cls in (bytes, bytearray, str, list, tuple))):
-                self.refuse(f"{fn} of {describe(items[0])}: of a number it allocates that many bytes")
-            if len(items) > 1 and not (isinstance(items[1], _Str) and items[1] in _CODECS):
-                self.refuse(f"{fn} with a codec other than a plain text one: the codec's module is imported")
-        stores = _owner(cls, "__new__") in (None, object) and (opname in ("NEWOBJ", "NEWOBJ_EX") or stores_only(cls))
-        if not stores and any(isinstance(x, _Obj) and x.cls is range for x in items or ()):
-            self.refuse(f"{fn} constructed from a range: it iterates it (a range of 2**40 numbers is a few bytes)")
-        if _is_sympy(cls):
-            self.construct_sympy(opname, fn, cls, items, args)
-            return _Obj(cls, fresh=False)  # sympy caches its objects (and has singletons)
-        new_only = opname in ("NEWOBJ", "NEWOBJ_EX")
-        if not new_only and not _builtin_owner(_owner(type(cls), "__call__")):
-            self.refuse(f"{fn} called: its metaclass's __call__ runs its own code")
-        if _is_callable_class(cls):
-            pass
-        elif not _new_is_data(cls):
-            self.refuse(f"{fn}.__new__ runs its own code: not a data class")
-        elif not new_only and not _init_is_data(cls):
-            self.refuse(f"{fn} called: its __init__ runs its own code (only data classes may be called)")
-        new = _owner(cls, "__new__")
-        ignores = new is None or new is object or _generated(vars(new)["__new__"])  # stores, or ignores, its args
-        if _is_defaultdict(cls) and kwargs is None and isinstance(args, _Seq) and args.items \
-                and (isinstance(args.items[0], _BoundMethod) or not live_of(args.items[0])) \
-                and not any(live_of(x) for x in args.items[1:]):
-            pass  # defaultdict(factory) stores its factory (called only on a missing key, after loading);
-            # the dict holds it, so it is live: nothing may call, hash or hand it on (a CUDA entry keeps
-            # `launcher.create_binder` this way)
-        elif not (ignores and (new_only or stores_only(cls))):
-            weak_ok = f"{cls.__module__}.{cls.__qualname__}" in STORING_CONSTRUCTORS
-            for a in (args, kwargs):
-                if live_of(a) and (strong(live_of(a)) or not weak_ok):
-                    self.refuse(f"{fn} constructed from {live_of(a)}: its constructor uses what it is given")
-        if kwargs is not None and not isinstance(kwargs, _Dict):
-            self.refuse(f"{fn} constructed with keyword arguments the scan cannot see")
-        obj = _Obj(cls, fresh=fresh_class(cls))
-        obj.hold(args)
-        if kwargs is not None:
-            obj.hold(kwargs)
-        return obj
-
-    def construct_sympy(self, opname: str, fn: str, cls: type, items: list[object] | None, args: object) -> None:
-        # sympy constructors sympify their arguments, and sympify evaluates strings: only numbers,
-        # sympy objects and tuples of them (a Symbol's first argument, its name, may be a string)
-        sympy = sys.modules["sympy"]
-        named = issubclass(cls, sympy.Symbol) and bool(items) and isinstance(items[0], _Str)
-        if not isinstance(args, _Seq):
-            ok = False
-        elif issubclass(cls, sympy.Float):  # Float(<numeral str>) or Float((sign, <hex str>, exp, bc)): parsed, never sympified
-            ok = all(x is _NUM or isinstance(x, _Str) or (isinstance(x, _Seq) and x.literal) for x in args.items)
-        elif issubclass(cls, sympy.Rational):  # Rational/Integer(<numeral str>): fractions/int parse; a container is sympified
-            ok = args.literal
-        else:
-            ok = args.sympy_tail_ok if named else args.sympy_ok
-        if not ok:
-            self.refuse(f"{fn} constructed from a string or a container: sympy evaluates strings (sympify)")
-        elif opname == "NEWOBJ_EX" and not issubclass(cls, (sympy.Symbol, sympy.Float)):  # assumptions / precision
-            self.refuse(f"{fn} constructed with keyword arguments")
-
-
 class _Scan(_Calls):
-    def __init__(self, max_ops: int, nested: int = 0) -> None:
+    def __init__(self, max_ops: int, nested: int = 0, *, size: int = 0, cost: LoadCost | None = None) -> None:
+        self.cost = cost if cost is not None else LoadCost(size, self.refuse)  # a nested scan shares its parent's
+        self.storages: set[str] = set()  # torch.load's storage keys (nested), each allocated once
         self.names: dict[str, None] = {}
         self.refused: dict[str, None] = {}
         self.max_ops = max_ops
@@ -431,7 +231,7 @@ class _Scan(_Calls):
             return
         f = io.BytesIO(blob)
         for _ in range(_TORCH_SAVE_PICKLES):
-            inner = _Scan(self.max_ops, nested=1)
+            inner = _Scan(self.max_ops, nested=1, cost=self.cost)
             problem = inner.run(f)
             if problem:
                 self.refuse(f"torch.storage._load_from_bytes of bytes that are not torch.save's ({problem})")
@@ -443,6 +243,10 @@ class _Scan(_Calls):
 
     def stop(self) -> None:
         for args, cls in self.graphs:  # torch calls reduce_graph_module(*args) when it deserializes
+            if cls == FINALIZER:
+                self.refuse(isinstance(args, _Dict) and args.n and "a StaticallyLaunchedTritonKernel's module dict "
+                            "filled after its BUILD: its own __del__ unloads each value as a CUDA module handle" or None)
+                continue
             why = graph_args(args)
             if why:
                 self.refuse(f"{cls} holding torch.fx.graph_module.reduce_graph_module of {why}")
@@ -471,10 +275,14 @@ class _Scan(_Calls):
             return [*([None] * (n - len(taken))), *taken]
 
         try:
-            for n, (op, arg, _pos) in enumerate(pickletools.genops(stream)):
+            for n, (op, arg, pos) in enumerate(pickletools.genops(stream)):
                 if n > self.max_ops:
                     return f"more than {self.max_ops} pickle opcodes"
                 opname = op.name
+                if opname == "FRAME" and not self.nested and int(arg) > self.cost.size - (pos or 0) - 9:
+                    # pickle.load(file) reads a frame whole (torch's OnDiskCache): 2**33 declared in 13 bytes
+                    # allocated 8 GiB before it found the data short (pickletools checks no frame length)
+                    return f"not a valid pickle (a frame of {int(arg)} bytes, past the pickle's end)"
                 if opname in ("FRAME", "PROTO"):
                     continue
                 if opname == "STOP":
@@ -484,12 +292,14 @@ class _Scan(_Calls):
                     self.refuse(f"<copyreg extension code {arg}>")
                 if opname == "MEMOIZE":
                     memo[len(memo)] = stack[-1] if stack else None
+                    self.cost.take(8, opname)
                     continue
                 if opname in _MEMO_PUT:
                     if int(arg) > n:  # pickle's memo is an array: a PUT grows it to twice the index (8 bytes a slot)
                         self.refuse(f"a memo index {int(arg)} past the pickle's {n} opcodes so far: the unpickler "
                                     "allocates memory for twice that many entries")
                     memo[int(arg)] = stack[-1] if stack else None
+                    self.cost.take(8, opname)
                     continue
                 if opname in _MEMO_GET:
                     stack.append(memo.get(int(arg), _opaque("a memo entry never stored")))
@@ -506,18 +316,28 @@ class _Scan(_Calls):
     def step(self, opname: str, arg: object, args: list[object]) -> tuple[object, ...]:
         """One opcode's effect: what it pushes (its arguments already taken off the stack)."""
         if opname in _STRING_OPS:
-            return (_Str(arg if isinstance(arg, str) else arg.decode("latin-1")),)
+            s = _Str(arg if isinstance(arg, str) else arg.decode("latin-1"))
+            self.cost.take(sys.getsizeof(s), opname)
+            return (s,)
         if opname in _BYTES_OPS:
+            self.cost.take(33 + len(arg), opname)
             return (_Bytes(arg),)
         if opname in _NUM_OPS:
-            return (_NUM,)
+            if opname == "NONE":
+                return (_NONE,)
+            value = True if opname == "NEWTRUE" else False if opname == "NEWFALSE" else arg
+            self.cost.take(32 + (value.bit_length() >> 3 if isinstance(value, int) else 0), opname)
+            return (_Num(value),)
         if opname == "GLOBAL":
             module, _, name = str(arg).partition(" ")
             return (self.note(module, name),)
         if opname == "STACK_GLOBAL":
             return (self.note(*args),)
         if opname in ("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "EMPTY_TUPLE"):
-            return (_Seq(list(args[-1] if opname == "TUPLE" else args)),)
+            t = _Seq(list(args[-1] if opname == "TUPLE" else args))
+            add_items(t, t.items)  # what hashing it costs, and its hash
+            self.cost.take(40 + 8 * len(t.items), opname)
+            return (t,)
         if opname == "INST":  # MARK args... INST module name: calls the class with the mark's slice
             module, _, name = str(arg).partition(" ")
             self.consumed(args)
@@ -536,31 +356,48 @@ class _Scan(_Calls):
             return (self.call(opname, fn, fargs, kwargs),)
         if opname == "BUILD":
             self.consumed(args[1:])
-            self.refuse(build(args[0], args[1], self.graphs))
-            return (args[0],)
+            why = build(args[0], args[1], self.graphs)
+            self.refuse(why)
+            obj = args[0]
+            if why is None and isinstance(obj, _Obj):
+                self.refuse(self.cost.built(obj, args[1], not _builtin_owner(_owner(obj.cls, "__setstate__"))))
+            return (obj,)
         if opname in ("EMPTY_DICT", "DICT"):
             self.consumed(args)
             d = _Dict()
+            self.cost.take(64, opname)
             if opname == "DICT":
-                self.refuse(fill("SETITEMS", d, args[-1]))
+                why = fill("SETITEMS", d, args[-1])
+                self.refuse(why)
+                if why is None:
+                    self.cost.filled("SETITEMS", d, args[-1])
             return (d,)
         if opname in ("EMPTY_LIST", "LIST"):
             self.consumed(args)
             lst = _List()
+            self.cost.take(56, opname)
             for x in args[-1] if opname == "LIST" else ():
                 lst.hold(x)
+            if opname == "LIST":
+                self.cost.filled("APPENDS", lst, args[-1])
             return (lst,)
         if opname in ("EMPTY_SET", "FROZENSET"):
             self.consumed(args)
             s = _Set() if opname == "EMPTY_SET" else _FSet()
+            self.cost.take(216, opname)
             for x in args[-1] if opname == "FROZENSET" else ():
                 self.refuse(key_refused(x) and f"FROZENSET of an item whose hashing runs code: {key_refused(x)}")
                 s.hold(x)
+            if opname == "FROZENSET":
+                self.cost.filled("FROZENSET", s, args[-1])
             return (s,)
         if opname in _FILLS:
             self.consumed(args[1:])
             items = args[1:] if opname in ("SETITEM", "APPEND") else args[-1]
-            self.refuse(fill(opname, args[0], items))
+            why = fill(opname, args[0], items)
+            self.refuse(why)
+            if why is None:
+                self.cost.filled(opname, args[0], items)
             return (args[0],)
         if opname == "DUP":
             return (*args, *args)
@@ -568,7 +405,11 @@ class _Scan(_Calls):
             return ()
         self.consumed(args)
         if opname in ("PERSID", "BINPERSID"):  # torch.load's persistent_load: a storage (pickle.loads: an error)
+            if self.nested:
+                self.refuse(self.cost.storage(args[0], self.storages))
             return (_Value("storage", "a persistent id") if self.nested else _opaque("a persistent id"),)
+        if opname == "BYTEARRAY8":
+            self.cost.take(57 + len(arg), opname)
         return tuple(_opaque(opname) for _ in range(len(_OPS[opname].stack_after)))
 
 
@@ -581,7 +422,7 @@ def scan(data: bytes, *, max_ops: int = MAX_OPS) -> ScanResult:
     Follows the pickle's stack (with pickletools' opcode table: what each opcode pops and pushes) to
     know what each call calls with which arguments. Linear in the pickle's size: every opcode does a
     bounded amount of work (a tuple's facts are computed once, when it is built)."""
-    return _scan_stream(io.BytesIO(data), max_ops)
+    return _scan_stream(io.BytesIO(data), max_ops, len(data))
 
 
 def scan_file(fh: BinaryIO, size: int, *, max_ops: int = MAX_OPS) -> ScanResult:
@@ -596,7 +437,7 @@ def scan_file(fh: BinaryIO, size: int, *, max_ops: int = MAX_OPS) -> ScanResult:
                           "in memory: not scanned")
     if size <= READ_WHOLE:
         return scan(fh.read(max(size, 0)), max_ops=max_ops)
-    return _scan_stream(_Capped(fh, size), max_ops)
+    return _scan_stream(_Capped(fh, size), max_ops, size)
 
 
 class _Capped:
@@ -626,8 +467,8 @@ class _Capped:
         return self._take(self.fh.readline(limit)) if limit > 0 else b""
 
 
-def _scan_stream(stream, max_ops: int) -> ScanResult:
-    s = _Scan(max_ops)
+def _scan_stream(stream, max_ops: int, size: int) -> ScanResult:
+    s = _Scan(max_ops, size=size)
     collecting = gc.isenabled()
     gc.disable()  # the model's objects form no cycles; a collection pass per allocation burst is wasted work
     try:

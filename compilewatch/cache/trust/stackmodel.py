@@ -28,7 +28,7 @@ import dataclasses
 import enum
 import sys
 
-from compilewatch.cache.trust import fxsource
+from compilewatch.cache.trust import fxbounds, fxsource
 from compilewatch.cache.trust.allowlist import (
     _MISSING,
     _builtin_owner,
@@ -55,22 +55,37 @@ class _Bytes(bytes):
 
 
 class _Num:
-    """An int, float, bool or None constant."""
+    """An int, float, bool or None constant, and its value (`loadcost` hashes it)."""
+
+    __slots__ = ("value", "h")
+
+    def __init__(self, value: object = 0) -> None:
+        self.value, self.h = value, hash(value)  # an int's hash costs its length: once
 
 
-_NUM = _Num()
+_NUM = _Num()  # a number whose value nothing needs
+_NONE = _Num(None)
 
 
 class _Node:
     """A value the pickle assembled: `live` (why it may run code, or None) and who holds it."""
 
-    __slots__ = ("live", "parents")
+    # `n`, `icost`, `idepth`, `h`, `chains`: what `loadcost` knows of its items (their count; what hashing
+    # them costs and how deep it recurses; a tuple's or a field-hashed instance's own hash; how many share
+    # one hash); `held`: something holds it (an instance restored after that changes a holder's hash)
+    __slots__ = ("live", "parents", "n", "icost", "idepth", "h", "chains", "held")
 
     def __init__(self) -> None:
         self.live: str | None = None
         self.parents: list[_Node] | None = None
+        self.n = self.icost = self.idepth = 0
+        self.h: object = None
+        self.chains: dict[object, int] | None = None
+        self.held = False
 
     def hold(self, v: object) -> None:
+        if isinstance(v, _Node):
+            v.held = True
         why = live_of(v)
         if why:
             self.mark(why)
@@ -103,7 +118,7 @@ class _Seq(_Node):
     """A tuple the pickle built, with what its items are, computed once when it is built (so
     consuming a tuple fetched from the memo a million times costs nothing per fetch)."""
 
-    __slots__ = ("items", "checked", "sympy_ok", "sympy_tail_ok", "literal")
+    __slots__ = ("items", "checked", "sympy_ok", "sympy_tail_ok", "literal", "mutable")
 
     def __init__(self, items: list[object]) -> None:
         super().__init__()
@@ -111,7 +126,14 @@ class _Seq(_Node):
         self.checked = any((isinstance(x, _Global) and x == _CHECKED) or (isinstance(x, _Seq) and x.checked) for x in items)
         self.sympy_tail_ok = all(_sympy_arg_ok(x) for x in items[1:])
         self.sympy_ok = self.sympy_tail_ok and (not items or _sympy_arg_ok(items[0]))
-        self.literal = all(x is _NUM or isinstance(x, _Str) for x in items)  # numbers and strings only
+        self.literal = all(isinstance(x, (_Num, _Str)) for x in items)  # numbers and strings only
+        self.mutable = False  # holds a list, dict or set, at any depth (walking it costs more than hashing it)
+        for x in items:
+            k = type(x)
+            if k is _List or k is _Dict or k is _Set or (k is _Seq and x.mutable) or (
+                    k is _Obj and issubclass(x.cls, (list, dict, set))):
+                self.mutable = True
+                break
         for x in items:
             self.hold(x)
 
@@ -137,20 +159,39 @@ _PROTOCOL_ATTRS = frozenset({"append", "extend", "add"})
 # its `keys` (CachingAutotuner.__setstate__ is `self.__dict__.update(state)`), Counter.update a mapping's
 # `items`, and CachingAutotuner.__setstate__ calls `inductor_meta.get(...)`. Under these names a BUILD
 # state (either kind of restore) may keep data only: never a global, a call's result or a live instance
-_LOOKED_UP_ATTRS = frozenset({"keys", "get", "items"})
+_LOOKED_UP_ATTRS = frozenset({"keys", "get", "items", "values"})  # values: a launcher's __del__ (session 15)
 # dunder attributes that are data on an instance, never looked up by a protocol (triton's JITFunction
 # keeps these in its state on CUDA): allowed as BUILD keys, their values checked like any other's
 _DATA_DUNDERS = frozenset({"__doc__", "__name__", "__qualname__", "__module__", "__globals__"})
+# keys of a state whose values torch's restores act on (`build`): AutotuneCache's `remote_cache` makes it
+# build a Redis client; CachingAutotuner's `inductor_meta["incremental_autotune"]` makes it import a plugin
+_WATCHED = frozenset({"remote_cache", "inductor_meta", "incremental_autotune", "kernel", "metadata", "packed_metadata",
+                      "module", "modules", "function", "functions"})
+# classes whose own `__del__` (run as the load lets go of an instance) uses its state, and the keys it reads:
+# StaticallyLaunchedTritonKernel.close() calls `self.C_impl._unload_kernel(m)` for `self.module` and (2.15)
+# each of `self.modules.values()`. torch pickles them None and {} (its __getstate__); so must a pickle.
+_FINALIZED = {"torch._inductor.runtime.static_triton_launcher.StaticallyLaunchedTritonKernel":
+              ("module", "modules", "function", "functions")}
+FINALIZER = "<a __del__'s dict>"  # how `build` hands picklescan a dict to check again at STOP (still empty)
 
 
 class _Dict(_Node):
     """A dict the pickle built: what `reduce_graph_module` reads of it (its source, tracer class and
     extras), whether every key is a plain string, and the first value a BUILD may not store."""
 
-    __slots__ = ("code", "tracer", "extras", "str_keys", "bad_attr", "graph_fn", "args", "called")
+    __slots__ = ("code", "tracer", "extras", "str_keys", "bad_attr", "graph_fn", "args", "called", "named",
+                 "vcost", "vdepth", "vrandom", "vn", "objects")
 
     def __init__(self) -> None:
         super().__init__()
+        self.named: dict[str, object] | None = None  # the values of the keys `build` asks about (_WATCHED)
+        # (key, value) of each value an attribute lookup could reach code through: a global, a call's result,
+        # an instance the pickle may still restore (`build`: never over a method or a cached_property)
+        self.objects: list[tuple[str, object]] | None = None
+        # what `loadcost` knows of its values: what hashing them costs (an instance restored from this
+        # dict is hashed by them), how deep, whether one's hash is random, and their own items' count
+        self.vcost = self.vdepth = self.vn = 0
+        self.vrandom = False
         self.code: object = None
         self.tracer: object = None
         self.extras: object = None
@@ -166,6 +207,13 @@ class _Dict(_Node):
                 self.code = value
             if key == "args":
                 self.args = value
+            if key in _WATCHED:
+                self.named = self.named or {}
+                self.named[str(key)] = value
+            if isinstance(value, _Global) or (isinstance(value, _Value) and value.kind != "member") or (
+                    isinstance(value, _Obj) and value.fresh):
+                self.objects = self.objects or []
+                self.objects.append((str(key), value))
             if key in _LOOKED_UP_ATTRS and self.called is None and (
                     isinstance(value, (_Global, _Value)) or (isinstance(value, _Obj) and value.live)):
                 self.called = f"{describe(value)} as {key!r}"
@@ -231,7 +279,7 @@ _TRACERS = frozenset({"torch.fx._symbolic_trace.Tracer", "torch.fx.experimental.
 def _sympy_arg_ok(x: object) -> bool:
     """What a sympy constructor may get: numbers, sympy objects and tuples of them. Never a string,
     bytes or any other container: sympify parses strings (with eval) and iterates containers."""
-    return x is _NUM or (isinstance(x, _Obj) and _is_sympy(x.cls)) or (isinstance(x, _Seq) and x.sympy_ok)
+    return isinstance(x, _Num) or (isinstance(x, _Obj) and _is_sympy(x.cls)) or (isinstance(x, _Seq) and x.sympy_ok)
 
 
 # --- what an object may do when used ----------------------------------------------------------------
@@ -379,6 +427,36 @@ def _setter_descriptor(cls: type) -> str | None:
     return None
 
 
+def _shadowed(cls: type, key: str) -> str | None:
+    """What of `cls` an instance attribute `key` would hide from torch's code: a method, a classmethod or
+    staticmethod, a cached_property (a non-data descriptor), or None (nothing, or a data descriptor)."""
+    for k in cls.__mro__:
+        if k is object:
+            return None
+        v = vars(k).get(key, _MISSING)
+        if v is not _MISSING:
+            if hasattr(type(v), "__set__"):
+                return None  # a property or slot: it wins over the instance's __dict__
+            if isinstance(v, (classmethod, staticmethod)) or callable(v) or hasattr(type(v), "__get__"):
+                return f"{type(v).__name__} {k.__qualname__}.{key}"
+            return None
+    return None
+
+
+def _hides_code(cls: type, state: object) -> str | None:
+    """A state storing, over a method or cached_property of `cls`, something whose attributes the pickle
+    chose (an instance it made, a global, a call's result): torch's code then calls what the pickle
+    put there. (Session 15: StaticallyLaunchedTritonKernel.__del__, run as the load lets go of it, calls
+    `self.C_impl._unload_kernel(self.module)`: a C_impl instance whose `_unload_kernel` was
+    `getattr(CppCodeCache(), 'load')` compiled and loaded the pickle's C++ on 2.13 and 2.15.)"""
+    for d in (state, *(state.items if isinstance(state, _Seq) else ())):
+        for key, value in (d.objects or ()) if isinstance(d, _Dict) else ():
+            hidden = _shadowed(cls, key)
+            if hidden:
+                return f"storing {describe(value)} as {key!r}, over its {hidden}: torch calls what it finds there"
+    return None
+
+
 def build(obj: object, state: object, graphs: list[tuple[object, object]]) -> str | None:
     """Why BUILD(obj, state) is refused, or None (then `obj` holds `state`). A pending graph (a
     SerializedGraphModule's fn and args, which torch calls later) goes to `graphs`, checked at STOP."""
@@ -399,9 +477,26 @@ def build(obj: object, state: object, graphs: list[tuple[object, object]]) -> st
                    if isinstance(d, _Dict) and d.called), None)
     if called:
         return f"BUILD of {name} storing {called}: builtins and torch's restores look it up and call it"
+    hidden = _hides_code(cls, state)
+    if hidden:
+        return f"BUILD of {name} {hidden}"
+    keys = _FINALIZED.get(_name(_owner(cls, "__del__") or object), ())
+    if keys and not (isinstance(state, _Dict) and state.str_keys):
+        return f"BUILD of {name} with a state the scan cannot read key by key: its own __del__ reads it"
+    named = (state.named or {}) if isinstance(state, _Dict) else {}
+    for key in keys:
+        v = named.get(key, _NONE)
+        if not (v is _NONE or isinstance(v, _Dict)):
+            return (f"BUILD of {name} with {describe(v)} as {key!r}: its own __del__ reads it as the load lets go "
+                    "of it (only None or an empty dict)")
+        if isinstance(v, _Dict):
+            graphs.append((v, FINALIZER))  # empty at STOP, or its values are unloaded as CUDA module handles
     if not _builtin_owner(_owner(cls, "__setstate__")):  # an audited or torch's own restore of its data
         if isinstance(state, _Obj):  # `self.__dict__.update(state)` calls the instance's `keys`
             return f"BUILD of {name} with {describe(state)} as its state: its restore looks up the state's methods"
+        why = _restore_acts(_name(_owner(cls, "__setstate__")), state)
+        if why:
+            return f"BUILD of {name} {why}"
         # Its state may hold what torch's own entries keep there (a real CUDA fxgraph entry: triton's
         # JITFunction, constexpr classes, bound methods like `launcher.create_binder` in a defaultdict):
         # these restores assign, they do not call what they store. The class-mutation family stays
@@ -410,7 +505,7 @@ def build(obj: object, state: object, graphs: list[tuple[object, object]]) -> st
         return None
     parts = state.items if isinstance(state, _Seq) and len(state.items) == 2 else [state, None]
     for d, slots in ((parts[0], False), (parts[1], True)):
-        if d is None or d is _NUM:
+        if d is None or isinstance(d, _Num):
             continue
         if not isinstance(d, _Dict):
             return f"BUILD of {name} with {describe(d)} as its {'slot ' if slots else ''}state: only a dict"
@@ -429,6 +524,38 @@ def build(obj: object, state: object, graphs: list[tuple[object, object]]) -> st
             if setter:
                 return f"BUILD of {name} with a slot state: {name}.{setter} has a setter of its own code"
     obj.hold(state)
+    return None
+
+
+def _restore_acts(restore: str, state: object) -> str | None:
+    """Why a torch restore (`restore` names the class whose `__setstate__` it is) would do more with
+    `state` than store it, or None. torch 2.13 / 2.15: AutotuneCache's, given a `remote_cache` key
+    that is not None, calls `create_cache(state["remote_cache_full_key"], state["is_fbcode"], ...)`,
+    which builds a `RemoteAutotuneCache`: a Redis client (TORCHINDUCTOR_REDIS_URL / _HOST / _PORT, else
+    localhost:6379, connected on first use) whose keys are `pt2:<remote_cache_full_key>::...` -- a
+    namespace of the pickle's choosing that torch then reads best configs from and writes them to
+    (with is_fbcode, it imports torch._inductor.fb.remote_cache). CachingAutotuner's, given
+    `inductor_meta["incremental_autotune"]`, imports a plugin module (`.fb.incremental`)."""
+    named = (state.named or {}) if isinstance(state, _Dict) else {}
+    if restore.endswith(("AutotuneCache", "CachingAutotuner", "TritonCompileResult")) and not (
+            isinstance(state, _Dict) and state.str_keys):
+        return "with a state the scan cannot read key by key (only a dict of string keys)"
+    if restore == "torch._inductor.runtime.triton_heuristics.TritonCompileResult" and "kernel" in named:
+        # `state["kernel"]["metadata"]`, `{**state["kernel"], ...}`: only plain dicts, looked up by torch
+        kernel = named["kernel"]
+        inner = (kernel.named or {}) if isinstance(kernel, _Dict) else {}
+        meta = [inner[k] for k in ("metadata", "packed_metadata") if k in inner]
+        if not (isinstance(kernel, _Dict) and kernel.str_keys) or any(
+                isinstance(v, (_Obj, _Value, _Global, _List, _Set)) for v in meta):
+            return "with a kernel state that is not a plain dict (its restore looks it up and copies it)"
+    if restore == "torch._inductor.runtime.autotune_cache.AutotuneCache" and named.get("remote_cache", _NONE) is not _NONE:
+        return ("with a remote_cache: its __setstate__ builds a RemoteAutotuneCache, a Redis client under a key "
+                "of the pickle's choosing that torch reads and writes (only local data may be restored)")
+    meta = named.get("inductor_meta")
+    if restore == "torch._inductor.runtime.triton_heuristics.CachingAutotuner" and meta is not None:
+        flag = (meta.named or {}).get("incremental_autotune", _NONE) if isinstance(meta, _Dict) else None
+        if not (isinstance(meta, _Dict) and meta.str_keys and isinstance(flag, _Num) and not flag.value):
+            return "with an inductor_meta asking for incremental_autotune: its __setstate__ imports a plugin module"
     return None
 
 
@@ -488,12 +615,15 @@ def graph_body(body: object, block: object) -> str | None:
     if body.live:
         return f"a body holding {body.live}: the re-traced source may call it"
     tracer = body.tracer
-    if not (tracer is None or tracer is _NUM or (isinstance(tracer, _Global) and tracer in _TRACERS)):
+    if not (tracer is None or isinstance(tracer, _Num) or (isinstance(tracer, _Global) and tracer in _TRACERS)):
         return f"a tracer class other than FX's ({describe(tracer)}): FX subclasses and instantiates it"
     if not (body.extras is None or isinstance(body.extras, _Dict)):
         return "tracer extras that are not a dict"
     why = fxsource.check(str(block) + str(body.code))
-    return f"source that is not an FX graph's ({why}): it executes that source" if why else None
+    if why:
+        return f"source that is not an FX graph's ({why}): it executes that source"
+    why = fxbounds.check(str(block) + str(body.code))[0]
+    return f"{why} (FX re-traces it while it is unpickled)" if why else None
 
 
 def graph_args(args: object) -> str | None:
