@@ -89,8 +89,11 @@ def test_pickle_naming_a_foreign_global_is_untrusted_and_never_unpickled(tmp_pat
     assert "posix.system" in r.findings[0].detail or "os.system" in r.findings[0].detail
     assert not marker.exists()
     # the same pickle naming a class that does not exist: also untrusted, not a crash
-    p.write_bytes(b"\x80\x04\x95\x1d\x00\x00\x00\x00\x00\x00\x00\x8c\x06nosuch\x94\x8c\x05Thing\x94\x93\x94.")
+    p.write_bytes(b"\x80\x04\x95\x14\x00\x00\x00\x00\x00\x00\x00\x8c\x06nosuch\x94\x8c\x05Thing\x94\x93\x94.")  # a frame of its 20 bytes
     assert verify_mod.verify(root).counts == {"untrusted": 1}
+    # a frame declaring more bytes than the pickle holds (29 of 20) does not load: unloadable, not scanned on
+    p.write_bytes(b"\x80\x04\x95\x1d\x00\x00\x00\x00\x00\x00\x00\x8c\x06nosuch\x94\x8c\x05Thing\x94\x93\x94.")
+    assert verify_mod.verify(root).counts == {"unloadable": 1}
 
 
 def test_metadata_without_binary_and_no_group_file(tmp_path):
