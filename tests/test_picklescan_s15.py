@@ -284,7 +284,12 @@ def test_an_autotuner_asking_for_incremental_autotune_imports_a_plugin_and_is_re
     assert picklescan.scan(_restored(*autotuner, {"inductor_meta": {"incremental_autotune": False}})).ok
     assert picklescan.scan(_restored(*autotuner, {"inductor_meta": {"backend_hash": "h"}})).ok
     out = _load(blob, modules="torch._inductor.runtime.triton_heuristics", after="print('events', events)\n")
-    assert "loaded" in out.stdout and "fb.incremental" in out.stdout, (out.stdout, out.stderr[-2000:])
+    import inspect
+
+    import torch._inductor.runtime.triton_heuristics as th
+
+    imports = "fb.incremental" in inspect.getsource(th)  # a plugin import torch 2.11 does not have
+    assert "loaded" in out.stdout and ("fb.incremental" in out.stdout) == imports, (out.stdout, out.stderr[-2000:])
 
 
 # --- 3. hashing ----------------------------------------------------------------------------------
@@ -525,7 +530,8 @@ def test_a_launcher_whose_del_calls_an_attribute_the_pickle_set_is_refused():
               "cc.CppCodeCache.load = classmethod(lambda cls, src, *a, **k: calls.append(src))\n")
     out = _load(blob, modules="torch._inductor.codecache,torch._inductor.runtime.static_triton_launcher",
                 after=after, prelude=record)
-    assert "loaded" in out.stdout and f"recorded [{source!r}]" in out.stdout, (out.stdout, out.stderr[-2000:])
+    ran = f"recorded [{source!r}]" in out.stdout
+    assert "loaded" in out.stdout and ran == _launcher_has_del(), (out.stdout, out.stderr[-2000:])
 
 
 def test_a_state_may_not_put_an_object_over_a_method_but_data_over_a_cached_property_passes():
@@ -573,19 +579,28 @@ def test_what_a_launchers_del_reads_is_none_or_an_empty_dict(tmp_path):
         "values").raw(method).op("SETITEM").op("BUILD"))
     blob = _launcher_state(b"N", holder)
     _refused(blob, "as 'values'")
-    _refused(_launcher_state(b"N", _frag(Asm(2).g("torch._dynamo.pgo", "CodeId").op("EMPTY_TUPLE").op("NEWOBJ"))),
-             "only None or an empty dict")
-    _refused(_launcher_state(_frag(Asm(2).s("x")), b"}"), "only None or an empty dict")
-    filled_later = _launcher_state(b"N", b"}q\x07", b"h\x07K\x01K\x02s0")  # modules memo'd, filled after BUILD
-    _refused(filled_later, "filled after its BUILD")
     assert picklescan.scan(_launcher_state(b"N", b"}")).ok  # what torch pickles
+    if _launcher_has_del():  # torch 2.11's launcher has no __del__: nothing reads these as the load ends
+        _refused(_launcher_state(b"N", _frag(Asm(2).g("torch._dynamo.pgo", "CodeId").op("EMPTY_TUPLE").op(
+            "NEWOBJ"))), "only None or an empty dict")
+        _refused(_launcher_state(_frag(Asm(2).s("x")), b"}"), "only None or an empty dict")
+        filled_later = _launcher_state(b"N", b"}q\x07", b"h\x07K\x01K\x02s0")  # modules memo'd, filled after BUILD
+        _refused(filled_later, "filled after its BUILD")
     out = _load(blob, modules="torch._inductor.codecache,torch._inductor.runtime.static_triton_launcher")
     import inspect
 
     from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedTritonKernel
 
+    close = getattr(StaticallyLaunchedTritonKernel, "close", None)
+    reads = _launcher_has_del() and close is not None and "self.modules.values()" in inspect.getsource(close)
     wrote = target.exists() and any(p.read_bytes() == b"the pickle's bytes" for p in target.iterdir())
-    assert wrote == ("self.modules.values()" in inspect.getsource(StaticallyLaunchedTritonKernel.close)), out
+    assert wrote == reads, out
+
+
+def _launcher_has_del() -> bool:
+    from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+
+    return any("__del__" in vars(c) for c in StaticallyLaunchedCudaKernel.__mro__ if c is not object)
 
 
 def test_getattr_reaching_a_classmethod_is_refused_for_an_instance_as_for_its_class():
