@@ -101,18 +101,7 @@ def test_a_gzip_archive_of_a_cut_tar_is_cut_short_too(tmp_path, saved):
 
 
 # --- 2. a compression bomb is stopped in proportion to the archive's size ------------------------------
-class _Zeros(io.RawIOBase):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        k = min(len(b), self.n)
-        b[:k] = bytes(k)
-        self.n -= k
-        return k
+from tests.test_redteam_archive_s14 import _Zeros  # noqa: E402 - a stream of n zero bytes
 
 
 def _bomb(path, saved, name: str, size: int, head: bytes = b""):
