@@ -50,6 +50,9 @@ def _kill_at(k: int, writer_only: bool) -> None:
         setattr(mod, name, wrap(getattr(mod, name)))
 
 
+FILL_LIMIT = 256 << 20  # the largest filesystem `fill_at` will fill
+
+
 def _fill_at(n: int, fill_dir: str) -> None:
     real, calls = store.save_checkpoint, [0]
 
@@ -57,7 +60,10 @@ def _fill_at(n: int, fill_dir: str) -> None:
         calls[0] += 1
         if calls[0] == n:
             size = sum(v.numel() * v.element_size() for v in model.values())
-            free = shutil.disk_usage(fill_dir).free
+            disk = shutil.disk_usage(fill_dir)
+            if disk.total > FILL_LIMIT:  # the test's own small tmpfs only: never fill a real disk
+                raise RuntimeError(f"{fill_dir} is {disk.total} bytes, not the test's small tmpfs: not filled")
+            free = disk.free
             with open(os.path.join(fill_dir, "filler"), "wb") as fh:
                 fh.truncate(0)
                 os.posix_fallocate(fh.fileno(), 0, max(1, free - size))  # leave a fraction of one checkpoint

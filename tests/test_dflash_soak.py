@@ -18,6 +18,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -147,12 +148,20 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_identical(ctx, soak_data
     assert not (run / ".lock").exists()
 
 
-def _tmpfs(path: Path, size: str) -> bool:
+def _tmpfs(path: Path, mib: int) -> bool:
+    """Mount a tmpfs of `mib` MiB on `path` (root only). True only when `path` is then verifiably that
+    small filesystem of its own: the test fills it to the brim, which must never reach the real disk."""
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0 or os.environ.get("DFLASH_SOAK_NO_MOUNT"):  # the latter: exercise the injected path
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True).returncode == 0
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
+                      capture_output=True).returncode != 0:
+        return False
+    own = os.stat(path).st_dev != os.stat(path.parent).st_dev
+    if own and shutil.disk_usage(path).total <= 2 * mib << 20:
+        return True
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)  # mounted, but not what was asked for
+    return False
 
 
 def test_disk_full_mid_save_stops_cleanly_then_resumes_bit_identical(ctx, soak_data, reference, tmp_path):
@@ -160,7 +169,7 @@ def test_disk_full_mid_save_stops_cleanly_then_resumes_bit_identical(ctx, soak_d
     from tests.dflash_soak_child import cli_trial
 
     mnt = tmp_path / "small"
-    mounted = _tmpfs(mnt, "64m")
+    mounted = _tmpfs(mnt, 64)
     try:
         run = mnt / "run"
         args = ["--out", str(run)]
