@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 import sysconfig
 from dataclasses import dataclass, field
@@ -199,9 +200,10 @@ def scan_distributions(paths: Sequence[str] | None = None, notes: list[str] | No
         meta = d.metadata
         name = meta["Name"] if meta is not None else None
         version = meta["Version"] if meta is not None else None
-        if not name or not version:
+        if not name or not version or not is_metadata_version(version):
             if notes is not None:
-                notes.append(f"distribution without name/version metadata at {getattr(d, '_path', '?')}")
+                notes.append(f"distribution without a name or a version in its metadata at {getattr(d, '_path', '?')}"
+                             + (f" (version {version[:60]!r})" if version else ""))
             continue
         key = _canonical(name)
         if key in seen:
@@ -417,7 +419,37 @@ def lock_from_dict(data: Any, *, where: str = "lock") -> EnvLock:
         filled[key] = str(filled[key])
     lock = build(EnvLock, filled, where)
     _check_counts(lock, where)
+    _check_versions(lock, where)
     return lock
+
+
+_PYTHON_VERSION = re.compile(r"\d{1,4}\.\d{1,4}(\.\d{1,4})?([a-z]{1,5}\d{0,4})?\+?")  # 3.12.3, 3.14.0rc1, 3.11.7+
+_TEXT_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+!_-]{0,199}")  # torch's and triton's: PEP 440
+
+
+def is_metadata_version(v: str) -> bool:
+    """Any version a package's metadata may declare (PEP 440 or legacy), if it is one: the writer records
+    only these and the reader takes only these."""
+    return bool(v.strip()) and v.isprintable() and len(v) <= 200
+
+
+def _check_versions(lock: EnvLock, where: str) -> None:
+    """The versions the diff compares are versions: BadInput for `python.version: "abc"` or an empty torch
+    version (read as an upgrade to "abc": a critical change made up by a damaged or edited lock)."""
+    from compilewatch.inputs import one_line
+
+    def bad(path: str, got: str, expected: str) -> BadInput:
+        return BadInput(f"{where}: {path}: expected {expected}, got {one_line(repr(got), 60)}",
+                        hint="the lock was edited or damaged: write it again with `compilewatch lock -o FILE`")
+
+    if not _PYTHON_VERSION.fullmatch(lock.python.version):
+        raise bad("python.version", lock.python.version, 'a Python version such as "3.12.3"')
+    for path, info in (("torch", lock.torch), ("triton", lock.triton)):
+        if info is not None and not _TEXT_VERSION.fullmatch(info.version):
+            raise bad(f"{path}.version", info.version, 'a version such as "2.13.0+cpu" (letters, digits and .+!_-)')
+    for i, d in enumerate(lock.distributions):
+        if not is_metadata_version(d.version):
+            raise bad(f"distributions[{i}].version", d.version, "a version: printable text of up to 200 characters")
 
 
 MAX_COUNT = 2**63 - 1  # bytes, files, memory, indices: a lock from a real machine is far below this
