@@ -103,7 +103,10 @@ def test_env_diffs_are_causes_only_through_a_part_they_set():
     d = diff_parts(base, linked)
     assert d[0].part == "env[TORCHINDUCTOR_SIZE_ASSERTS]" and not any(x.risk for x in d)
     other = dict(base, **{"inductor_config[max_autotune]": ["g", "True"], "env[TORCHINDUCTOR_FOO]": ["x", "1"]})
-    assert not any(x.risk for x in diff_parts(base, other))  # it may set that flag under another name
+    d = diff_parts(base, other)  # torch's config source says which variables max_autotune reads (session 16)
+    assert [(x.part, x.risk) for x in d] == [("inductor_config[max_autotune]", False), ("env[TORCHINDUCTOR_FOO]", True)]
+    unknown = dict(base, **{"inductor_config[a_flag_no_torch_has]": ["g", "1"], "env[TORCHINDUCTOR_FOO]": ["x", "1"]})
+    assert not any(x.risk for x in diff_parts(base, unknown))  # a flag torch's source does not map: it may
 
 
 def _write_store(cache, lines, raw=""):

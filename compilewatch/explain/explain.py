@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from compilewatch.explain import envmap
 from compilewatch.explain import parts as P
 from compilewatch.explain import store as S
 
@@ -182,9 +183,15 @@ def _env_risks(diffs: list[Diff]) -> list[Diff]:
     if not env or not rest:
         return diffs
     settable = [d for d in rest if 4 <= P.rank(d.part) <= 6]
-    linked = {e.part for e in env if any(P.env_sets(e.part, d.part) for d in settable)}
-    unexplained = [d for d in settable if not any(P.env_sets(e.part, d.part) for e in env)]
-    if unexplained:  # a variable may set a flag under another name: each may be the cause
+    read_by = envmap.inductor_env_map()  # flag -> the variables torch's config source reads for it
+
+    def sets(e: Diff, d: Diff) -> bool:
+        return P.env_sets(e.part, d.part) or P.env_name(e.part) in read_by.get(P.config_flag(d.part), ())
+
+    linked = {e.part for e in env if any(sets(e, d) for d in settable)}
+    # a flag torch's source does not map (a compile option, another torch's flag) may be set by any variable
+    unexplained = [d for d in settable if not any(sets(e, d) for e in env) and P.config_flag(d.part) not in read_by]
+    if unexplained:  # a variable may set it under another name: each may be the cause
         return diffs
     risks = [Diff(e.part, e.words, e.before, e.after, f"{e.text} (a risk, not this miss's cause: no setting, config "
                   f"flag or compile option it could set differs)", risk=True) for e in env if e.part not in linked]

@@ -166,10 +166,20 @@ def is_symbolic(value: str) -> bool:
     return bool(_SYMBOLIC_RE.search(value))
 
 
+def env_name(env_part: str) -> str:
+    """`env[TORCHINDUCTOR_MAX_AUTOTUNE]` -> `TORCHINDUCTOR_MAX_AUTOTUNE`."""
+    return env_part[len("env["):].rstrip("]")
+
+
+def config_flag(part: str) -> str | None:
+    """`inductor_config[triton.cudagraphs]` -> `triton.cudagraphs`; None for any other part."""
+    return part[len("inductor_config["):].rstrip("]") if part.startswith("inductor_config[") else None
+
+
 def env_sets(env_part: str, part: str) -> bool:
     """Whether the variable of `env[NAME]` is the one torch reads for `part` by name: TORCHINDUCTOR_SIZE_ASSERTS
     for inductor_config[size_asserts], TORCH_COMPILE_CACHE_KEY_TAG for cache_key_tag."""
-    var = env_part[len("env["):].rstrip("]")
+    var = env_name(env_part)
     prefix = next((p for p in ENV_PREFIXES if var.startswith(p)), "")
     inner = part.split("[", 1)[1].rstrip("]") if part.startswith(("inductor_config", "fx_kwargs[")) else part
     return bool(inner) and var[len(prefix):].lower() == inner.lower()
