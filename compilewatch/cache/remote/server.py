@@ -7,9 +7,10 @@ or "localhost", port=TORCHINDUCTOR_REDIS_PORT or 6379)`, lazily, on the first ge
 silently does nothing: a cache that is down looks exactly like a cache that misses. Hence `probe`
 (used by `doctor`, `run` and dflash's rank report) and `status`.
 
-Everything read from the server is untrusted: keys are listed with SCAN (never KEYS), every value's
-size is asked with STRLEN first and read with GETRANGE capped at `max_value`, so a huge or crafted
-value never lands in memory whole; pickles are parsed by `picklescan`, never unpickled.
+Everything read from the server is untrusted: keys are listed with SCAN (never KEYS), their names
+capped (`listing`), every value's size is asked with STRLEN first and read with GETRANGE capped at
+`max_value`, so a huge or crafted value never lands in memory whole; pickles are parsed by
+`picklescan`, never unpickled.
 
 `verify` also reports the server's security posture, because a writable Redis is code execution on
 every node that reads it (docs/security.md): no password / ACL, bound to every interface, plain-text
@@ -30,6 +31,7 @@ from compilewatch.cache.content import stamps
 from compilewatch.cache.remote import keyspace as remote_keys
 from compilewatch.cache.remote import signatures as sigs
 from compilewatch.cache.remote.deadline import Deadline
+from compilewatch.cache.remote.listing import MAX_KEY_NAME, SCAN_BATCH, KeyInfo, read_capped, scan  # noqa: F401 - re-exported
 from compilewatch.cache.trust import picklescan
 from compilewatch.errors import BadInput
 
@@ -37,7 +39,6 @@ MAX_VALUE = 256 << 20  # the largest entry read (bytes); CUDA FX-graph entries a
 CONNECT_TIMEOUT_S = 3.0
 SOCKET_TIMEOUT_S = 30.0  # a backstop per socket operation; the bound is DEADLINE_S per command
 DEADLINE_S = 60.0  # network waiting per command, connect + every read and write (remote.deadline)
-SCAN_BATCH = 500
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
 
@@ -260,48 +261,6 @@ def failing_server(url: str | None, what: str, hint: str = "run it again when th
                        hint=hint) from None
 
 
-# --- listing and capped reads -------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class KeyInfo:
-    key: str
-    kind: str  # remote_keys.ParsedKey.kind
-    size: int | None  # STRLEN; None for a key that is not a string (not torch's)
-
-
-def scan(client, *, match: str | None = None) -> Iterator[KeyInfo]:
-    """Every key (SCAN, in batches) with its kind and STRLEN (pipelined)."""
-    redis = _redis()
-    batch: list[bytes] = []
-
-    def flush() -> Iterator[KeyInfo]:
-        pipe = client.pipeline(transaction=False)
-        for k in batch:
-            pipe.strlen(k)
-        sizes = pipe.execute(raise_on_error=False)
-        for k, n in zip(batch, sizes):
-            name = k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
-            size = n if isinstance(n, int) and not isinstance(n, redis.exceptions.ResponseError) else None
-            yield KeyInfo(name, remote_keys.parse_key(k).kind if size is not None else "foreign", size)
-        batch.clear()
-
-    for k in client.scan_iter(match=match, count=SCAN_BATCH):
-        batch.append(k)
-        if len(batch) >= SCAN_BATCH:
-            yield from flush()
-    if batch:
-        yield from flush()
-
-
-def read_capped(client, key: str, max_value: int = MAX_VALUE) -> bytes | None:
-    """The value of `key`, at most `max_value` bytes read; None when it vanished; ValueError when larger."""
-    data = client.getrange(key, 0, max_value)  # at most max_value + 1 bytes cross the wire
-    if len(data) > max_value:
-        raise ValueError(f"larger than the {max_value} byte cap")
-    if not data and not client.exists(key):
-        return None
-    return data
-
-
 # --- one entry ------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class EntryCheck:
@@ -516,7 +475,8 @@ def _status(client, reach: Reachability, cfg: RemoteConfig, quick: bool, max_val
 # --- verify: every entry, and the server's posture -------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class RemoteFinding:
-    kind: str  # untrusted, unloadable, malformed, oversized, foreign-system, foreign-torch, no-auth, open-bind, plain-text
+    kind: str  # untrusted, unloadable, malformed, oversized, foreign-system, foreign-torch, no-auth, open-bind, plain-text,
+    # unbounded-names (the server runs no scripts: key names read whole)
     severity: str  # "error" (torch would run or choke on it / the server is open), "foreign" (never hits here), "warning"
     key: str  # the Redis key, or "server"
     detail: str
@@ -548,7 +508,7 @@ class RemoteVerifyReport:
 _SEVERITY = {"untrusted": "error", "unloadable": "error", "malformed": "error", "oversized": "error",
              "bad-signature": "error", "no-auth": "error", "open-bind": "error", "foreign-system": "foreign",
              "foreign-torch": "foreign", "unsigned": "warning", "foreign-signed": "warning", "plain-text": "warning",
-             "foreign-key": "warning"}
+             "foreign-key": "warning", "unbounded-names": "warning"}
 _WATCHED = "a process compilewatch watches (run, warm, CompileGuard, dflash cache.remote) does not load it"
 
 
@@ -618,7 +578,8 @@ def _verify(client, raw: str, max_value: int) -> RemoteVerifyReport:
     findings: list[RemoteFinding] = []
     checked: Counter[str] = Counter()
     n = foreign = 0
-    for ki in scan(client):
+    unbounded: list[str] = []
+    for ki in scan(client, unbounded=unbounded):
         if ki.size is None and remote_keys.parse_key(ki.key).kind in remote_keys.KINDS:
             findings.append(RemoteFinding("malformed", "error", ki.key, "a torch key holding a Redis list, hash, set "
                                           "or stream, not a string: torch's read of it fails (WRONGTYPE)"))
@@ -631,6 +592,10 @@ def _verify(client, raw: str, max_value: int) -> RemoteVerifyReport:
         findings.append(RemoteFinding("foreign-key", "warning", f"({foreign - MAX_NAMED_FOREIGN} more)",
                                       f"{foreign - MAX_NAMED_FOREIGN} more keys that are not torch's, not named "
                                       f"(the first {MAX_NAMED_FOREIGN} are): not read"))
+    if unbounded:
+        findings.append(RemoteFinding("unbounded-names", "warning", "server", f"the server runs no scripts "
+                                      f"({unbounded[0]}): key names were listed with plain SCAN, each read whole "
+                                      f"however long (with scripts, names over {MAX_KEY_NAME} bytes are not read)"))
     for e in entries(client, deep=True, max_value=max_value, trust=sigs.Trust()):
         n += 1
         checked[e.kind] += 1
