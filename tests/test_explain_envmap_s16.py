@@ -13,10 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from compilewatch.explain import envmap
 from compilewatch.explain.explain import diff_parts, explain_run
+from tests.test_explain_redteam_s14 import SCRIPT as S14_SCRIPT
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"env:recorded": ["1", "1"], "example_inputs[0]": ["a", "float32 [8, 8]"],
@@ -87,31 +87,12 @@ def test_a_variable_under_another_name_is_the_cause_an_unrelated_one_a_risk():
                                             ("env[TORCHINDUCTOR_COMPILE_THREADS]", True)]
 
 
-SCRIPT = r'''
-import os, sys
-import torch
-from compilewatch.explain import record
-
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[1]
-os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
-rec = record.start(run="base")
-ns = {}
-exec(compile("def f(x):\n    return (x.cos() - 1) * 3\n", "envmap_fn.py", "exec"), ns)
-
-
-def run(name):
-    rec.run = name
-    if rec._env_at is not None:  # the environment is read again for this run
-        rec._env_at = (float("-inf"), rec._env_at[1])
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(ns["f"], backend="inductor")(torch.randn(8, 8))
-
-
-run("base")
+# the s14 red team's recording prologue (a function compiled in a child, one record run per `run(...)`)
+SCRIPT = S14_SCRIPT[:S14_SCRIPT.index('\nrun("base"')] + r'''
+run("base", torch.randn(8, 8), False)
 os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # read by inductor at import: changes nothing now
 torch._inductor.config.size_asserts = not torch._inductor.config.size_asserts  # set in code
-run("flag")
+run("flag", torch.randn(8, 8), False)
 record.stop()
 '''
 
