@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from compilewatch.explain import envmap
 from compilewatch.explain.explain import diff_parts, explain_run
 from tests.test_explain_redteam_s14 import SCRIPT as S14_SCRIPT
