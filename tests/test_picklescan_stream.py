@@ -16,7 +16,8 @@ from compilewatch.cache.archive import reader as provenance
 from compilewatch.cache.archive import save as archive_save
 from compilewatch.cache.trust import picklescan
 from compilewatch.errors import BadInput
-from tests.cache_helpers import entry_pickle, make_cache, noise, signed_tar, tar_members, write, write_tar
+from tests.cache_helpers import entry_pickle, make_cache, noise, tar_members, write, write_tar
+from tests.test_cache_untrusted import _forge  # a member replaced, the manifest made to match, signed again
 
 
 class _RunsCode:
@@ -84,10 +85,9 @@ def test_verify_scans_large_members_as_they_stream(tmp_path, monkeypatch):
 
 def test_a_large_pickle_that_runs_code_is_found_and_named(tmp_path, small_memory):
     saved = archive_save.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
-    members = tar_members(saved)
-    fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
-    evil = signed_tar(tmp_path / "evil.tar", [(n, pickle.dumps(_RunsCode(), protocol=4) if n == fx else d)
-                                           for n, d in members])
+    fx = next(n for n, _ in tar_members(saved) if n.startswith("cache/fxgraph/"))
+    # signed with its manifest matching (a stale manifest is a `refused` finding of its own)
+    evil = _forge(saved, tmp_path / "evil.tar", replace={fx[len("cache/"):]: pickle.dumps(_RunsCode(), protocol=4)})
     rep = archive_check.verify_archive(evil)
     assert not rep.ok and rep.provenance.verdict == "own"
     assert [(f.member, f.kind) for f in rep.findings] == [(fx, "untrusted")]
@@ -107,10 +107,10 @@ def test_a_large_member_changed_after_signing_is_foreign(tmp_path, small_memory)
 def test_a_damaged_or_cut_large_member_is_never_ok(tmp_path, small_memory):
     """A gzip archive whose large member is damaged: changed bytes are caught by the hash (foreign); an
     archive cut inside the member is BadInput (the decompressor's error, raised to the scan, is kept)."""
-    members = tar_members(archive_save.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive)
-    fx = next(n for n, _ in members if n.startswith("cache/fxgraph/"))
+    saved = archive_save.save(tmp_path / "a.tar", make_cache(tmp_path / "src"), mega=False).archive
+    fx = next(n for n, _ in tar_members(saved) if n.startswith("cache/fxgraph/"))
     big = pickle.dumps({"blob": noise(400_000, seed=9)}, protocol=4)  # incompressible: the middle of the file is in it
-    path = signed_tar(tmp_path / "big.tar.gz", [(n, big if n == fx else d) for n, d in members])
+    path = _forge(saved, tmp_path / "big.tar.gz", replace={fx[len("cache/"):]: big})  # manifest to match, signed
     assert archive_check.verify_archive(path).ok
     raw = path.read_bytes()
     flipped = tmp_path / "flipped.tar.gz"

@@ -1,13 +1,17 @@
 """`cache verify ARCHIVE`: what an archive is before anything of it is used. Nothing is extracted,
 unpickled or run.
 
-First its provenance (`provenance.check_provenance`: made here, signed by a trusted key, or foreign),
-then, in the same pass, every member torch would unpickle (`picklescan.is_pickle_file`) and every
-artifact of its Mega-Cache (`picklescan.scan_artifact`) scanned, and every member checked the way
-`cache load` checks it: a name it would write (`reader.cache_rel`), listed in the manifest, every
-listed file there. `ok` is True only for an archive that is own or
-trusted, whose pickles all pass and whose members `load` takes: the one `cache load` takes without
-`--trust`.
+First its provenance (`provenance.check_provenance`: made here, signed by a trusted key, or foreign;
+every member's SHA-256 against what was signed), then, in the same pass, every member torch would
+unpickle (`picklescan.is_pickle_file`) and every artifact of its Mega-Cache (`picklescan.scan_artifact`)
+scanned, and every member checked the way `cache load` checks it: a name it would write
+(`reader.cache_rel`), listed in the manifest, every listed file there, no file where a folder must go,
+and each cache member exactly its manifest entry's size and xxh3-128 `hash` (hashed as it streams by,
+with `reader.MemberHash`, what load's extraction hashes with: a signed archive whose manifest is stale
+or edited is refused, as load refuses it). A member that appears twice is BadInput, as for `load`.
+`ok` is True only for an archive that is own or trusted, whose pickles all pass and whose members
+`load` takes: the one `cache load` takes without `--trust` (its system key and torch version aside:
+`cache load` checks those, `--force` overrides them).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ class ArchiveFinding:
     member: str
     kind: str  # "untrusted" (a pickle names or calls what torch's caches never do), "unloadable" (malformed),
     # "refused" (a member `cache load` refuses whatever --trust says: a name it never writes, one the
-    # manifest does not list, a listed file missing, a file where a folder must go)
+    # manifest does not list, a listed file missing, a file where a folder must go, a size or content
+    # other than its manifest entry's)
     detail: str
 
 
@@ -55,8 +60,6 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
         elif scan.refused:
             findings.append(ArchiveFinding(member, "untrusted", "; ".join(one_line(r, 200) for r in scan.refused[:3])))
 
-    names: set[str] = set()  # the cache-relative paths of the members load would write
-
     def on_member(name: str, data: bytes | reader.MemberStream) -> None:
         counts["members"] += 1
         large = isinstance(data, reader.MemberStream)  # over provenance.IN_MEMORY: scanned as it streams
@@ -66,8 +69,6 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
                 findings.append(ArchiveFinding(one_line(name, 200), "refused", "a member `cache load` never writes "
                                                f"(only files under {arch.PREFIX}, no absolute path, `.` or `..`): "
                                                "load refuses the archive"))
-            else:
-                names.add(rel)
         head = data.peek(1) if large else data[:1]
         if name.startswith(arch.PREFIX) and picklescan.is_pickle_file(name[len(arch.PREFIX):], head):
             counts["pickles"] += 1
@@ -83,9 +84,12 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
                 counts["mega"] += 1
                 add(f"{arch.MEGA}: {kind} {one_line(key, 80)}", picklescan.scan_artifact(kind, content))
 
-    verdict, manifest = reader.inspect_archive(Path(path), on_member=on_member)
+    digests: dict[str, tuple[int, str]] = {}  # member -> (size, xxh3-128): hashed in the same pass
+    verdict, manifest = reader.inspect_archive(Path(path), on_member=on_member, digests=digests)
+    got = {rel: digest for name, digest in digests.items()  # the members load would write, by cache path
+           if name not in _OWN_MEMBERS and (rel := reader.cache_rel(name)) is not None}
     if manifest is not None or verdict.verdict != "foreign":  # (a foreign archive is not ok already)
-        findings.extend(_against_manifest(Path(path), manifest, names))
+        findings.extend(_against_manifest(Path(path), manifest, got))
     return ArchiveReport(str(path), verdict.verdict != "foreign" and not findings, verdict, counts["members"],
                          counts["pickles"], counts["mega"], tuple(findings))
 
@@ -93,24 +97,34 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
 _OWN_MEMBERS = frozenset({reader.HEADER, reader.MEGA, reader.MANIFEST, provenance.SIGNATURE})
 
 
-def _against_manifest(path: Path, manifest: bytes | None, got: set[str]) -> list[ArchiveFinding]:
-    """What `cache load` would refuse, comparing the cache members read (`got`: their relative paths)
-    with the manifest: files missing or not listed, a file where a folder must go. (Sizes and content
-    are the signature's to vouch for: `inspect_archive` hashes every member against it.)"""
+def _against_manifest(path: Path, manifest: bytes | None,
+                      got: dict[str, tuple[int, str]]) -> list[ArchiveFinding]:
+    """What `cache load` would refuse, comparing the cache members read (`got`: relative path -> (size,
+    xxh3-128) of what was read) with the manifest: files missing or not listed, a file where a folder
+    must go, a size or content other than the manifest lists (`load`'s `_extract` and `_check_extracted`;
+    the signature vouches for the bytes, the manifest must too: a signed archive with a stale manifest
+    is refused by load)."""
     if manifest is None:
         return [ArchiveFinding(reader.MANIFEST, "refused", "the archive has no manifest: load refuses it")]
     try:
         fp = reader._parse_manifest(path, manifest)
     except BadInput as e:
         return [ArchiveFinding(reader.MANIFEST, "refused", one_line(e.message, 300))]
-    want = {e.rel for e in fp.entries or ()}
+    listed = {e.rel: (e.size, e.hash) for e in fp.entries or ()}  # a rel listed twice: the last, as for load
+    want, have = set(listed), set(got)
     out = []
-    for rel in sorted(want - got)[:_SHOWN]:
+    for rel in sorted(want - have)[:_SHOWN]:
         out.append(ArchiveFinding(reader.PREFIX + one_line(rel, 200), "refused",
                                   "listed in the manifest, not in the archive"))
-    for rel in sorted(got - want)[:_SHOWN]:
+    for rel in sorted(have - want)[:_SHOWN]:
         out.append(ArchiveFinding(reader.PREFIX + one_line(rel, 200), "refused",
                                   "not in the manifest: load refuses the archive"))
+    for rel in sorted(rel for rel in want & have if listed[rel] != got[rel])[:_SHOWN]:
+        (size, digest), (n, actual) = listed[rel], got[rel]
+        why = (f"{n} bytes in the archive, the manifest lists {size}" if n != size else
+               f"content differs from the manifest's hash (xxh3-128 {one_line(str(actual), 40)}, the manifest "
+               f"says {one_line(str(digest), 40)})")
+        out.append(ArchiveFinding(reader.PREFIX + one_line(rel, 200), "refused", f"{why}: load refuses the archive"))
     folders = sorted({rel for rel in got for a in _ancestors(rel) if a in got} if len(got) > 1 else set())
     for rel in folders[:_SHOWN]:
         parent = next(a for a in _ancestors(rel) if a in got)

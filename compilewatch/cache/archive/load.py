@@ -36,11 +36,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import xxhash
-
 from compilewatch.cache.archive import check, reader
-from compilewatch.cache.archive.reader import (HEADER, MANIFEST, MEGA, PREFIX, _Reader, _umask, cache_rel,
-                                                compatibility, read_header)
+from compilewatch.cache.archive.reader import (HEADER, MANIFEST, MEGA, PREFIX, MemberHash, _Reader, _umask,
+                                                cache_rel, compatibility, read_header)
 from compilewatch.cache.content import fingerprint as fp_mod
 from compilewatch.cache.content.fingerprint import FileEntry, Fingerprint, ProgressFn
 from compilewatch.cache.local import busy, layout, swap
@@ -149,8 +147,7 @@ def _extract(reader: _Reader, dest: Path, manifest: Fingerprint, progress: Progr
         if m.size != want[rel] or written + m.size > budget:
             raise reader.corrupt(f"member {one_line(rel, 200)} is {m.size} bytes, the manifest says {want[rel]}")
         target = dest / rel
-        h = xxhash.xxh3_128()
-        sha = hashlib.sha256()
+        h = MemberHash()  # SHA-256 for the signature, xxh3-128 for the manifest (what `cache verify` compares)
         n = 0
         if space is not None:
             space.new_file()
@@ -163,7 +160,6 @@ def _extract(reader: _Reader, dest: Path, manifest: Fingerprint, progress: Progr
                     if not chunk:
                         break
                     h.update(chunk)
-                    sha.update(chunk)
                     if space is not None:
                         space.charge(len(chunk))
                     out.write(chunk)
@@ -175,8 +171,8 @@ def _extract(reader: _Reader, dest: Path, manifest: Fingerprint, progress: Progr
             raise reader.corrupt(f"cannot write member {one_line(rel, 200)}: {e.strerror or e}") from None
         written += n
         if verdict is not None:
-            verdict.check_member(m.name, sha.hexdigest())
-        got[rel] = (n, h.hexdigest(), int(m.mtime * 1e9) if isinstance(m.mtime, (int, float)) else 0)
+            verdict.check_member(m.name, h.hexdigest())
+        got[rel] = (n, h.xxh3_hex(), int(m.mtime * 1e9) if isinstance(m.mtime, (int, float)) else 0)
     return got
 
 

@@ -16,7 +16,8 @@ none; zstd needs Python >= 3.14's `compression.zstd` or the `zstandard` package)
 Here: the header and manifest readers (each member capped in size before it is read into memory),
 the compatibility check against this machine, and `inspect_archive`, the one pass that hashes every
 member and gives the provenance verdict (`check_provenance`), handing members to a scan as they
-stream by.
+stream by. `MemberHash` is how a member's bytes are hashed, by that pass and by `cache load`'s
+extraction alike: SHA-256 for the signature, xxh3-128 for the manifest.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import xxhash
 
 from compilewatch.cache.archive import tarsafe
 from compilewatch.cache.content import fingerprint as fp_mod
@@ -421,11 +424,14 @@ def check_provenance(archive: str | os.PathLike[str], *, trust: bool = False) ->
 
 
 def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, stop_after: int | None = None,
-                    on_member=None):
+                    on_member=None, digests: dict[str, tuple[int, str]] | None = None):
     """One pass over `archive`: (Provenance, manifest bytes or None). `stop_after`: BadInput once the
     members seen add up to more bytes. `on_member(name, data)` gets each member as read (for `verify_archive`'s
     scan): its bytes, or for a cache file over IN_MEMORY bytes a MemberStream to read it from while it
-    is hashed (what the callback leaves unread is hashed after it returns)."""
+    is hashed (what the callback leaves unread is hashed after it returns). `digests`: filled with each
+    member's (bytes read, xxh3-128 hex), the size and `hash` its manifest entry must have
+    (`MemberHash`: what `cache load` compares); the signature member is left out. A member that
+    appears twice is BadInput, as for `cache load`, which reads the archive with this pass first."""
     path = Path(archive)
     read_header(path)  # a clear error for files that are not archives
     seen: dict[str, tuple[int, str]] = {}
@@ -450,7 +456,7 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
             cap = {HEADER: MAX_HEADER, MANIFEST: MAX_MANIFEST}.get(m.name)
             if cap is not None and m.size > cap:
                 raise r.corrupt(f"member {m.name} is {m.size} bytes, more than {cap} for what it is")
-            h = hashlib.sha256()
+            h = MemberHash(xxh3=digests is not None)
             # the Mega-Cache is kept only for a scan, and only up to MAX_MEGA (a small compressed archive
             # can declare one of any size: kept whole, it would be read into memory before any verdict)
             keep = m.name in (HEADER, MANIFEST) or (on_member is not None and (
@@ -460,7 +466,7 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
             try:
                 fh = r.tar.extractfile(m)
             except Exception as e:  # noqa: BLE001 - tarfile errors on a damaged stream
-                raise r.corrupt(e) from None
+                raise _in_member(r, m.name, e) from None
             if fh is not None and on_member is not None and not keep:  # a large cache file: read as it streams
                 stream = MemberStream(fh, h, m.size)
                 try:
@@ -468,10 +474,12 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
                 except Exception:
                     if stream.error is None:
                         raise
-                    raise r.corrupt(stream.error) from None  # the archive's stream failed under the scan
+                    raise _in_member(r, m.name, stream.error) from None  # the archive's stream failed under the scan
                 seen[m.name] = (stream.drain(), h.hexdigest())
                 if stream.error is not None:
-                    raise r.corrupt(stream.error) from None
+                    raise _in_member(r, m.name, stream.error) from None
+                if digests is not None:
+                    digests[m.name] = (stream.n, h.xxh3_hex())
                 continue
             try:
                 while fh is not None:
@@ -483,8 +491,10 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
                     if keep:
                         chunks.append(chunk)
             except Exception as e:  # noqa: BLE001 - tarfile/decompressor errors on a damaged stream
-                raise r.corrupt(e) from None
+                raise _in_member(r, m.name, e) from None
             seen[m.name] = (n, h.hexdigest())
+            if digests is not None:
+                digests[m.name] = (n, h.xxh3_hex())
             data = b"".join(chunks) if keep else None
             chunks.clear()  # one copy of a large member in memory while on_member parses it, not two
             if m.name == MANIFEST:
@@ -498,8 +508,44 @@ def inspect_archive(archive: str | os.PathLike[str], *, trust: bool = False, sto
     return provenance.judge(path, seen, sig, trust), manifest
 
 
+def _in_member(r: _Reader, name: str, e: BaseException) -> BadInput:
+    """`r.corrupt(e)` for an error reading member `name`'s bytes (an archive cut or damaged inside it),
+    naming the member; a bound's own message (`tarsafe.Inflated`, `UnsafeTar`) as it is."""
+    if isinstance(e, (tarsafe.Inflated, tarsafe.UnsafeTar)):
+        return r.corrupt(e)
+    return r.corrupt(f"{type(e).__name__}: {e}, in member {one_line(name, 200)}")
+
+
 _KINDS = {tarfile.SYMTYPE: "a symbolic link", tarfile.LNKTYPE: "a hard link", tarfile.DIRTYPE: "a directory",
           tarfile.FIFOTYPE: "a FIFO", tarfile.CHRTYPE: "a character device", tarfile.BLKTYPE: "a block device"}
+
+
+class MemberHash:
+    """The hashes of one archive member's bytes, fed as they stream by (`update`): SHA-256 (`hexdigest`,
+    what the signature lists: `provenance`) and, with `xxh3`, xxh3-128 (`xxh3_hex`, the manifest entry's
+    `hash`: the fingerprint's leaf). `cache load`'s extraction and `inspect_archive` (for `cache verify`)
+    both hash with it, so what verify compares with the manifest is what load compares."""
+
+    __slots__ = ("sha", "xxh")
+
+    def __init__(self, *, xxh3: bool = True) -> None:
+        self.sha = hashlib.sha256()
+        self.xxh = xxhash.xxh3_128() if xxh3 else None
+
+    def update(self, data: bytes) -> None:
+        self.sha.update(data)
+        if self.xxh is not None:
+            self.xxh.update(data)
+
+    def hexdigest(self) -> str:
+        """SHA-256, hex."""
+        return self.sha.hexdigest()
+
+    def xxh3_hex(self) -> str:
+        """xxh3-128, hex (as a manifest entry's `hash`)."""
+        if self.xxh is None:
+            raise ValueError("MemberHash made without xxh3")
+        return self.xxh.hexdigest()
 
 
 class MemberStream:
