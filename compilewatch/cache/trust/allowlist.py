@@ -49,6 +49,9 @@ ALLOWED_GLOBALS: frozenset[str] = frozenset({
     "triton.runtime.jit.JITFunction", "triton.runtime.jit.KernelParam", "triton.runtime.autotuner.Config",
     "triton.language.core.constexpr",
     "inspect.Signature", "inspect.Parameter", "inspect._ParameterKind", "inspect._empty",
+    # an AutotuneCache's `artifact_recorder` (2.13, 2.15: what torch pickles with every autotuner's cache);
+    # its key and type are checked (`paths`): torch records best configs under them for the Mega-Cache
+    "torch.compiler._cache.CacheArtifactRecorder",
 })
 
 
@@ -296,7 +299,15 @@ def _init_is_data(cls: type) -> bool:
     # a __post_init__ is the class's own code: allowed for torch's data modules, whose __post_init__s
     # were read (torch 2.11, 2.13, 2.15): asserts and field normalisation, nothing that evaluates, loads or runs
     post = _owner(cls, "__post_init__")
-    return generated and (post is None or post.__module__ in CLASS_MODULES)
+    return generated and (post is None or (post.__module__ in CLASS_MODULES
+                                           and f"{post.__module__}.{post.__qualname__}" not in POST_INIT_RUNS))
+
+
+# __post_init__s of those modules that load or write (session 16): CompiledAOTI's, under
+# `config.enable_autograd_for_aot`, loads its `filename` as an AOTInductor .so (a runner dlopens it) and
+# writes each of its `_cached_files` to the path it names. torch pickles it by its state (NEWOBJ, BUILD:
+# no __post_init__); called by a pickle (REDUCE), it is refused.
+POST_INIT_RUNS: frozenset[str] = frozenset({"torch._inductor.output_code.CompiledAOTI"})
 
 
 # `__setstate__`s outside torch that a real CUDA inductor cache runs (fxgraph entries of compiled flex

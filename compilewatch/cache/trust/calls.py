@@ -33,7 +33,7 @@ from compilewatch.cache.trust.allowlist import (
     _why_refused,
     is_allowed,
 )
-from compilewatch.cache.trust import fxbounds
+from compilewatch.cache.trust import fxbounds, paths
 from compilewatch.cache.trust.loadcost import LoadCost
 from compilewatch.cache.trust.stackmodel import (
     _BoundMethod,
@@ -55,6 +55,7 @@ from compilewatch.cache.trust.stackmodel import (
     strong,
 )
 
+_AUTOTUNE_CACHE = "torch._inductor.runtime.autotune_cache.AutotuneCache"  # its __init__ stores a path torch writes
 _CODECS = frozenset({"latin1", "latin-1", "utf-8", "utf8", "ascii"})  # how protocols 0-2 pickle bytes
 
 
@@ -226,6 +227,11 @@ class _Calls:
         if torch is not None and issubclass(cls, torch.Tensor) and items:
             self.refuse(f"{fn} constructed with arguments: torch.Tensor(n, ...) allocates n elements, torch.Tensor(x) "
                         "copies x")
+        stored = {_AUTOTUNE_CACHE: 1, paths.RECORDER: 0}.get(f"{cls.__module__}.{cls.__qualname__}")
+        if stored is not None and opname not in ("NEWOBJ", "NEWOBJ_EX") and (
+                len(items or ()) > stored or kwargs is not None):  # a dataclass __init__ stores what `paths` checks
+            self.refuse(f"{fn} called with arguments: torch pickles it by its state, where the paths torch makes "
+                        "of it (a local_cache, a recorder's key) and its remote_cache are checked")
         if isinstance(cls, enum.EnumMeta) and items:  # a lookup by value: it hashes the value
             self.cost.hashed(items[0], None, f"{fn}'s lookup of a value")
         new_only = opname in ("NEWOBJ", "NEWOBJ_EX")

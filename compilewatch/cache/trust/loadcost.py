@@ -10,8 +10,10 @@ constant holds its bytes, a container a few words per item it lists. What does n
 - hashing (dict keys, set items, an enum's lookup, sympy's cache): a tuple is hashed item by item, each
   time, by C recursion: a tuple nested 2e5 deep crashes the interpreter (SIGSEGV; a 1 MB pickle), one
   whose items share a tuple 60 times over (`t = (t, t)`) takes 2**60 steps (a 500-byte pickle); keys the
-  pickle made share one hash (ints equal mod 2**61-1, tuples solved for CPython's xxHash) make each
-  insertion probe every earlier one;
+  pickle made share one hash (ints equal mod 2**61-1, tuples solved for CPython's xxHash; session 16:
+  floats, 201 distinct ones on one hash, and numbers a call made, `complex(h - 1000003 * b, b)`) make
+  each insertion probe every earlier one, and each copy of the container (`set(GET n)`) probe again (a
+  33 KB pickle of 1400 `set(GET 1)`s of 1231 such keys: 36 s, modeled at 1.8e6 steps);
 - torch.load's storages (in `_load_from_bytes`): allocated at the size their persistent id declares;
   `torch.Tensor(n)` allocates n elements;
 - sympy's own evaluation: `sympy.Max` of n arguments ~0.5 ms * n**2 (250 symbols, a 9 KB pickle: 38 s).
@@ -20,7 +22,9 @@ So `LoadCost` keeps two totals of a model of the load -- `alloc`, the bytes it a
 allocation, freed or not, so it also measures the copies' time), and `work`, steps of hashing and of
 sympy's evaluation (a step ~10 ns) -- and refuses a pickle whose totals pass its caps (below, with why
 they are what they are). A key hashed deeper than MAX_HASH_DEPTH, a container whose keys share one
-hash MAX_CHAIN times, and a storage of a size the scan cannot see are refused whatever the totals.
+hash MAX_CHAIN times, and a storage of a size the scan cannot see are refused whatever the totals;
+keys sharing a hash (or whose hash the scan cannot compute: counted as if they shared one) are charged
+PROBE_STEP a probe, at each insertion and again at each copy of their container.
 """
 
 from __future__ import annotations
@@ -52,7 +56,9 @@ SYMPY_PAIR = 100_000  # ~1 ms, per pair of arguments of sympy's Min / Max / Excl
 PY_STEP = 64  # a step of Python code walking a value (is_literal, sympify of a tuple's items): ~0.5 us
 _SAT = 1 << 62  # costs saturate here (a shared tuple's is 2**k)
 
+PROBE_STEP = 3  # steps per probe of a key sharing a hash: a rich comparison (floats 23 ns, complex 34 ns measured)
 _RANDOM = object()  # a hash nobody can choose: a string's (salted), an object's address
+_PROBES = object()  # a key of `_Node.chains`: the probes inserting its items made (what a copy re-does)
 _UNKNOWN = object()  # a hash the pickle chooses that the scan does not compute
 _SALTED = bool(sys.flags.hash_randomization)
 _M64 = (1 << 64) - 1
@@ -127,10 +133,13 @@ def hash_of(v: object) -> tuple[int, int, object]:
 
 def _collides(v: object, h: object) -> bool:
     """May `v` share its hash with many other keys on purpose? A tuple, an instance hashed by its fields,
-    an int past 2**61 (its hash is its value mod 2**61-1). Not a smaller int (its hash is itself), a float
-    (those sharing a hash are a few dozen), a string (salted) or an object (by address)."""
+    an int past 2**61 (its hash is its value mod 2**61-1), a float other than the integral one equal to
+    its hash (session 16: a float m * 2**e hashes as m * 2**(e mod 61) mod 2**61-1, so 201 distinct floats
+    share one hash, beside ints and complex numbers: 8000 copies of such a set, a 50 KB pickle, took 5 s
+    to load). Not a smaller int or the float equal to it (its hash is itself: one key per hash; 1, 1.0
+    and True are one key, as are 0.0 and -0.0), a string (salted) or an object (by address)."""
     if isinstance(v, _Num):
-        return isinstance(v.value, int) and h != v.value
+        return isinstance(v.value, (int, float)) and h != v.value
     return h is not _RANDOM
 
 
@@ -172,10 +181,13 @@ def add_items(node: _Node, items: list[object]) -> str | None:
 
 
 def _chain(node: _Node, h: object) -> str | None:
+    """One more key of `node` on hash `h`: it probes each earlier one on `h` (a key the scan cannot hash,
+    as if all such shared one hash); the probes are summed under _PROBES, what copying `node` re-does."""
     chains = node.chains
     if chains is None:
         chains = node.chains = {}
     count = chains[h] = chains.get(h, 0) + 1
+    chains[_PROBES] = chains.get(_PROBES, 0) + count - 1
     if h is not _UNKNOWN and count > chains.get(None, 0):
         chains[None] = count  # the longest chain, so a later check is one lookup
     if h is _UNKNOWN:
@@ -186,6 +198,11 @@ def _chain(node: _Node, h: object) -> str | None:
         return (f"{count} keys in one container sharing the hash {h}: each insertion probes every earlier one "
                 "(quadratic)")
     return None
+
+
+def probes(node: _Node) -> int:
+    """The probes inserting `node`'s items made (as a set's or a dict's keys)."""
+    return node.chains.get(_PROBES, 0) if node.chains else 0
 
 
 def _worst(chains: dict[object, int] | None) -> str | None:
@@ -232,20 +249,22 @@ class LoadCost:
                         f"~1e5 levels), at most {MAX_HASH_DEPTH}")
         self.spend(cost, what)
         if into is not None and _collides(v, h):
+            before = probes(into)
             self.refuse(_chain(into, h))
+            self.spend(PROBE_STEP * (probes(into) - before), f"{what} sharing a hash with earlier keys")
 
     def hashed_items(self, v: object, into: _Node | None, what: str) -> None:
         """Every item of `v` is hashed (set(v), dict.fromkeys(v), Counter(v)); `into` gets them."""
         if isinstance(v, _Node):
             if v.idepth > MAX_HASH_DEPTH:
                 self.refuse(f"{what} of items nested {v.idepth} deep: hashing them recurses in C without a limit")
-            self.spend(v.icost, what)
             if isinstance(v, _Seq) and v.chains is None and not self.over:  # a tuple's, counted now
                 v.chains = {}
                 for x in v.items:
                     _c, _d, h = hash_of(x)
                     if _collides(x, h):
                         _chain(v, h)
+            self.spend(min(v.icost + PROBE_STEP * probes(v), _SAT), what)  # every item re-inserted, re-probed
             worst = _worst(v.chains)
             self.refuse(worst and f"{what} of {worst}")
             if into is not None and not self.over:
@@ -268,9 +287,11 @@ class LoadCost:
         hashes = opname in ("ADDITEMS", "FROZENSET")
         for x in items if hashes else ():
             self.hashed(x, None, f"{opname} item")
+        before = probes(target)
         why = add_items(target, items)
         if hashes:
             self.refuse(why)
+            self.spend(PROBE_STEP * (probes(target) - before), f"{opname} items sharing a hash")
         self.take((32 if hashes else 9) * len(items), opname)
 
     @staticmethod

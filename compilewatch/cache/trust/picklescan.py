@@ -43,11 +43,15 @@ module that names it:
   torch.load sizes) and computes (hashing, sympy's evaluation, `__post_init__` walks), and refuses a
   pickle past max(64 MiB, 8x its size) of memory or max(2**28, 256x its size) steps; a hashed key
   nested deeper than 1000 (CPython's tuple hash recurses in C: a crash past ~1e5) and keys made to
-  share one hash are refused (session 15: a memo'd value copied k times held k*L bytes);
+  share one hash are refused (session 15: a memo'd value copied k times held k*L bytes; session 16: floats
+  sharing a hash are counted, and each probe of such keys is charged, again at each copy of a container);
 - what torch's code does with a state during the load (session 15): AutotuneCache's restore with a
   `remote_cache` builds a Redis client (RemoteAutotuneCache) under a key of the pickle's choosing,
   CachingAutotuner's with `incremental_autotune` imports a plugin, TritonCompileResult's looks into its
-  `kernel`: refused unless they are local data in plain dicts. No state may put an instance, a global or
+  `kernel`: refused unless they are local data in plain dicts. Session 16 (`paths`): where torch later
+  writes what a state holds -- an AutotuneCache's `local_cache` and recorder key, a CompiledFxGraph's
+  `cache_key`, a static launcher's cubin -- only the path torch makes; CompiledAOTI's __post_init__ (it
+  may dlopen its `filename`) is never called. No state may put an instance, a global or
   a call's result over a method or cached_property of its class (StaticallyLaunchedTritonKernel's
   `__del__` called `self.C_impl._unload_kernel(self.module)`: a C_impl holding `getattr(CppCodeCache(),
   'load')` compiled and loaded the pickle's C++), and what that `__del__` reads is None or {}.
@@ -92,6 +96,7 @@ import sys
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from compilewatch.cache.trust import paths
 from compilewatch.cache.trust.allowlist import CHECKED_CALLS, _builtin_owner, _owner, _why_refused
 from compilewatch.cache.trust.calls import _Calls, _opaque
 from compilewatch.cache.trust.loadcost import LoadCost, add_items
@@ -243,6 +248,9 @@ class _Scan(_Calls):
 
     def stop(self) -> None:
         for args, cls in self.graphs:  # torch calls reduce_graph_module(*args) when it deserializes
+            if cls == paths.CUBIN_DEVICE:
+                self.refuse(paths.device_refused(args))
+                continue
             if cls == FINALIZER:
                 self.refuse(isinstance(args, _Dict) and args.n and "a StaticallyLaunchedTritonKernel's module dict "
                             "filled after its BUILD: its own __del__ unloads each value as a CUDA module handle" or None)
@@ -360,6 +368,7 @@ class _Scan(_Calls):
             self.refuse(why)
             obj = args[0]
             if why is None and isinstance(obj, _Obj):
+                self.refuse(paths.refused(obj, args[1], self.graphs))
                 self.refuse(self.cost.built(obj, args[1], not _builtin_owner(_owner(obj.cls, "__setstate__"))))
             return (obj,)
         if opname in ("EMPTY_DICT", "DICT"):

@@ -164,9 +164,11 @@ _LOOKED_UP_ATTRS = frozenset({"keys", "get", "items", "values"})  # values: a la
 # keeps these in its state on CUDA): allowed as BUILD keys, their values checked like any other's
 _DATA_DUNDERS = frozenset({"__doc__", "__name__", "__qualname__", "__module__", "__globals__"})
 # keys of a state whose values torch's restores act on (`build`): AutotuneCache's `remote_cache` makes it
-# build a Redis client; CachingAutotuner's `inductor_meta["incremental_autotune"]` makes it import a plugin
+# build a Redis client; CachingAutotuner's `inductor_meta["incremental_autotune"]` makes it import a plugin;
+# what torch later makes a path of (`paths`: a local_cache, a launcher's name and hash, a compile_meta's device)
 _WATCHED = frozenset({"remote_cache", "inductor_meta", "incremental_autotune", "kernel", "metadata", "packed_metadata",
-                      "module", "modules", "function", "functions"})
+                      "module", "modules", "function", "functions", "local_cache", "compile_meta", "device", "name",
+                      "hash", "artifact_type", "key", "cache_key"})
 # classes whose own `__del__` (run as the load lets go of an instance) uses its state, and the keys it reads:
 # StaticallyLaunchedTritonKernel.close() calls `self.C_impl._unload_kernel(m)` for `self.module` and (2.15)
 # each of `self.modules.values()`. torch pickles them None and {} (its __getstate__); so must a pickle.
