@@ -65,7 +65,7 @@ def eval_cmd(
 
 def _render(r: EvalResult) -> None:
     o = output.out
-    o.print(f"τ = {r.tau:.2f} accepted tokens per verify round (max {r.max_tau}), {r.rounds} rounds, {r.prompts} prompts")
+    o.print(f"τ = {r.tau:.2f} accepted tokens per verify round (max {r.max_tau}), {r.rounds} rounds, {output.count(r.prompts, 'prompt')}")
     o.print("acceptance lengths: " + ", ".join(f"{k}: {v}" for k, v in r.acceptance_histogram.items()))
     if r.acceptance_by_position:
         o.print("accepted by block position (share of rounds whose drafts 1..k were all accepted): "

@@ -25,9 +25,15 @@ def next_steps(r: dict) -> list[tuple[str, str]]:
     cfg = r.get("config") or {}
     target = str((cfg.get("target") or {}).get("path") or "")
     block = (cfg.get("drafter") or {}).get("block_size")
-    steps = [(f"dflash eval {shlex.quote(run_dir)} -n 64",
-              "τ and speedup with real speculative decoding on 64 prompts (the run's latest checkpoint; "
-              "--data FILE for your own prompts)")]
+    data = str((cfg.get("data") or {}).get("path") or "")
+    if data.startswith("embedded:"):  # its eval prompts come from their own seed: any number is held out
+        steps = [(f"dflash eval {shlex.quote(run_dir)} -n 64",
+                  "τ and speedup with real speculative decoding on 64 prompts (the run's latest checkpoint; "
+                  "--data FILE for your own prompts)")]
+    else:  # more prompts than the run held out would be prompts it trained on (τ optimistic)
+        steps = [(f"dflash eval {shlex.quote(run_dir)}",
+                  "τ and speedup with real speculative decoding on the run's held-out prompts (its latest "
+                  "checkpoint; --data FILE -n 64 for 64 prompts of your own)")]
     if not target or target.startswith("embedded:"):
         steps.append(("", f"serving: the export {export} drafts for the embedded tiny target, which no serving engine "
                           "loads; train against a real target (--target DIR, a Hugging Face model dir) to serve it"))

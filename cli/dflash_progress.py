@@ -30,16 +30,17 @@ class TrainProgress:
         if kind == "phase":
             name = data["name"]
             detail = {"target": f"loading target {data.get('source')}",
-                      "regenerate": f"regenerating {data.get('conversations')} answers with the target",
+                      "regenerate": _regenerating(data),
                       "data": f"tokenizing {data.get('conversations')} conversations",
                       "data-cache": f"tokenized data {'from the cache' if data.get('hit') else 'cached'}: "
                                     f"{data.get('dir')}",
-                      "eval": f"speculative decoding on {data.get('prompts')} prompts"}.get(name, name)
+                      "eval": f"speculative decoding on {_prompts(data.get('prompts'))}"}.get(name, name)
             p.print(f"[dim]·[/] {clean(str(detail))}")  # a path from the user
             if name in ("regenerate", "eval", "data"):
                 if self.sub is not None:
                     p.remove(self.sub)
-                total = data.get("prompts") if name == "eval" else data.get("conversations")
+                total = {"eval": data.get("prompts"), "regenerate": data.get("answers", data.get("conversations"))
+                         }.get(name, data.get("conversations"))
                 self.sub = p.add("tokenize" if name == "data" else name,
                                  total=total if isinstance(total, int) and total > 0 else None)
             elif name == "data-cache" and self.sub is not None:
@@ -99,6 +100,18 @@ class TrainProgress:
             p.print(f"[dim]·[/] eval at step {data['step']}: τ = {data['tau']:.2f} (max {data['max_tau']}), speedup "
                     f"{data['speedup']:.2f}x on {data['prompts']} prompts, {data['seconds']:.1f} s{clean(setup + extra)}",
                     highlight=False)
+
+
+def _prompts(n: Any) -> str:
+    return f"{n} prompt" if n == 1 else f"{n} prompts"
+
+
+def _regenerating(data: dict[str, Any]) -> str:
+    """The regenerate phase's line: answers (what its bar counts) in conversations (multi-turn chats have more)."""
+    answers, convs = data.get("answers"), data.get("conversations")
+    if answers is None or answers == convs:
+        return f"regenerating {convs} answers with the target"
+    return f"regenerating {answers} answers in {convs} conversations with the target"
 
 
 def render_skips(p: Progress, stats) -> None:

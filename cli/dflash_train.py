@@ -72,6 +72,12 @@ def train_cmd(
     except Exception as e:
         record_error(e)  # a torchrun rank: where torchrun looks for it (no-op otherwise)
         raise
+    except KeyboardInterrupt as e:  # Ctrl-C: where the run stands and how to go on (dflash.train's message)
+        message = getattr(e, "message", None)
+        if not isinstance(message, str):
+            raise
+        output.err.print(output.clean(message), markup=False, highlight=False)
+        raise typer.Exit(130) from None
     if done.mode == "distributed":
         render_rank(done, cfg, as_json, _render)
         return
@@ -82,6 +88,8 @@ def train_cmd(
     if done.engine is not None:
         if not as_json:
             render_engine(done.engine)
+            if done.engine.outcome == "interrupted":
+                _render_engine_stop(result)
         finish(done.engine)
 
 
@@ -198,13 +206,24 @@ def _render(r: dict) -> None:
         outputs = ("match" if ev["outputs_match"] else f"DIFFER on {beyond}" if beyond
                    else f"match up to rounding (near-ties on {ev['near_tie_prompts']})")
         o.print(f"speculative decoding: τ = {ev['tau']:.2f} (max {ev['max_tau']}), speedup {ev['speedup']:.2f}x vs plain "
-                f"decoding, outputs {outputs} ({ev['prompts']} prompts)")
+                f"decoding, outputs {outputs} ({output.count(ev['prompts'], 'prompt')})")
     if r["checkpoints"]:
         o.print(f"export: {r['checkpoints'][-1]} (config.json + model.safetensors)")
         for line in _check_lines(r["checkpoints"][-1]):
             o.print(line, markup=False, highlight=False)
     o.print(f"run dir: {r['run_dir']} (metrics.jsonl, config.toml)")
     print_next_steps(r)
+
+
+def _render_engine_stop(r: dict) -> None:
+    """Ctrl-C on the engine: it saved where it stopped; how to go on (on stderr, last)."""
+    import shlex
+
+    if r["steps"] >= r["total_steps"] or not r["checkpoints"]:
+        return
+    output.err.print(f"interrupted at step {r['steps']} of {r['total_steps']}: saved {r['checkpoints'][-1]}; continue "
+                     f"with `dflash train --out {shlex.quote(str(r['run_dir']))} --resume`", markup=False,
+                     highlight=False)
 
 
 def _render_complete(c) -> None:

@@ -104,7 +104,8 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
     (this rank's devices, backend, cache) and "ranks" (cross-rank cache verdicts); "notes" (the
     Trainer's notes, single and engine modes); then the Trainer's progress. `until`: stop after that
     step (the schedule still spans the whole run). `info`: this rank (default: torchrun's
-    environment). Raises BadInput for bad input."""
+    environment). Raises BadInput for bad input; on Ctrl-C in single mode, a KeyboardInterrupt whose
+    `message` names the step reached and the newest checkpoint (dflash.training.result.TrainingInterrupted)."""
     from dflash.data.cache import cache_root, check_root
     from dflash.data.dataset import check_data_path
     from dflash.model.prefetch import prefetch_weights
@@ -163,8 +164,18 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
     except RuntimeError as e:  # torch.OutOfMemoryError is one
         _raise_if_out_of_memory(e, trainer)
         raise
+    except KeyboardInterrupt:
+        if mode != "single":  # the engine saves on Ctrl-C and reports it; a torchrun rank is torchrun's
+            raise
+        stopped = True  # said once the trainer is closed: a checkpoint being written is finished first
+    else:
+        stopped = False
     finally:
         trainer.close()
+    if stopped:
+        from dflash.training.result import interrupted
+
+        raise interrupted(trainer)
     if joined is None:
         return RunOutcome(mode, result, report)
     from dflash.distributed.train_rank import failure, finish_rank, rank_report_path

@@ -15,7 +15,7 @@ def _result(target: str, block: int = 16, checkpoints=("runs/q8/checkpoints/step
 
 def test_a_real_target_gets_eval_sglang_and_vllm_commands():
     steps = [c for c, _ in next_steps(_result("/models/Qwen3-8B"))]
-    assert steps[0] == "dflash eval runs/q8 -n 64"
+    assert steps[0] == "dflash eval runs/q8"  # its held-out prompts: -n 64 decoded prompts it trained on
     assert steps[1] == ("python -m sglang.launch_server --model-path /models/Qwen3-8B --speculative-algorithm DFLASH "
                         "--speculative-draft-model-path runs/q8/checkpoints/step_004000")
     argv = shlex.split(steps[2])
@@ -59,7 +59,7 @@ def test_train_prints_the_next_steps_on_stderr(monkeypatch):
     monkeypatch.setattr(output, "err", output.make_console(file=err))
     dflash_train._render({"steps": 1, "total_steps": 1, "seconds": 1.0, "first_epoch_loss": 1.0,
                           "last_epoch_loss": 1.0, "last_epoch_tau_estimate": 1.0, **_result("/models/t")})
-    assert "next:" in err.getvalue() and "dflash eval runs/q8 -n 64" in err.getvalue()
+    assert "next:" in err.getvalue() and "dflash eval runs/q8\n" in err.getvalue()
     assert "vllm serve /models/t" in err.getvalue() and "next:" not in out.getvalue()  # stdout is the result
 
 

@@ -115,7 +115,7 @@ def check_export(path: str, *, target_path: str | None = None, data_path: str | 
     elif any(f.level == "fail" and f.check in FATAL for f in findings):
         why = "not measured: the export does not fit this target, or its weights are not finite (see the failed checks)"
     else:
-        convs, source, data_cfg = _prompts(cfg, train_cfg, data_path, num_prompts)
+        convs, source, data_cfg = _prompts(cfg, train_cfg, data_path, num_prompts, notes)
         if not convs:
             why = source
         else:
@@ -126,23 +126,25 @@ def check_export(path: str, *, target_path: str | None = None, data_path: str | 
                        acceptance=acceptance, acceptance_note=why, notes=tuple(notes))
 
 
-def _prompts(cfg, train_cfg, data_path: str | None, n: int | None) -> tuple[list, str, Any]:
-    """(conversations, where from, the training data config) — or ([], why not, None)."""
+def _prompts(cfg, train_cfg, data_path: str | None, n: int | None, notes: list[str]) -> tuple[list, str, Any]:
+    """(conversations, where from, the training data config) — or ([], why not, None). `notes` gets what the
+    user should know about the run's own prompts (some trained on, fewer than asked)."""
     from dflash.config import apply_overrides
-    from dflash.data.dataset import eval_prompts
+    from dflash.data.run_prompts import file_prompts, run_eval_prompts
 
     n = n if n is not None else cfg.eval.num_prompts
     if data_path:
-        convs = eval_prompts(apply_overrides(cfg, {"data.path": data_path}).data, n)
-        if not convs:
-            raise BadInput(f"no prompts found in {data_path!r}", hint="pass --data with chat JSONL holding user turns")
+        convs = file_prompts(apply_overrides(cfg, {"data.path": data_path}).data, n)  # BadInput when none
         return convs, f"{data_path} (last user turns)", train_cfg.data if train_cfg is not None else None
     if train_cfg is None:
         return [], ("not measured: no prompts (the export has no train_config.toml naming its data); "
                     "pass --data FILE (chat JSONL) to measure acceptance"), None
-    convs = eval_prompts(train_cfg.data, n)
+    convs, note = run_eval_prompts(train_cfg, n)
     if not convs:
         return [], f"not measured: no prompts in the run's data {train_cfg.data.path!r}; pass --data FILE", None
+    if note is not None:  # fewer than asked, or some trained on: the label says so, and the note why
+        notes.append(note)
+        return convs, f"the run's eval prompts ({train_cfg.data.path}; see the note)", train_cfg.data
     return convs, f"the run's held-out eval prompts ({train_cfg.data.path})", train_cfg.data
 
 

@@ -158,3 +158,40 @@ def check_resume_state(start: Path, resumed: ResumeState, spec: DrafterSpec, tar
         raise BadInput(f"the drafter in {str(start)!r} differs from this config's drafter",
                        hint="resume with the run's own config (it is in the run directory's config.toml)")
     return resumed
+
+
+def _aside(path: Path) -> Path:
+    """A free `NAME.bak-<time>` beside `path` (`-2`, `-3`, ... when one of that second exists)."""
+    import time
+
+    base = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
+    backup, n = base, 1
+    while backup.exists() or backup.is_symlink():
+        n += 1
+        backup = base.with_name(f"{base.name}-{n}")
+    return backup
+
+
+def keep_foreign_files(run_dir: Path, config_toml: str) -> list[str]:
+    """Before a fresh run writes `run_dir`'s config.toml and metrics.jsonl: a config.toml there that is not
+    `config_toml` (the user's own, in `--out .`, or a run's with other settings) is moved aside to
+    `config.toml.bak-<time>`, and so is a metrics.jsonl there unless it is a restart's of this very config
+    (a run killed before its first checkpoint: the rows past step 0 are its own, dropped when the log
+    opens). A metrics.jsonl of the user's used to lose every row with a "step" past 0. Returns the notes."""
+    import os
+
+    notes = []
+    config = run_dir / "config.toml"
+    if config.is_file():
+        with open(config, "rb") as fh:
+            if fh.read(len(config_toml.encode()) + 1) == config_toml.encode():
+                return []  # this very config: a restart of a run killed before its first checkpoint
+        backup = _aside(config)
+        os.rename(config, backup)
+        notes.append(f"{config} was already there (not this run's config): kept as {backup.name}")
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        backup = _aside(metrics)
+        os.rename(metrics, backup)
+        notes.append(f"{metrics} was already there (not this run's log): kept as {backup.name}")
+    return notes

@@ -61,7 +61,7 @@ from dflash.data.dataset import (DataStats, Sample, check_usable, held_out_note,
 from dflash.data.digest import _file_state, convs_digest, file_digest, source_digest  # noqa: F401 (file_digest: benchmarks)
 from dflash.data.holdout import duplicate_notes, duplicates
 
-DATA_VERSION = 6  # 2: oversized and assistant-first records skipped; 3: a leading UTF-8 BOM read, non-string turns skipped; 4: turns with tool calls or lone surrogates skipped, an empty answer without a generation prompt trains its end-of-turn token; 5: messages roles read regardless of case ("Assistant"); 6: eval prompts held out by content (every conversation that begins with one, dflash.data.holdout); bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
+DATA_VERSION = 7  # 2: oversized and assistant-first records skipped; 3: a leading UTF-8 BOM read, non-string turns skipped; 4: turns with tool calls or lone surrogates skipped, an empty answer without a generation prompt trains its end-of-turn token; 5: messages roles read regardless of case ("Assistant"); 6: eval prompts held out by content (every conversation that begins with one, dflash.data.holdout); 7: trained tokens that are the tokenizer's unknown token counted (stats.unknown_tokens); bump when dflash/data/dataset.py or dflash/data/chat_mask.py change which records, tokens, masks or stats come out
 FORMAT = "dflash-data-cache"
 MANIFEST = "manifest.json"
 INDEX = "index.npy"
@@ -361,7 +361,7 @@ def stats_from(man: dict[str, Any]) -> DataStats:
         stats = DataStats(**man["stats"])
     except TypeError as e:  # unknown or missing fields
         raise CorruptCache(f"{MANIFEST} stats: {e}") from None
-    counts = (stats.records, stats.kept, stats.truncated, stats.tokens, stats.loss_tokens)
+    counts = (stats.records, stats.kept, stats.truncated, stats.tokens, stats.loss_tokens, stats.unknown_tokens)
     strings = lambda xs: isinstance(xs, list) and all(isinstance(x, str) for x in xs)  # noqa: E731
     if (not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
             or not isinstance(stats.dropped, dict)

@@ -69,6 +69,7 @@ class DataStats:
     tokens: int = 0
     loss_tokens: int = 0
     warnings: list[str] = field(default_factory=list)
+    unknown_tokens: int = 0  # trained tokens that are the tokenizer's unknown token: text it does not cover
 
     def drop(self, reason: str, example: str = "") -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -87,6 +88,7 @@ class DataStats:
         self.truncated += other.truncated
         self.tokens += other.tokens
         self.loss_tokens += other.loss_tokens
+        self.unknown_tokens += other.unknown_tokens
         for reason, n in other.dropped.items():
             self.dropped[reason] = self.dropped.get(reason, 0) + n
             shown = self.examples.setdefault(reason, [])
@@ -321,7 +323,12 @@ def check_data_path(cfg: DataConfig) -> None:
 
     if Path(cfg.path).expanduser().is_dir():
         raise BadInput(f"training data {cfg.path!r} is a directory, not a file", hint=SHARDS_HINT)
-    fd, _ = open_untrusted(Path(cfg.path).expanduser(), "training data")
+    try:
+        fd, _ = open_untrusted(Path(cfg.path).expanduser(), "training data")
+    except BadInput as e:  # missing, unreadable: say what to pass (the qwen3_8b recipe names data/train.jsonl)
+        raise BadInput(e.message, hint=e.hint or "pass --data FILE: chat JSONL, one {\"messages\": [...]} or "
+                       "{\"conversations\": [...]} object a line (a relative path is read from the directory "
+                       "you run in)") from None
     try:
         head = os.read(fd, 8)
     finally:
@@ -370,7 +377,9 @@ def tokenize_record(tokenizer, conv: list[dict[str, str]], n: int, max_length: i
         stats.drop(OVERSIZED_RECORD, f"record {n} ({record_chars(conv)} characters, the limit is {limit})")
         return None
     if not any(m["role"] == "assistant" for m in conv):
-        stats.drop("no assistant turn", _example(n, conv))
+        roles = list(dict.fromkeys(m["role"] for m in conv))  # answers under a role of their own ("model") named
+        stats.drop("no assistant turn", _example(n, conv, "" if set(roles) <= {"user", "system"}
+                                                 else "roles " + ", ".join(roles)))
         return None
     if next(m["role"] for m in conv if m["role"] != "system") == "assistant":
         stats.drop(ASSISTANT_FIRST, _example(n, conv))
@@ -389,6 +398,9 @@ def tokenize_record(tokenizer, conv: list[dict[str, str]], n: int, max_length: i
     stats.kept += 1
     stats.tokens += len(ids)
     stats.loss_tokens += sum(mask)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None and unk in ids:  # a C scan first: most tokenizers never produce it
+        stats.unknown_tokens += sum(1 for t, m in zip(ids, mask) if m and t == unk)
     return ids, mask
 
 
@@ -634,6 +646,9 @@ def check_usable(stats: DataStats, cfg: DataConfig) -> None:
         if first:  # what was wrong with a record, not only its reason's name
             why += f"; e.g. {first}"
         hint = "each line needs an assistant turn of at least drafter.block_size tokens"
+        if set(stats.dropped) == {"no assistant turn"}:  # answers under another role ("model", "bot", ...)
+            hint = ('each line needs an answer: a turn with "role": "assistant" ("messages") or "from": "gpt" '
+                    '("conversations"); rename the role your answers have')
         if set(stats.dropped) <= {UNREADABLE}:  # nothing parsed as a chat: the format is what to fix
             hint = ('each line must be one JSON object: {"messages": [{"role": "user", "content": "..."}, '
                     '{"role": "assistant", "content": "..."}]} or {"conversations": [{"from": "human", '

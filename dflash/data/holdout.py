@@ -89,3 +89,10 @@ def duplicate_notes(repeats_held_out: int | None, repeated: int | None, extra: i
         out.append(f"the training data repeats {repeated} conversation(s) ({extra} extra copies): each copy is "
                    "trained on (deduplicate the file to train on each once)")
     return out
+
+
+def held_out_size(cfg: Any) -> int:
+    """How many eval prompts a run of `cfg` (a dflash Config) takes from its data: the end-of-run eval's,
+    else the periodic eval's, else none (held out of training only when the data has more than twice as
+    many conversations: `split`)."""
+    return cfg.eval.num_prompts if cfg.eval.at_end else cfg.eval.every_prompts if cfg.eval.every else 0

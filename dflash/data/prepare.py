@@ -34,13 +34,15 @@ def load_training_data(cfg: Config, target: Target, on_event: Event,
         expect(digest)
 
     # periodic eval (eval.every) uses the first every_prompts of the same held-out prompts
-    n_eval = cfg.eval.num_prompts if cfg.eval.at_end else cfg.eval.every_prompts if cfg.eval.every else 0
+    from dflash.data.holdout import held_out_size
+
+    n_eval = held_out_size(cfg)
     regen = None
     if cfg.data.regenerate:
         def regen(convs: list) -> list:
-            from dflash.data.regen import regenerate
+            from dflash.data.regen import count_answers, regenerate
 
-            on_event("phase", {"name": "regenerate", "conversations": len(convs)})
+            on_event("phase", {"name": "regenerate", "conversations": len(convs), "answers": count_answers(convs)})
             return regenerate(convs, target, max_new_tokens=cfg.data.regen_max_new_tokens, batch_size=64,
                               seed=cfg.train.seed, progress=lambda d, n: on_event("regen", {"done": d, "total": n}))[0]
     prepared = prepare(cfg.data, target.tokenizer, cfg.drafter.block_size, n_eval=n_eval, regenerate=regen,
@@ -51,6 +53,9 @@ def load_training_data(cfg: Config, target: Target, on_event: Event,
         notes.append(f"{s.truncated} of {s.kept} conversations are longer than data.max_length "
                      f"({cfg.data.max_length} tokens) and were truncated to it: their later tokens are not trained "
                      "(raise data.max_length to keep them)")
+    unknown = unknown_tokens_note(s, target.tokenizer, cfg.target.path)
+    if unknown is not None:
+        notes.append(unknown)
     if prepared.cache_dir is not None:
         notes.append(f"data cache {'hit' if prepared.hit else 'built'}: {prepared.cache_dir}"
                      + ("" if prepared.hit else f" ({prepared.workers} worker(s), {prepared.seconds:.1f} s)"))
@@ -58,6 +63,23 @@ def load_training_data(cfg: Config, target: Target, on_event: Event,
     if digest is not None:
         dataset.identity = {"path": cfg.data.path, "digest": digest, "records": prepared.records, "kept": s.kept}
     return dataset, prepared.eval_convs, notes
+
+
+def unknown_tokens_note(stats, tokenizer, target_path: str) -> str | None:
+    """A warning when a tenth or more of the trained tokens are the tokenizer's unknown token: the target's
+    tokenizer does not cover the data's text (English chats on the embedded tiny target, whose word-level
+    vocabulary is its own 300 made-up words), so the drafter would learn to predict that one token."""
+    from dflash.config import EMBEDDED_TARGET
+
+    n, of = stats.unknown_tokens, stats.loss_tokens
+    if not of or n * 10 < of:
+        return None
+    why = (f"{EMBEDDED_TARGET}'s word-level vocabulary is its own 300 made-up words; train on your data against "
+           "your model: --target DIR (a Hugging Face model directory)" if target_path == EMBEDDED_TARGET
+           else "is this data meant for this target?")
+    return (f"{100 * n / of:.0f}% of the trained tokens ({n:,} of {of:,}) are the tokenizer's unknown token "
+            f"{getattr(tokenizer, 'unk_token', None)!r}: the target's tokenizer does not cover this data's text, so "
+            f"the drafter learns to predict that one token ({why})")
 
 
 @dataclass(frozen=True)
@@ -96,13 +118,16 @@ def prepare_data(cfg: Config, *, workers: int | None = None, on_event: Event | N
 
     if cfg.data.cache_dir == "off":
         raise BadInput("data.cache_dir is off: there is nothing to prepare", hint="drop --set data.cache_dir=off")
+    from dflash.data.holdout import held_out_size
+
     tokenizer = load_tokenizer(cfg.target)
-    n_eval = cfg.eval.num_prompts if cfg.eval.at_end else 0
+    n_eval = held_out_size(cfg)  # as `dflash train` holds them out (its cache key): periodic evals' prompts too
     p = prepare(cfg.data, tokenizer, cfg.drafter.block_size, n_eval=n_eval, workers=workers, on_event=on_event)
     s = p.stats
+    unknown = unknown_tokens_note(s, tokenizer, cfg.target.path)
     return PrepareReport(
         cache_dir=p.cache_dir, key=p.key, hit=p.hit, seconds=round(p.seconds, 3), workers=p.workers, shards=p.shards,
         bytes=p.bytes, records=s.records + len(s.warnings), kept=s.kept, truncated=s.truncated, skipped=s.skipped,
         skipped_by_reason=dict(s.dropped), examples={k: list(v) for k, v in s.examples.items()}, tokens=s.tokens,
         loss_tokens=s.loss_tokens, max_length=cfg.data.max_length, block_size=cfg.drafter.block_size,
-        eval_prompts=len(p.eval_convs), eval_held_out=p.eval_held_out, notes=p.notes)
+        eval_prompts=len(p.eval_convs), eval_held_out=p.eval_held_out, notes=[*p.notes, *([unknown] if unknown else [])])

@@ -33,6 +33,12 @@ def _prompts(conv: list[dict[str, str]]) -> list[int]:
     return [i for i, m in enumerate(conv) if m["role"] == "assistant" and i > 0]
 
 
+def count_answers(convs: list[list[dict[str, str]]]) -> int:
+    """How many answers `regenerate` generates for `convs`: each assistant turn after the first turn, and one
+    for a trailing user turn (what its progress counts to)."""
+    return sum(len(_prompts(c)) + (1 if c and c[-1]["role"] == "user" else 0) for c in convs)
+
+
 @torch.no_grad()
 def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
                    seed: int = 0) -> list[list[int]]:
@@ -157,7 +163,7 @@ def regen(input_path: str, output_path: str, *, target: str, device: str | None 
     check_output(input_path, output_path)  # and an output that cannot be written: before hours of generating
     dev = resolve_device(device or "auto")
     tgt = load_target(TargetConfig(path=target), 1, dev)
-    on_event("phase", {"name": "regenerate", "conversations": len(convs)})
+    on_event("phase", {"name": "regenerate", "conversations": len(convs), "answers": count_answers(convs)})
     return regen_file(input_path, output_path, tgt, max_new_tokens=max_new_tokens, batch_size=batch_size,
                       temperature=temperature, progress=lambda d, n: on_event("regen", {"done": d, "total": n}),
                       convs=convs)

@@ -112,7 +112,7 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
     from dflash.checkpoint.store import (CONFIG_FILE, EXPORT_FILES, check_compatible, checkpoint_config, load_export,
                                          read_export_spec, resolve_checkpoint)
     from dflash.config import apply_overrides
-    from dflash.data.dataset import eval_prompts
+    from dflash.data.run_prompts import file_prompts, run_eval_prompts
     from dflash.flags import check_max_new_tokens
     from dflash.model.target import load_target, resolve_device
 
@@ -163,7 +163,12 @@ def eval_checkpoint(path: str, *, target_path: str | None = None, data_path: str
 
     rows = n if batched_unsupported(target, drafter.spec.block_size) is None else 1
     check_fits(drafter, target, rows, 1, new, spec_length([[0]], new, drafter.spec.block_size), False, shortest=True)
-    convs = eval_prompts(cfg.data, n)
+    if data_path:
+        convs = file_prompts(cfg.data, n)  # BadInput saying why when it has none
+    else:  # the run's own data: its held-out prompts, said when some were trained on
+        convs, note = run_eval_prompts(cfg, n)
+        if note is not None and on_note is not None:
+            on_note(note)
     if not convs:
         raise BadInput(f"no prompts found in {cfg.data.path!r}", hint="pass --data with chat JSONL holding user turns")
     prompts = prompt_ids(target.tokenizer, convs)

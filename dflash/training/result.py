@@ -26,3 +26,45 @@ class TrainResult:
     seconds: float
     eval: Any = None  # dflash.eval.evaluate.EvalResult when eval.at_end
     notes: list[str] = field(default_factory=list)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a one-device run (`dflash.train` raises it once the Trainer is closed: a checkpoint
+    being written was finished first). Still a KeyboardInterrupt (exit 130); `message` says where the run
+    stands: the step it reached, the newest checkpoint on disk and how to go on from it."""
+
+    def __init__(self, run_dir: str, step: int, total_steps: int, newest: str | None, newest_step: int | None,
+                 every: int) -> None:
+        super().__init__(run_dir, step)
+        self.run_dir, self.step, self.total_steps = run_dir, step, total_steps
+        self.newest, self.newest_step, self.every = newest, newest_step, every
+
+    def __str__(self) -> str:
+        return self.message
+
+    @property
+    def message(self) -> str:
+        import shlex
+
+        run = shlex.quote(self.run_dir)
+        if self.newest is None:
+            return (f"interrupted at step {self.step} of {self.total_steps}, before the run's first checkpoint "
+                    f"(checkpoint.every = {self.every}): nothing in {self.run_dir} to resume from; run the "
+                    "command again to start over")
+        if self.newest_step is not None and self.newest_step >= self.total_steps:
+            return (f"interrupted after the last step ({self.total_steps}): the final checkpoint {self.newest} is "
+                    f"saved; the end-of-run evaluation did not finish: `dflash eval {run}` measures it")
+        behind = self.step - (self.newest_step or 0)
+        return (f"interrupted at step {self.step} of {self.total_steps}: the newest checkpoint is {self.newest} "
+                f"({behind} step(s) behind); continue with `dflash train --out {run} --resume`")
+
+
+def interrupted(trainer: Any) -> TrainingInterrupted:
+    """What a Ctrl-C leaves of `trainer`'s run (call it once the trainer is closed)."""
+    from dflash.checkpoint.store import step_number
+    from dflash.checkpoint.writer import newest_on_disk
+
+    newest = newest_on_disk(trainer.run_dir)
+    return TrainingInterrupted(str(trainer.run_dir), trainer.step, trainer.total_steps,
+                               None if newest is None else str(newest),
+                               None if newest is None else step_number(newest.name), trainer.cfg.checkpoint.every)

@@ -19,7 +19,6 @@ depend only on the seed, so a resumed run repeats an uninterrupted one step for 
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -238,18 +237,16 @@ class Trainer:
 
     def _keep_foreign_config(self) -> None:
         """A fresh run in a directory that already holds another config.toml (the user's own, in `--out .`,
-        or a killed run's with other settings): moved aside to config.toml.bak-<time>, never overwritten."""
-        path = self.run_dir / "config.toml"
-        if self.resumed_from is not None or not path.is_file():
+        or a killed run's with other settings), or a metrics.jsonl that is not a restart's of this very
+        config: moved aside to NAME.bak-<time>, never overwritten or cut (dflash.checkpoint.rundir)."""
+        from dflash.checkpoint.rundir import keep_foreign_files
+
+        if self.resumed_from is not None:
             return
-        with open(path, "rb") as fh:
-            if fh.read(len(self.config_toml.encode()) + 1) == self.config_toml.encode():
-                return  # this very config (a restart of a run killed before its first checkpoint)
-        backup = path.with_name(f"config.toml.bak-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.rename(path, backup)
-        note = f"{path} was already there (not this run's config): kept as {backup.name}"
-        self.notes.append(note)
-        self.on_event("notes", {"notes": [note]})
+        notes = keep_foreign_files(self.run_dir, self.config_toml)
+        if notes:
+            self.notes.extend(notes)
+            self.on_event("notes", {"notes": notes})
 
     def write_event(self, kind: str, data: dict[str, Any]) -> None:
         """An event row in the metrics log (metrics.jsonl); nothing before `begin` opened it."""
