@@ -30,13 +30,14 @@ def exit_code(report: Any) -> int:
     return {"ok": 0, "interrupted": 130}.get(report.outcome, 1)
 
 
-def finish(report: Any) -> None:
-    """Exit with the report's code. Threads still blocked inside torch (a stall) cannot be stopped,
-    and letting the interpreter tear down under them can abort the process: leave at once then."""
+def finish(report: Any, code: int | None = None) -> None:
+    """Exit with the report's code (or `code`: 143 for a SIGTERM). Threads still blocked inside torch (a
+    stall) cannot be stopped, and letting the interpreter tear down under them can abort the process:
+    leave at once then."""
     import os
     import sys
 
-    code = exit_code(report)
+    code = exit_code(report) if code is None else code
     if any(t.alive for t in report.threads):
         sys.stdout.flush()
         sys.stderr.flush()

@@ -15,6 +15,7 @@ from cli.dflash_engine import finish, render_engine
 from cli.dflash_flags import TRAIN_FLAGS, with_config_flags
 from cli.dflash_progress import TrainProgress
 from cli.options import JsonOpt
+from cli.signals import EXIT_SIGTERM, sigterm_as_interrupt
 from compilewatch.errors import BadInput, CheckFailed
 from compilewatch.serialize import to_jsonable
 
@@ -66,18 +67,15 @@ def train_cmd(
             output.emit(complete, as_json, _render_complete)
             return
     view = TrainView(cfg, sorted(k for k in overrides if k.startswith("topology.")) if resume else None)
-    try:
-        with view:
-            done = dflash.train(cfg, resume=resume, distributed=distributed or None, on_event=view)
-    except Exception as e:
-        record_error(e)  # a torchrun rank: where torchrun looks for it (no-op otherwise)
-        raise
-    except KeyboardInterrupt as e:  # Ctrl-C: where the run stands and how to go on (dflash.train's message)
-        message = getattr(e, "message", None)
-        if not isinstance(message, str):
+    with sigterm_as_interrupt(distributed=distributed) as signalled:
+        try:
+            with view:
+                done = dflash.train(cfg, resume=resume, distributed=distributed or None, on_event=view)
+        except Exception as e:
+            record_error(e)  # a torchrun rank: where torchrun looks for it (no-op otherwise)
             raise
-        output.err.print(output.clean(message), markup=False, highlight=False)
-        raise typer.Exit(130) from None
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: where the run stands and how to go on
+            _interrupted(e, signalled["terminated"])
     if done.mode == "distributed":
         render_rank(done, cfg, as_json, _render)
         return
@@ -89,8 +87,8 @@ def train_cmd(
         if not as_json:
             render_engine(done.engine)
             if done.engine.outcome == "interrupted":
-                _render_engine_stop(result)
-        finish(done.engine)
+                _render_engine_stop(result, signalled["terminated"])
+        finish(done.engine, EXIT_SIGTERM if signalled["terminated"] and done.engine.outcome == "interrupted" else None)
 
 
 def _parse_set(items: list[str] | None) -> dict[str, object]:
@@ -215,13 +213,23 @@ def _render(r: dict) -> None:
     print_next_steps(r)
 
 
-def _render_engine_stop(r: dict) -> None:
-    """Ctrl-C on the engine: it saved where it stopped; how to go on (on stderr, last)."""
+def _interrupted(e: KeyboardInterrupt, terminated: bool) -> None:
+    """Ctrl-C (exit 130) or SIGTERM (143): dflash.train's message says where the run stands."""
+    message = getattr(e, "message", None)
+    if not terminated and not isinstance(message, str):
+        raise e  # before the trainer ran: the app's plain "interrupted"
+    said = message if isinstance(message, str) else "before training started: nothing of the run to resume"
+    output.err.print(("SIGTERM: " if terminated else "") + output.clean(said), markup=False, highlight=False)
+    raise typer.Exit(EXIT_SIGTERM if terminated else 130) from None
+
+
+def _render_engine_stop(r: dict, terminated: bool) -> None:
+    """Ctrl-C (or SIGTERM) on the engine: it saved where it stopped; how to go on (on stderr, last)."""
     import shlex
 
     if r["steps"] >= r["total_steps"] or not r["checkpoints"]:
         return
-    output.err.print(f"interrupted at step {r['steps']} of {r['total_steps']}: saved {r['checkpoints'][-1]}; continue "
+    output.err.print(("SIGTERM: " if terminated else "") + f"interrupted at step {r['steps']} of {r['total_steps']}: saved {r['checkpoints'][-1]}; continue "
                      f"with `dflash train --out {shlex.quote(str(r['run_dir']))} --resume`", markup=False,
                      highlight=False)
 

@@ -1,0 +1,92 @@
+"""SIGTERM (a scheduler's stop, `kill PID`) ends `dflash train` the way Ctrl-C does (session 16): the
+trainer closes (a checkpoint being written is finished), the lock is released, the step reached and the
+resume command are said, exit 143. Before, the default action killed it where it stood, silently."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli.dflash_main import app
+from cli.signals import EXIT_SIGTERM, sigterm_as_interrupt
+from tests.dflash_helpers import write_word_chats
+from tests.helpers import invoke
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--set", "data.regenerate=false", "--set", "metrics.log_every=1", "--set", "eval.max_new_tokens=4",
+        "--set", "eval.num_prompts=2"]
+
+
+@pytest.fixture
+def default_sigterm():
+    old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, old)
+
+
+def test_the_first_sigterm_interrupts_a_second_is_ignored_and_the_default_comes_back(default_sigterm, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    with sigterm_as_interrupt(distributed=False) as state:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+        assert state["terminated"] and signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGTERM)  # ignored while the run closes
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_torchrun_ranks_and_a_programs_own_handler_are_left_alone(default_sigterm, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with sigterm_as_interrupt(distributed=False) as state:
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and not state["terminated"]
+    monkeypatch.delenv("RANK")
+    with sigterm_as_interrupt(distributed=True):
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    def mine(signum, frame):
+        pass
+
+    signal.signal(signal.SIGTERM, mine)
+    with sigterm_as_interrupt(distributed=False):
+        assert signal.getsignal(signal.SIGTERM) is mine
+    assert signal.getsignal(signal.SIGTERM) is mine
+
+
+def test_sigterm_from_another_process_stops_the_run_with_143_and_the_resume_command(tmp_path):
+    """`dflash train` in a process of its own, SIGTERM sent once its first checkpoint is reported (read from
+    its stderr: no sleeps); then the lock is free and `--resume` goes on from that checkpoint."""
+    data, out = write_word_chats(tmp_path / "chat.jsonl"), tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["COMPILEWATCH_PROGRESS_INTERVAL"] = "3600"
+    cmd = [sys.executable, "-m", "dflash", "train", "--data", str(data), "--out", str(out), "--max-steps", "100000",
+           "--set", "checkpoint.every=2", "--set", "eval.at_end=false", *FAST]
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    lines = []
+    try:
+        for line in p.stderr:
+            lines.append(line)
+            if line.startswith("· checkpoint ") and "step_000002" in line:
+                p.send_signal(signal.SIGTERM)
+                break
+        lines += p.stderr.readlines()
+        assert p.wait(timeout=120) == EXIT_SIGTERM, "".join(lines)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    text = "".join(lines)
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("SIGTERM: interrupted at step "), text
+    assert f"continue with `dflash train --out {out} --resume`" in last and "Traceback" not in text
+    assert not any(x.name.startswith(".step_") for x in (out / "checkpoints").iterdir())  # nothing half-staged
+    r = invoke(app, ["train", "--out", str(out), "--resume", "--max-steps", "4", "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["steps"] == 4
+    assert "took over" not in r.stderr + r.stdout  # the lock was released, not left behind
