@@ -12,6 +12,7 @@ TOML has no null: `None` is written as the string "none" and read back as None f
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -590,14 +591,15 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
         if len(parts) == 1 and parts[0] == "recipe":
             sections["recipe"] = str(value)
             continue
+        known = [f"{n}.{f}" for n, v in sections.items() if isinstance(v, dict) for f in v]
+        near = "".join(f" (did you mean {k}?)" for k in difflib.get_close_matches(key, known, n=1, cutoff=0.8))
         if len(parts) != 2 or parts[0] not in sections or not isinstance(sections[parts[0]], dict):
-            raise ValueError(f"{key}: unknown setting; expected section.field with a section among "
+            raise ValueError(f"{key}: unknown setting{near}; expected section.field with a section among "
                              f"{', '.join(k for k, v in sections.items() if isinstance(v, dict))}")
         sec_name, fname = parts
-        sec_cls = type(getattr(cfg, sec_name))
-        hints = typing.get_type_hints(sec_cls)
+        hints = typing.get_type_hints(type(getattr(cfg, sec_name)))
         if fname not in hints:
-            raise ValueError(f"{key}: unknown field; {sec_name} has {', '.join(hints)}")
+            raise ValueError(f"{key}: unknown field{near}; {sec_name} has {', '.join(hints)}")
         sections[sec_name][fname] = _coerce(value, hints[fname], key)
     built = {}
     for name, val in sections.items():

@@ -1,6 +1,7 @@
-"""SIGTERM (a scheduler's stop, `kill PID`) ends `dflash train` the way Ctrl-C does (session 16): the
-trainer closes (a checkpoint being written is finished), the lock is released, the step reached and the
-resume command are said, exit 143. Before, the default action killed it where it stood, silently."""
+"""`dflash train`'s command line, session 16. SIGTERM (a scheduler's stop, `kill PID`) ends a run the way
+Ctrl-C does: the trainer closes (a checkpoint being written is finished), the lock is released, the step
+reached and the resume command are said, exit 143. Before, the default action killed it where it stood,
+silently. And a mistyped setting names the nearest one."""
 
 from __future__ import annotations
 
@@ -90,3 +91,17 @@ def test_sigterm_from_another_process_stops_the_run_with_143_and_the_resume_comm
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["steps"] == 4
     assert "took over" not in r.stderr + r.stdout  # the lock was released, not left behind
+
+
+@pytest.mark.parametrize("key, near", [("train.max_step", "train.max_steps"), ("trian.max_steps", "train.max_steps"),
+                                       ("data.batchsize", "data.batch_size"), ("eval.evry", "eval.every")])
+def test_a_mistyped_setting_names_the_nearest_one(tmp_path, key, near):
+    """(Also session 16's first hour: a typo listed the section's fields but not the one meant.)"""
+    r = invoke(app, ["train", "--set", f"{key}=10", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 2 and f"(did you mean {near}?)" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "my.toml"
+    sec, field = key.split(".")
+    bad.write_text(f"[{sec}]\n{field} = 10\n")
+    r = invoke(app, ["train", "--config", str(bad), "--out", str(tmp_path / "run")])
+    assert r.exit_code == 2 and f"did you mean {near}?" in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
