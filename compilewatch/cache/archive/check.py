@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compilewatch.cache.archive import reader
-from compilewatch.cache.trust import picklescan, provenance
+from compilewatch.cache.trust import paths, picklescan, provenance
 from compilewatch.errors import BadInput
 from compilewatch.inputs import one_line
 
@@ -82,6 +82,10 @@ def verify_archive(path: str | os.PathLike[str]) -> ArchiveReport:
                 findings.append(ArchiveFinding(name, "unloadable", "not a Mega-Cache torch can parse"))
             for kind, content, key in artifacts or ():
                 counts["mega"] += 1
+                where = paths.mega_key_refused(kind, key)
+                if where is not None:
+                    findings.append(ArchiveFinding(f"{arch.MEGA}: {kind}", "refused", f"{one_line(where, 300)}: "
+                                                   "load_mega_cache refuses the archive"))
                 add(f"{arch.MEGA}: {kind} {one_line(key, 80)}", picklescan.scan_artifact(kind, content))
 
     digests: dict[str, tuple[int, str]] = {}  # member -> (size, xxh3-128): hashed in the same pass
@@ -152,7 +156,7 @@ def _mega_artifacts(data: bytes) -> list[tuple[str, object, str]] | None:
     artifacts = deserialize_quietly(CacheArtifactManager, data)
     if artifacts is None:
         return None
-    return [(kind, getattr(a, "content", None), str(getattr(a, "key", "?"))) for kind, items in artifacts.items()
+    return [(kind, getattr(a, "content", None), getattr(a, "key", None)) for kind, items in artifacts.items()
             for a in items]
 
 

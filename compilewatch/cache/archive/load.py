@@ -44,7 +44,7 @@ from compilewatch.cache.content.fingerprint import FileEntry, Fingerprint, Progr
 from compilewatch.cache.local import busy, layout, swap
 from compilewatch.cache.local.lock import cache_lock
 from compilewatch.cache.local.relocate import rebase_triton_paths
-from compilewatch.cache.trust import backups, picklescan, provenance
+from compilewatch.cache.trust import backups, paths, picklescan, provenance
 from compilewatch.errors import BadInput
 from compilewatch.inputs import loads_json, one_line, open_untrusted
 
@@ -106,6 +106,10 @@ def load_mega_cache(archive: str | os.PathLike[str], *, trust: bool = False) -> 
                     return None
                 for kind, items in artifacts.items():
                     for a in items:
+                        where = paths.mega_key_refused(kind, getattr(a, "key", None))
+                        if where is not None:  # a path: refused whatever --trust says, as a member name is
+                            raise BadInput(f"{archive}: {MEGA}: {one_line(where, 300)}", hint="a damaged or crafted archive: "
+                                           "nothing was written; ask its maker for a new one")
                         scan = picklescan.scan_artifact(kind, getattr(a, "content", None))
                         if not scan.ok and not trust:
                             raise untrusted(archive, f"{MEGA}: {kind} {getattr(a, 'key', '?')}", scan)

@@ -55,7 +55,6 @@ from compilewatch.cache.trust.stackmodel import (
     strong,
 )
 
-_AUTOTUNE_CACHE = "torch._inductor.runtime.autotune_cache.AutotuneCache"  # its __init__ stores a path torch writes
 _CODECS = frozenset({"latin1", "latin-1", "utf-8", "utf8", "ascii"})  # how protocols 0-2 pickle bytes
 
 
@@ -89,9 +88,10 @@ class _Calls:
         if items is not None and len(items) == 2 and isinstance(items[1], _Str):
             obj, name = items
             target = _import_attr(obj) if isinstance(obj, _Global) else _MISSING
+            if isinstance(obj, _Global) and is_allowed(*obj.rsplit(".", 1)) and isinstance(target, enum.EnumMeta) and (
+                    _MEMBER_NAME.match(name) or str(name) in target.__members__):
+                return _Value("member", f"{obj}.{name}", target)  # an enum member (Python 3.12+: by its name)
             if isinstance(obj, _Global) and is_allowed(*obj.rsplit(".", 1)) and _MEMBER_NAME.match(name):
-                if isinstance(target, enum.EnumMeta):
-                    return _Value("member", f"{obj}.{name}", target)  # an enum member
                 return _opaque(f"getattr({obj}, {str(name)!r})")  # a class attribute: anything
             if _ATTR_NAME.match(name) and not (isinstance(obj, _Global) and obj in CHECKED_CALLS):
                 cls = target if isinstance(target, type) else obj.cls if isinstance(obj, _Obj) else None
@@ -101,9 +101,12 @@ class _Calls:
                                 f"{str(name)!r}): a {type(found).__name__} of {cls.__qualname__}, kept where torch may call it "
                                 "(a bound method of an instance's own function may be kept)")
                     return _opaque(f"getattr(..., {str(name)!r})")
-                if isinstance(obj, _Obj):  # of an instance this pickle made: a bound method, most likely
-                    return _BoundMethod("opaque", f"getattr(<{obj.cls.__qualname__} instance>, {str(name)!r})")
-                return _opaque(f"getattr(..., {str(name)!r})")  # a bound method or attribute: never callable here
+                # a bound method (of an instance this pickle made: its class known) or an attribute: never
+                # called here, and kept only where torch keeps one (`methods`: it calls what it finds there)
+                if isinstance(obj, _Obj):
+                    return _BoundMethod(f"getattr(<{obj.cls.__qualname__} instance>, {str(name)!r})", obj.cls, str(name))
+                return _BoundMethod(f"getattr({obj if isinstance(obj, _Global) else '<object>'}, {str(name)!r})", None,
+                                    str(name))
         shown = (f"getattr({items[0] if isinstance(items[0], str) else '<object>'}, {items[1]!r})"
                  if items is not None and len(items) == 2 else "getattr(<computed arguments>)")
         self.refuse(f"{fn} call {shown}: only getattr(<class>, 'MEMBER') and getattr(<object>, 'name') are allowed")
@@ -227,11 +230,11 @@ class _Calls:
         if torch is not None and issubclass(cls, torch.Tensor) and items:
             self.refuse(f"{fn} constructed with arguments: torch.Tensor(n, ...) allocates n elements, torch.Tensor(x) "
                         "copies x")
-        stored = {_AUTOTUNE_CACHE: 1, paths.RECORDER: 0}.get(f"{cls.__module__}.{cls.__qualname__}")
+        stored = paths.BY_STATE.get(f"{cls.__module__}.{cls.__qualname__}")
         if stored is not None and opname not in ("NEWOBJ", "NEWOBJ_EX") and (
                 len(items or ()) > stored or kwargs is not None):  # a dataclass __init__ stores what `paths` checks
             self.refuse(f"{fn} called with arguments: torch pickles it by its state, where the paths torch makes "
-                        "of it (a local_cache, a recorder's key) and its remote_cache are checked")
+                        "of it (a local_cache, a recorder's key, a triton artifact's name) and its remote_cache are checked")
         if isinstance(cls, enum.EnumMeta) and items:  # a lookup by value: it hashes the value
             self.cost.hashed(items[0], None, f"{fn}'s lookup of a value")
         new_only = opname in ("NEWOBJ", "NEWOBJ_EX")

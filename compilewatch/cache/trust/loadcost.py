@@ -98,9 +98,17 @@ def hash_kind(cls: type) -> str:
     return got[1]
 
 
+# classes whose own __hash__ hashes one string they keep, whatever else they hold: triton's JITFunction
+# (`hash(self.cache_key)`, triton 3.6 and 3.9), which a CUDA entry's CachingAutotuner keeps as `fn` and pickles
+# after `getattr(<it>, 'create_binder')` holds it (its `device_caches` defaultdict): a salted string's hash
+_HASHED_BY_A_STRING = frozenset({"triton.runtime.jit.JITCallable"})
+
+
 def _hash_kind(cls: type) -> str:
     k = _owner(cls, "__hash__")
     torch = sys.modules.get("torch")
+    if k is not None and f"{k.__module__}.{k.__qualname__}" in _HASHED_BY_A_STRING:
+        return "random"
     if k is None or vars(k)["__hash__"] is None or k is object or issubclass(cls, (enum.Enum, str, bytes)) \
             or _is_sympy(cls) or (torch is not None and issubclass(cls, torch.Tensor)):
         return "random"

@@ -51,7 +51,9 @@ module that names it:
   `kernel`: refused unless they are local data in plain dicts. Session 16 (`paths`): where torch later
   writes what a state holds -- an AutotuneCache's `local_cache` and recorder key, a CompiledFxGraph's
   `cache_key`, a static launcher's cubin -- only the path torch makes; CompiledAOTI's __post_init__ (it
-  may dlopen its `filename`) is never called. No state may put an instance, a global or
+  may dlopen its `filename`) is never called. Session 16b: a CachingAutotuner's `filename` and a triton
+  bundle's artifact names too; a bound method is kept in an object only where torch keeps one (`methods`:
+  a `populate_cache` kept as `_reload_kernel`, which torch calls, wrote a file of the pickle's). No state may put an instance, a global or
   a call's result over a method or cached_property of its class (StaticallyLaunchedTritonKernel's
   `__del__` called `self.C_impl._unload_kernel(self.module)`: a C_impl holding `getattr(CppCodeCache(),
   'load')` compiled and loaded the pickle's C++), and what that `__del__` reads is None or {}.
@@ -96,7 +98,7 @@ import sys
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from compilewatch.cache.trust import paths
+from compilewatch.cache.trust import methods, paths
 from compilewatch.cache.trust.allowlist import CHECKED_CALLS, _builtin_owner, _owner, _why_refused
 from compilewatch.cache.trust.calls import _Calls, _opaque
 from compilewatch.cache.trust.loadcost import LoadCost, add_items
@@ -198,6 +200,7 @@ class _Scan(_Calls):
         self.graphs: list[tuple[object, object]] = []  # SerializedGraphModules' (args, class): checked at STOP
         self.loaded: dict[int, _Bytes] = {}
         self.encoded: dict[tuple[int, str], tuple[_Str, _Bytes]] = {}
+        self.methods = methods.Tracker(self.refuse)  # where a bound method is kept (session 16b)
 
     def refuse(self, why: str | None) -> None:
         if why and len(self.refused) < 1000:
@@ -250,6 +253,9 @@ class _Scan(_Calls):
         for args, cls in self.graphs:  # torch calls reduce_graph_module(*args) when it deserializes
             if cls == paths.CUBIN_DEVICE:
                 self.refuse(paths.device_refused(args))
+                continue
+            if cls == paths.LAUNCHERS:
+                self.refuse(paths.launchers_refused(args))
                 continue
             if cls == FINALIZER:
                 self.refuse(isinstance(args, _Dict) and args.n and "a StaticallyLaunchedTritonKernel's module dict "
@@ -316,7 +322,9 @@ class _Scan(_Calls):
                     stack.append(_MARK)
                     continue
                 args = pop_args(op)
-                stack.extend(self.step(opname, arg, args))
+                out = self.step(opname, arg, args)
+                self.methods.after(opname, args, out)
+                stack.extend(out)
         except Exception as e:  # noqa: BLE001 - genops raises ValueError and friends on malformed input
             return f"not a valid pickle ({type(e).__name__}: {str(e)[:120]})"
         return "not a valid pickle (no STOP opcode)"

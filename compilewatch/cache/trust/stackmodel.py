@@ -168,7 +168,8 @@ _DATA_DUNDERS = frozenset({"__doc__", "__name__", "__qualname__", "__module__", 
 # what torch later makes a path of (`paths`: a local_cache, a launcher's name and hash, a compile_meta's device)
 _WATCHED = frozenset({"remote_cache", "inductor_meta", "incremental_autotune", "kernel", "metadata", "packed_metadata",
                       "module", "modules", "function", "functions", "local_cache", "compile_meta", "device", "name",
-                      "hash", "artifact_type", "key", "cache_key"})
+                      "hash", "artifact_type", "key", "cache_key", "filename", "payload", "kernel_hash",
+                      "artifacts", "_reload_kernel", "_cached_launcher", "save_cache_hook", "launchers", "__name__"})
 # classes whose own `__del__` (run as the load lets go of an instance) uses its state, and the keys it reads:
 # StaticallyLaunchedTritonKernel.close() calls `self.C_impl._unload_kernel(m)` for `self.module` and (2.15)
 # each of `self.modules.values()`. torch pickles them None and {} (its __getstate__); so must a pickle.
@@ -266,9 +267,13 @@ class _BoundMethod(_Value):
     """getattr(<an instance this pickle made>, 'name'): opaque like every getattr result (never called,
     built or hashed here); the one use allowed beyond storing it is a defaultdict's factory, which a
     CUDA fxgraph entry keeps so (`launcher.create_binder`, torch 2.11 + triton 3.6 on an H200). A
-    getattr of a class (`getattr(CppCodeCache, 'load')`) is not one."""
+    getattr of a class (`getattr(CppCodeCache, 'load')`) is one with no `cls`. Where one may be kept: `methods`."""
 
-    __slots__ = ()
+    __slots__ = ("attr",)
+
+    def __init__(self, what: str, cls: type | None, attr: str) -> None:
+        super().__init__("opaque", what, cls)
+        self.attr = attr
 
 
 _CHECKED = _Global("builtins.getattr")
@@ -445,6 +450,11 @@ def _shadowed(cls: type, key: str) -> str | None:
     return None
 
 
+# what torch itself puts over a method (2.11-2.15 prepare_for_pickle: `fn.repr = _ConstRepr(fn.repr(fn))`, whose
+# __call__ returns the string it keeps): every CUDA entry's static autotuner pickles its JITFunction so
+_OVERRIDES = {("triton.runtime.jit.JITFunction", "repr"): "torch._inductor.runtime.triton_heuristics._ConstRepr"}
+
+
 def _hides_code(cls: type, state: object) -> str | None:
     """A state storing, over a method or cached_property of `cls`, something whose attributes the pickle
     chose (an instance it made, a global, a call's result): torch's code then calls what the pickle
@@ -454,7 +464,7 @@ def _hides_code(cls: type, state: object) -> str | None:
     for d in (state, *(state.items if isinstance(state, _Seq) else ())):
         for key, value in (d.objects or ()) if isinstance(d, _Dict) else ():
             hidden = _shadowed(cls, key)
-            if hidden:
+            if hidden and not (isinstance(value, _Obj) and _OVERRIDES.get((_name(cls), key)) == _name(value.cls)):
                 return f"storing {describe(value)} as {key!r}, over its {hidden}: torch calls what it finds there"
     return None
 
