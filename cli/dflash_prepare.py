@@ -9,6 +9,7 @@ import typer
 
 from cli import output
 from cli.options import JsonOpt
+from cli.signals import EXIT_SIGTERM, sigterm_as_interrupt
 from compilewatch.errors import BadInput
 from dflash import EMBEDDED_TARGET
 
@@ -49,8 +50,18 @@ def prepare_cmd(
         cfg = dflash.build_config(recipe, config, overrides)
     except ValueError as e:
         raise BadInput(f"bad config: {e}", hint="see `dflash train --print-config` for every field") from None
-    with TrainProgress() as progress:
-        report = dflash.prepare(cfg, workers=workers, on_event=progress)
+    # SIGTERM's default action left the build's staging directory (`.tmp-KEY-...`, never read, never removed)
+    with sigterm_as_interrupt(distributed=False, closing="the unfinished build is being removed; a second signal "
+                              "does not cut that. To end it at once: kill -9 {pid} (the build's `.tmp-*` "
+                              "directory is then left in the cache: never read, safe to delete)") as signalled:
+        try:
+            with TrainProgress() as progress:
+                report = dflash.prepare(cfg, workers=workers, on_event=progress)
+        except KeyboardInterrupt:  # the build removed its own unfinished directory: nothing is cached
+            output.err.print(("SIGTERM: " if signalled["terminated"] else "") + "interrupted before the cache was "
+                             "complete: an unfinished build is removed, never read; run the command again", markup=False,
+                             highlight=False)
+            raise typer.Exit(EXIT_SIGTERM if signalled["terminated"] else 130) from None
     # the command to train on it, quoted: a path with a space pastes back as the same arguments
     result = {**to_jsonable(report),
               "train_with": shlex.join(["dflash", "train", "--data", data, "--target", target, "--recipe", recipe,

@@ -76,6 +76,17 @@ def train_cmd(
             raise
         except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: where the run stands and how to go on
             _interrupted(e, signalled["terminated"])
+        try:  # still inside: after the engine's stop, a second signal here is held off, not a bare `interrupted`
+            _show(done, cfg, as_json, signalled["terminated"])
+        except KeyboardInterrupt:  # the first signal, while the result of a run that ended is shown
+            output.err.print(("SIGTERM: " if signalled["terminated"] else "") + "interrupted after the run ended: "
+                             f"its checkpoints and metrics.jsonl are in {done.result.run_dir}", markup=False,
+                             highlight=False)
+            raise typer.Exit(EXIT_SIGTERM if signalled["terminated"] else 130) from None
+
+
+def _show(done, cfg, as_json: bool, terminated: bool) -> None:
+    """The result of a run that ended (the engine's: also when a signal stopped it)."""
     if done.mode == "distributed":
         render_rank(done, cfg, as_json, _render)
         return
@@ -87,8 +98,8 @@ def train_cmd(
         if not as_json:
             render_engine(done.engine)
             if done.engine.outcome == "interrupted":
-                _render_engine_stop(result, signalled["terminated"])
-        finish(done.engine, EXIT_SIGTERM if signalled["terminated"] and done.engine.outcome == "interrupted" else None)
+                _render_engine_stop(result, terminated)
+        finish(done.engine, EXIT_SIGTERM if terminated and done.engine.outcome == "interrupted" else None)
 
 
 def _parse_set(items: list[str] | None) -> dict[str, object]:

@@ -104,14 +104,28 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
     (this rank's devices, backend, cache) and "ranks" (cross-rank cache verdicts); "notes" (the
     Trainer's notes, single and engine modes); then the Trainer's progress. `until`: stop after that
     step (the schedule still spans the whole run). `info`: this rank (default: torchrun's
-    environment). Raises BadInput for bad input; on Ctrl-C in single mode, a KeyboardInterrupt whose
-    `message` names the step reached and the newest checkpoint (dflash.training.result.TrainingInterrupted)."""
+    environment). Raises BadInput for bad input; on Ctrl-C (one device; the engine's while it starts), a
+    KeyboardInterrupt whose `message` names the step reached and the newest checkpoint
+    (dflash.training.result.TrainingInterrupted; while the run starts: what its run directory holds),
+    raised once a checkpoint being written is written."""
+    on_event = on_event or (lambda kind, data: None)
+    try:
+        return _train(cfg, resume, distributed, on_event, info, until, watch)
+    except KeyboardInterrupt as e:
+        from dflash.training.result import TrainingInterrupted, interrupted_starting
+
+        if isinstance(e, TrainingInterrupted) or info is not None or pick_mode(cfg, distributed) == "distributed":
+            raise  # a torchrun rank's is torchrun's
+        raise interrupted_starting(cfg) from None  # before the trainer was built: what the run dir holds
+
+
+def _train(cfg: Config, resume: bool, distributed: bool | None, on_event: Event, info: "RankInfo | None",
+           until: int | None, watch: bool) -> RunOutcome:
     from dflash.data.cache import cache_root, check_root
     from dflash.data.dataset import check_data_path
     from dflash.model.prefetch import prefetch_weights
     from dflash.training.preload import start_imports
 
-    on_event = on_event or (lambda kind, data: None)
     check_data_path(cfg.data)  # inputs before anything heavy (Trainer.from_config checks it again)
     check_root(cache_root(cfg.data))  # and a data.cache_dir that cannot be a directory
     prefetching = prefetch_weights(cfg.target.path)  # the disk starts now, before torch (dflash.model.prefetch)
@@ -165,13 +179,18 @@ def train(cfg: Config, *, resume: bool = False, distributed: bool | None = None,
         _raise_if_out_of_memory(e, trainer)
         raise
     except KeyboardInterrupt:
-        if mode != "single":  # the engine saves on Ctrl-C and reports it; a torchrun rank is torchrun's
+        if mode == "distributed":  # a torchrun rank is torchrun's (the engine saves on Ctrl-C and reports it)
             raise
         stopped = True  # said once the trainer is closed: a checkpoint being written is finished first
     else:
         stopped = False
     finally:
-        trainer.close()
+        try:
+            trainer.close()  # a Ctrl-C while it waits for a checkpoint's write is raised once that is written
+        except KeyboardInterrupt:
+            if mode == "distributed":
+                raise
+            stopped = True
     if stopped:
         from dflash.training.result import interrupted
 

@@ -162,6 +162,7 @@ class Saver:
         self.buffers = HostBuffers()
         self._reserving: threading.Thread | None = None
         self._thread: threading.Thread | None = None
+        self._ended = threading.Event()  # set by the write in `_thread` when it ends (`wait`)
         self._done: list[Outcome] = []
         self._lock = threading.Lock()
         self.last: Outcome | None = None  # the latest save that ended (written, failed or skipped)
@@ -236,7 +237,9 @@ class Saver:
         snap.data = data
         out = Outcome(step, final, blocked_s=snap.blocked_s)
         if self.cfg.background:
-            self._thread = threading.Thread(target=self._write, args=(snap, out), name="dflash-checkpoint")
+            self._ended = threading.Event()
+            self._thread = threading.Thread(target=self._write, args=(snap, out, self._ended),
+                                            name="dflash-checkpoint")
             self._thread.start()
         else:
             self._write(snap, out)
@@ -244,7 +247,14 @@ class Saver:
             self.poll()
         return target
 
-    def _write(self, snap: Snapshot, out: Outcome) -> None:
+    def _write(self, snap: Snapshot, out: Outcome, ended: threading.Event | None = None) -> None:
+        try:
+            self._write_one(snap, out)
+        finally:
+            if ended is not None:
+                ended.set()
+
+    def _write_one(self, snap: Snapshot, out: Outcome) -> None:
         t0 = time.perf_counter()
         try:
             path = ckpt.save_checkpoint(self.run_dir, snap.step, snap.model, snap.spec, self.export_dtype,
@@ -304,6 +314,9 @@ class Saver:
     def wait(self) -> None:
         """Wait for the write in progress (if any); its outcome is reported by the next poll."""
         if self._thread is not None:
+            # the write's own event first: on Python 3.11 a KeyboardInterrupt inside Thread.join marks the
+            # thread ended while it still runs (bpo-45274's handling), and a second join returns at once
+            self._ended.wait()
             self._thread.join()
             self._thread = None
 
@@ -327,5 +340,15 @@ class Saver:
                                f"`dflash train --out {self.run_dir} --resume`")
 
     def close(self) -> None:
-        """Wait for a write in progress without raising (the run is ending for another reason)."""
-        self.wait()
+        """Wait for a write in progress without raising its failure (the run is ending for another reason). A Ctrl-C
+        during the wait does not cut it: the write is waited for to its end, then the interrupt is raised
+        (a process that left here with the write running would exit under it: the checkpoint half-staged,
+        or the process aborted in the writer's C++ code)."""
+        stopped = None
+        while self._thread is not None:
+            try:
+                self.wait()
+            except KeyboardInterrupt as e:
+                stopped = e
+        if stopped is not None:
+            raise stopped

@@ -33,11 +33,13 @@ class TrainingInterrupted(KeyboardInterrupt):
     being written was finished first). Still a KeyboardInterrupt (exit 130); `message` says where the run
     stands: the step it reached, the newest checkpoint on disk and how to go on from it."""
 
-    def __init__(self, run_dir: str, step: int, total_steps: int, newest: str | None, newest_step: int | None,
-                 every: int) -> None:
+    def __init__(self, run_dir: str | None, step: int | None, total_steps: int | None, newest: str | None,
+                 newest_step: int | None, every: int, *, evaluates: bool = True) -> None:
+        """`step` None: the run was still starting (no trainer yet); `run_dir` None: not chosen yet.
+        `evaluates`: the run ends with an evaluation (eval.at_end)."""
         super().__init__(run_dir, step)
         self.run_dir, self.step, self.total_steps = run_dir, step, total_steps
-        self.newest, self.newest_step, self.every = newest, newest_step, every
+        self.newest, self.newest_step, self.every, self.evaluates = newest, newest_step, every, evaluates
 
     def __str__(self) -> str:
         return self.message
@@ -46,11 +48,20 @@ class TrainingInterrupted(KeyboardInterrupt):
     def message(self) -> str:
         import shlex
 
-        run = shlex.quote(self.run_dir)
+        run = shlex.quote(self.run_dir or "")
+        if self.step is None:  # before the trainer was built: what the run directory already holds
+            if self.newest is None:
+                where = f" in {self.run_dir}" if self.run_dir else ""
+                return f"interrupted before training started: nothing saved{where}; run the command again to start over"
+            return (f"interrupted before training started: the newest checkpoint is {self.newest} (step "
+                    f"{self.newest_step}); continue with `dflash train --out {run} --resume`")
         if self.newest is None:
             return (f"interrupted at step {self.step} of {self.total_steps}, before the run's first checkpoint "
                     f"(checkpoint.every = {self.every}): nothing in {self.run_dir} to resume from; run the "
                     "command again to start over")
+        if self.newest_step is not None and self.newest_step >= self.total_steps and not self.evaluates:
+            return (f"interrupted after the last step ({self.total_steps}): the run is complete, its final "
+                    f"checkpoint {self.newest} is saved")
         if self.newest_step is not None and self.newest_step >= self.total_steps:
             return (f"interrupted after the last step ({self.total_steps}): the final checkpoint {self.newest} is "
                     f"saved; the end-of-run evaluation did not finish: `dflash eval {run}` measures it")
@@ -67,4 +78,19 @@ def interrupted(trainer: Any) -> TrainingInterrupted:
     newest = newest_on_disk(trainer.run_dir)
     return TrainingInterrupted(str(trainer.run_dir), trainer.step, trainer.total_steps,
                                None if newest is None else str(newest),
-                               None if newest is None else step_number(newest.name), trainer.cfg.checkpoint.every)
+                               None if newest is None else step_number(newest.name), trainer.cfg.checkpoint.every,
+                               evaluates=bool(trainer.cfg.eval.at_end and trainer.eval_convs))
+
+
+def interrupted_starting(cfg: Any) -> TrainingInterrupted:
+    """What a Ctrl-C leaves of the run `cfg` describes while it was starting (no trainer yet): the
+    checkpoints its run directory already holds (a resume's), else nothing."""
+    from pathlib import Path
+
+    from dflash.checkpoint.store import step_number
+    from dflash.checkpoint.writer import newest_on_disk
+
+    out = cfg.checkpoint.out_dir
+    newest = newest_on_disk(Path(out)) if out else None
+    return TrainingInterrupted(str(out) if out else None, None, None, None if newest is None else str(newest),
+                               None if newest is None else step_number(newest.name), cfg.checkpoint.every)

@@ -333,7 +333,14 @@ class Trainer:
         return self._writer
 
     def close(self) -> None:
-        self.saver.close()  # a write still running is waited for, never dropped
+        """Wait for a checkpoint being written (a Ctrl-C meanwhile is raised once it is written), close the
+        metrics log and release the run's lock."""
+        try:
+            self.saver.close()  # a write still running is waited for, never dropped
+        finally:
+            self._release()
+
+    def _release(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
