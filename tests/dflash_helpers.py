@@ -104,3 +104,40 @@ def token_positions(trainer, batches) -> int:
     """Context plus block positions in `batches`: how many token terms a drafter weight's gradient
     sums over (the reduction size for tests/numerics.py's float32 bounds)."""
     return sum(b.input_ids.numel() + trainer._blocks(b).ids.numel() for b in batches)
+
+
+def signal_after_first_checkpoint(tmp_path: Path, sig: int) -> tuple[int, str, Path]:
+    """`dflash train` in a process of its own (checkpoint.every=2, no end eval), `sig` sent once its first
+    checkpoint is reported (read from its stderr: no sleeps). Returns (exit code, stderr, run dir)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    data, out = write_word_chats(tmp_path / "chat.jsonl"), tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["COMPILEWATCH_PROGRESS_INTERVAL"] = "3600"
+    cmd = [sys.executable, "-m", "dflash", "train", "--data", str(data), "--out", str(out), "--max-steps", "100000",
+           "--set", "checkpoint.every=2", "--set", "eval.at_end=false", "--set", "data.regenerate=false",
+           "--set", "metrics.log_every=1", "--set", "eval.max_new_tokens=4", "--set", "eval.num_prompts=2"]
+
+    def defaults() -> None:  # what a shell gives a foreground job
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    p = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=defaults)
+    lines = []
+    try:
+        for line in p.stderr:
+            lines.append(line)
+            if line.startswith("· checkpoint ") and "step_000002" in line:
+                p.send_signal(sig)
+                break
+        lines += p.stderr.readlines()
+        code = p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return code, "".join(lines), out

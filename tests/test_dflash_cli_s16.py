@@ -6,22 +6,14 @@ silently. And a mistyped setting names the nearest one."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from cli.dflash_main import app
 from cli.signals import EXIT_SIGTERM, sigterm_as_interrupt
-from tests.dflash_helpers import write_word_chats
+from tests.dflash_helpers import signal_after_first_checkpoint
 from tests.helpers import invoke
-
-ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--set", "data.regenerate=false", "--set", "metrics.log_every=1", "--set", "eval.max_new_tokens=4",
-        "--set", "eval.num_prompts=2"]
 
 
 @pytest.fixture
@@ -62,27 +54,8 @@ def test_torchrun_ranks_and_a_programs_own_handler_are_left_alone(default_sigter
 def test_sigterm_from_another_process_stops_the_run_with_143_and_the_resume_command(tmp_path):
     """`dflash train` in a process of its own, SIGTERM sent once its first checkpoint is reported (read from
     its stderr: no sleeps); then the lock is free and `--resume` goes on from that checkpoint."""
-    data, out = write_word_chats(tmp_path / "chat.jsonl"), tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    env["COMPILEWATCH_PROGRESS_INTERVAL"] = "3600"
-    cmd = [sys.executable, "-m", "dflash", "train", "--data", str(data), "--out", str(out), "--max-steps", "100000",
-           "--set", "checkpoint.every=2", "--set", "eval.at_end=false", *FAST]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
-    lines = []
-    try:
-        for line in p.stderr:
-            lines.append(line)
-            if line.startswith("· checkpoint ") and "step_000002" in line:
-                p.send_signal(signal.SIGTERM)
-                break
-        lines += p.stderr.readlines()
-        assert p.wait(timeout=120) == EXIT_SIGTERM, "".join(lines)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    text = "".join(lines)
+    code, text, out = signal_after_first_checkpoint(tmp_path, signal.SIGTERM)
+    assert code == EXIT_SIGTERM, text
     last = text.strip().splitlines()[-1]
     assert last.startswith("SIGTERM: interrupted at step "), text
     assert f"continue with `dflash train --out {out} --resume`" in last and "Traceback" not in text

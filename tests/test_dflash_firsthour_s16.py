@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cli.dflash_main import app
-from tests.dflash_helpers import write_word_chats
+from tests.dflash_helpers import signal_after_first_checkpoint, write_word_chats
 from tests.helpers import invoke
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,26 +93,8 @@ def test_the_library_raises_a_keyboard_interrupt_that_says_where_the_run_stands(
 def test_sigint_from_another_process_stops_the_run_with_130_and_the_resume_command(tmp_path):
     """The real thing: `dflash train` in a process of its own, SIGINT sent once its first checkpoint is
     reported (read from its stderr: no sleeps), then `--resume` from that checkpoint."""
-    data, out = write_word_chats(tmp_path / "chat.jsonl"), tmp_path / "run"
-    env = {**os.environ, "COMPILEWATCH_PROGRESS_INTERVAL": "3600"}
-    cmd = [sys.executable, "-m", "dflash", "train", "--data", str(data), "--out", str(out), "--max-steps", "100000",
-           "--set", "checkpoint.every=2", "--set", "eval.at_end=false", *FAST]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines = []
-    try:
-        for line in p.stderr:
-            lines.append(line)
-            if line.startswith("· checkpoint ") and "step_000002" in line:
-                p.send_signal(signal.SIGINT)
-                break
-        lines += p.stderr.readlines()
-        assert p.wait(timeout=120) == 130, "".join(lines)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    text = "".join(lines)
+    code, text, out = signal_after_first_checkpoint(tmp_path, signal.SIGINT)
+    assert code == 130, text
     last = text.strip().splitlines()[-1]
     assert last.startswith("interrupted at step ") and f"continue with `dflash train --out {out} --resume`" in last, text
     assert "Traceback" not in text
