@@ -315,8 +315,11 @@ class Saver:
         """Wait for the write in progress (if any); its outcome is reported by the next poll."""
         if self._thread is not None:
             # the write's own event first: on Python 3.11 a KeyboardInterrupt inside Thread.join marks the
-            # thread ended while it still runs (bpo-45274's handling), and a second join returns at once
-            self._ended.wait()
+            # thread ended while it still runs (bpo-45274's handling), and a second join returns at once.
+            # A thread that ends without setting it (one `save` did not start) ends the wait too.
+            while not self._ended.wait(timeout=1.0):
+                if not self._thread.is_alive():
+                    break
             self._thread.join()
             self._thread = None
 
